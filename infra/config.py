@@ -1,0 +1,332 @@
+"""Deployment settings (CDK context or a config file) and the model catalog as the infrastructure sees it.
+
+Precedence, lowest first:
+1. the defaults in `InfraConfig`;
+2. the `batchinfer` object in `cdk.json` context;
+3. the file named by context `config_file` (YAML or JSON, same keys), e.g. one file per stage;
+4. top-level context values, i.e. `cdk deploy -c stage=prod -c retain_data=true`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODELS_FILE = "layers/core/python/batchinfer/models.yaml"
+
+CONTEXT_DEFAULTS_KEY = "batchinfer"
+CONTEXT_CONFIG_FILE_KEY = "config_file"
+
+# Lambda limits a synchronous invocation's request payload to 6 MB; the API must never promise more.
+LAMBDA_PAYLOAD_LIMIT_BYTES = 6 * 1024 * 1024
+# CloudWatch Logs accepts only these retention periods.
+VALID_LOG_RETENTION_DAYS = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653,
+)
+# Lambda's event source mapping accepts MaximumConcurrency between 2 and 1000.
+MIN_QUEUE_CONCURRENCY = 2
+MAX_QUEUE_CONCURRENCY = 1000
+# SQS queue names are at most 80 characters; the DLQ adds "-dlq".
+_MAX_QUEUE_NAME = 80 - len("-dlq")
+# Environment variables the stack sets itself; catalog_env may not override them.
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "STAGE", "TABLE_NAME", "BUCKET_NAME", "MODEL_QUEUES", "MODEL_SECRETS", "MODELS_FILE", "LOG_LEVEL",
+        "MAX_BODY_BYTES", "TIER_LIMITS", "BATCH_COMPLETION_WINDOW_SECONDS", "BATCH_RETENTION_SECONDS",
+        "FILE_BATCHES_ENABLED", "MESSAGE_BATCHES_ENABLED", "EMBEDDINGS_RESPONSES_BATCHES_ENABLED",
+        "BATCH_WEBHOOKS_ENABLED",
+    }
+)
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NONE_STRINGS = {"", "none", "null"}
+
+
+class InfraConfig(BaseModel):
+    """Everything a deployment may choose. Field names are the context keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: str = Field("dev", description="Stage name: prefixes resource names; one stack per stage.")
+    models_file: str = Field(DEFAULT_MODELS_FILE, description="Model catalog, relative to the repo root.")
+    tier_limits: str = Field("free=8,pro=16,internal=64", description="Batch requests in flight per account tier.")
+    completion_window_seconds: int = Field(86400, ge=60, description="Batch completion window.")
+    retention_seconds: int = Field(604800, ge=0, description="How long finished batches are kept.")
+    file_batches_enabled: bool = False
+    message_batches_enabled: bool = False
+    embeddings_responses_batches_enabled: bool = False
+    batch_webhooks_enabled: bool = False
+    max_body_bytes: int = Field(5 * 1024 * 1024, gt=0, le=LAMBDA_PAYLOAD_LIMIT_BYTES)
+    log_level: str = "INFO"
+    log_retention_days: int = 30
+    alarm_email: str | None = Field(None, description="Subscribe this address to the alarm topic.")
+    scheduled_reserved_concurrency: int | None = Field(
+        2, ge=1, description="Reserved concurrency of dispatcher and sweeper; none to leave unreserved."
+    )
+    retain_data: bool = Field(True, description="Keep table, bucket and secrets when the stack is deleted.")
+    catalog_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment for every function, e.g. catalog ${VAR}s."
+    )
+    api_throttle_rate_limit: int = Field(100, ge=1, description="API Gateway steady-state requests/s.")
+    api_throttle_burst_limit: int = Field(200, ge=1, description="API Gateway burst.")
+    skip_deps_build: bool = Field(False, description="Use an empty placeholder deps layer (tests only).")
+
+    @field_validator("stage")
+    @classmethod
+    def _stage_shape(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,19}", value):
+            raise ValueError("stage must be 1-20 characters of a-z, 0-9 and '-', starting with a letter")
+        return value
+
+    @field_validator("tier_limits")
+    @classmethod
+    def _tier_limits_shape(cls, value: str) -> str:
+        value = value.replace(" ", "")
+        if not re.fullmatch(r"[A-Za-z0-9_-]+=\d+(,[A-Za-z0-9_-]+=\d+)*", value):
+            raise ValueError("tier_limits must look like 'free=8,pro=16,internal=64'")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level_known(cls, value: str) -> str:
+        value = value.upper()
+        if value not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError("log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return value
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention_allowed(cls, value: int) -> int:
+        if value not in VALID_LOG_RETENTION_DAYS:
+            raise ValueError(f"log_retention_days must be one of {VALID_LOG_RETENTION_DAYS}")
+        return value
+
+    @field_validator("alarm_email", "scheduled_reserved_concurrency", mode="before")
+    @classmethod
+    def _none_strings(cls, value: Any) -> Any:
+        # `-c alarm_email=none` arrives as a string.
+        if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS:
+            return None
+        return value
+
+    @field_validator("catalog_env", mode="before")
+    @classmethod
+    def _env_from_json(cls, value: Any) -> Any:
+        # `-c catalog_env='{"SIMULATED_BACKEND_URL": "https://..."}'` arrives as a JSON string.
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("catalog_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+                raise ValueError(f"catalog_env name {name!r} is not an environment variable name")
+            if name in RESERVED_ENV_NAMES or name.startswith(("AWS_", "POWERTOOLS_", "LAMBDA_", "_")):
+                raise ValueError(f"catalog_env may not set {name!r}: the stack or Lambda owns it")
+        return value
+
+    @model_validator(mode="after")
+    def _burst_covers_rate(self) -> InfraConfig:
+        if self.api_throttle_burst_limit < self.api_throttle_rate_limit:
+            raise ValueError("api_throttle_burst_limit must be at least api_throttle_rate_limit")
+        return self
+
+    @property
+    def models_path(self) -> Path:
+        path = Path(self.models_file)
+        return path if path.is_absolute() else REPO_ROOT / path
+
+    @property
+    def custom_catalog(self) -> bool:
+        """True when the catalog is not the one shipped in the core layer (then it is bundled separately)."""
+        return self.models_path.resolve() != (REPO_ROOT / DEFAULT_MODELS_FILE).resolve()
+
+    @property
+    def batches_expire_after_days(self) -> int:
+        """S3 safety net for `batches/`: window + retention + 1 day (the sweeper deletes on time)."""
+        return _ceil_days(self.completion_window_seconds + self.retention_seconds) + 1
+
+    @property
+    def files_expire_after_days(self) -> int:
+        """S3 safety net for `files/`: 30 days + retention."""
+        return 30 + _ceil_days(self.retention_seconds)
+
+    def settings_env(self) -> dict[str, str]:
+        """The application settings every function receives, as environment variables."""
+        return {
+            "STAGE": self.stage,
+            "LOG_LEVEL": self.log_level,
+            "FILE_BATCHES_ENABLED": _flag(self.file_batches_enabled),
+            "MESSAGE_BATCHES_ENABLED": _flag(self.message_batches_enabled),
+            "EMBEDDINGS_RESPONSES_BATCHES_ENABLED": _flag(self.embeddings_responses_batches_enabled),
+            "BATCH_WEBHOOKS_ENABLED": _flag(self.batch_webhooks_enabled),
+            "BATCH_COMPLETION_WINDOW_SECONDS": str(self.completion_window_seconds),
+            "BATCH_RETENTION_SECONDS": str(self.retention_seconds),
+            "TIER_LIMITS": self.tier_limits,
+        }
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    """One non-auto model of the catalog, with the names the infrastructure derives from it."""
+
+    model_id: str
+    slug: str
+    batch_budget: int
+    needs_secret: bool
+    base_url: str | None
+
+    @property
+    def max_concurrency(self) -> int:
+        """Event source MaximumConcurrency: the model's batch budget, within Lambda's 2..1000."""
+        return min(MAX_QUEUE_CONCURRENCY, max(MIN_QUEUE_CONCURRENCY, self.batch_budget))
+
+    def queue_name(self, stage: str) -> str:
+        return f"{stage}-batchinfer-{self.slug}"
+
+    def dlq_name(self, stage: str) -> str:
+        return f"{self.queue_name(stage)}-dlq"
+
+    def secret_name(self, stage: str) -> str:
+        return f"{stage}/batchinfer/models/{self.model_id}"
+
+    @property
+    def backend_is_loopback(self) -> bool:
+        """A backend on 127.0.0.1 works locally but never from Lambda."""
+        host = urlparse(self.base_url).hostname if self.base_url else None
+        return host in {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+
+
+@dataclass(frozen=True)
+class Catalog:
+    path: Path
+    models: tuple[CatalogModel, ...]
+    auto_model_ids: tuple[str, ...]
+
+
+def expand_env(value: str, env: Mapping[str, str]) -> str:
+    """Expand `${VAR:-default}` from `env` (never the build machine's environment: synth stays reproducible)."""
+    return _ENV_REF.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
+
+
+def slugify(model_id: str) -> str:
+    """A queue-name-safe form of a model id: lowercase, [a-z0-9_-], dashes collapsed."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", model_id.lower())
+    return re.sub(r"-{2,}", "-", slug).strip("-")
+
+
+def load_catalog(path: Path, *, stage: str, env: Mapping[str, str] | None = None) -> Catalog:
+    """Read the model catalog with PyYAML; `auto` entries get no queue and are only listed."""
+    env = env or {}
+    document = yaml.safe_load(path.read_text())
+    entries = (document or {}).get("models")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a non-empty 'models' list")
+
+    models: list[CatalogModel] = []
+    autos: list[str] = []
+    seen_ids: set[str] = set()
+    seen_slugs: dict[str, str] = {}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not entry.get("id"):
+            raise ValueError(f"{path}: models[{index}] has no id")
+        model_id = expand_env(str(entry["id"]), env)
+        if model_id in seen_ids:
+            raise ValueError(f"{path}: model id {model_id!r} appears twice")
+        seen_ids.add(model_id)
+        if _truthy(entry.get("auto", False), env):
+            autos.append(model_id)
+            continue
+        if not re.fullmatch(r"[A-Za-z0-9/_+=.@-]+", model_id):
+            raise ValueError(f"{path}: model id {model_id!r} cannot name a Secrets Manager secret")
+        backend = entry.get("backend") or {}
+        budget_raw = entry.get("batch_budget")
+        if budget_raw is None:
+            raise ValueError(f"{path}: model {model_id!r} needs a batch_budget")
+        budget = int(expand_env(budget_raw, env)) if isinstance(budget_raw, str) else int(budget_raw)
+        if budget < 1:
+            raise ValueError(f"{path}: model {model_id!r} batch_budget must be at least 1")
+        slug = _fit_slug(slugify(model_id), model_id, stage)
+        if not slug:
+            raise ValueError(f"{path}: model id {model_id!r} has no character usable in a queue name")
+        if slug in seen_slugs:
+            raise ValueError(f"{path}: models {seen_slugs[slug]!r} and {model_id!r} map to one queue name {slug!r}")
+        seen_slugs[slug] = model_id
+        base_url = backend.get("base_url")
+        models.append(
+            CatalogModel(
+                model_id=model_id,
+                slug=slug,
+                batch_budget=budget,
+                needs_secret=bool(backend.get("api_key_env") or backend.get("api_key_secret")),
+                base_url=expand_env(str(base_url), env) if base_url else None,
+            )
+        )
+    if not models:
+        raise ValueError(f"{path}: no model with a backend (every entry is auto)")
+    return Catalog(path=path, models=tuple(models), auto_model_ids=tuple(autos))
+
+
+def resolve_config(get_context: Callable[[str], Any]) -> InfraConfig:
+    """Merge defaults, cdk.json's `batchinfer` object, the optional config file and top-level context."""
+    merged: dict[str, Any] = {}
+    defaults = get_context(CONTEXT_DEFAULTS_KEY)
+    if defaults is not None:
+        if isinstance(defaults, str):
+            defaults = json.loads(defaults)
+        if not isinstance(defaults, dict):
+            raise ValueError(f"context {CONTEXT_DEFAULTS_KEY!r} must be an object")
+        merged.update(defaults)
+    config_file = get_context(CONTEXT_CONFIG_FILE_KEY)
+    if config_file:
+        merged.update(_read_config_file(Path(str(config_file))))
+    for name in InfraConfig.model_fields:
+        value = get_context(name)
+        if value is not None:
+            merged[name] = value
+    return InfraConfig.model_validate(merged)
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    path = path if path.is_absolute() else REPO_ROOT / path
+    data = yaml.safe_load(path.read_text())  # YAML is a superset of JSON: one reader for both.
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings")
+    return data
+
+
+def _fit_slug(slug: str, model_id: str, stage: str) -> str:
+    """Shorten a slug that would overflow the queue name, keeping it unique with a hash suffix."""
+    room = _MAX_QUEUE_NAME - len(f"{stage}-batchinfer-")
+    if len(slug) <= room:
+        return slug
+    suffix = hashlib.sha256(model_id.encode()).hexdigest()[:8]
+    return f"{slug[: room - len(suffix) - 1].rstrip('-')}-{suffix}"
+
+
+def _truthy(value: Any, env: Mapping[str, str]) -> bool:
+    if isinstance(value, str):
+        return expand_env(value, env).strip().lower() in {"1", "true", "yes", "on"}
+    return bool(value)
+
+
+def _ceil_days(seconds: int) -> int:
+    return -(-seconds // 86400)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"

@@ -1,0 +1,171 @@
+"""Build the Lambda layer directories from `layers/` without Docker.
+
+The core layer needs no build: `layers/core` already has the `python/batchinfer/...` layout Lambda
+expects. The third-party layer is `pip install`ed for the Lambda platform (manylinux wheels for
+CPython 3.12 on x86_64) into `build/layers/deps/python`. A stamp file next to it records a hash of
+`requirements.txt` and the pip arguments, so a repeated synth skips the download when nothing changed.
+
+Run `python -m infra.layers` to build (or check) the deps layer explicitly; `app.py` calls the same
+function, so `cdk synth`/`cdk deploy` work from a clean clone too.
+
+Set `BATCHINFER_SKIP_DEPS_BUILD=1` (or context `skip_deps_build=true`) to synthesize against an empty
+placeholder layer instead: unit tests of the stack do this, so they need no network. A stack built that
+way carries a warning and must not be deployed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CORE_LAYER_DIR = REPO_ROOT / "layers" / "core"
+REQUIREMENTS_FILE = REPO_ROOT / "requirements.txt"
+BUILD_DIR = REPO_ROOT / "build" / "layers"
+DEPS_LAYER_DIR = BUILD_DIR / "deps"
+DEPS_STAMP_FILE = BUILD_DIR / "deps.stamp"
+PLACEHOLDER_LAYER_DIR = BUILD_DIR / "deps-placeholder"
+
+SKIP_ENV_VAR = "BATCHINFER_SKIP_DEPS_BUILD"
+
+# Must match the functions' runtime and architecture in infra/functions.py.
+LAMBDA_PYTHON_VERSION = "3.12"
+LAMBDA_PLATFORM = "manylinux2014_x86_64"
+
+# Bump when the build recipe changes in a way the requirements hash would not see.
+_RECIPE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class LayerBuild:
+    """A layer directory ready for `lambda.Code.from_asset`, with a hash that identifies its content."""
+
+    path: Path
+    asset_hash: str
+    placeholder: bool = False
+
+
+def pip_arguments(target: Path, requirements: Path = REQUIREMENTS_FILE) -> list[str]:
+    """The pip command that installs the runtime pins for the Lambda platform into `target`."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--platform",
+        LAMBDA_PLATFORM,
+        "--implementation",
+        "cp",
+        "--python-version",
+        LAMBDA_PYTHON_VERSION,
+        "--only-binary=:all:",
+        # Byte code compiled here would be for the build machine's Python, not 3.12: useless weight.
+        "--no-compile",
+        "--target",
+        str(target),
+        "-r",
+        str(requirements),
+    ]
+
+
+def requirements_hash(requirements: Path = REQUIREMENTS_FILE) -> str:
+    """Hash of the requirements file and the build recipe: the deps layer's identity."""
+    digest = hashlib.sha256()
+    digest.update(f"{_RECIPE_VERSION}|{LAMBDA_PLATFORM}|{LAMBDA_PYTHON_VERSION}|".encode())
+    digest.update(requirements.read_bytes())
+    return digest.hexdigest()
+
+
+def deps_layer_is_current(requirements: Path = REQUIREMENTS_FILE) -> bool:
+    """True when the built deps layer matches the requirements file."""
+    if not DEPS_STAMP_FILE.is_file() or not (DEPS_LAYER_DIR / "python").is_dir():
+        return False
+    return DEPS_STAMP_FILE.read_text().strip() == requirements_hash(requirements)
+
+
+def build_deps_layer(*, force: bool = False, quiet: bool = False) -> LayerBuild:
+    """Install the runtime dependencies into `build/layers/deps/python`, unless already current."""
+    wanted = requirements_hash()
+    if not force and deps_layer_is_current():
+        return LayerBuild(DEPS_LAYER_DIR, wanted)
+
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    # Install into a fresh temporary directory and swap it in, so an interrupted build never leaves a
+    # half-filled layer behind a valid-looking stamp.
+    staging = Path(tempfile.mkdtemp(prefix="deps-", dir=BUILD_DIR))
+    try:
+        if not quiet:
+            print(f"building deps layer for {LAMBDA_PLATFORM} / CPython {LAMBDA_PYTHON_VERSION} ...", file=sys.stderr)
+        subprocess.run(
+            pip_arguments(staging / "python"),
+            check=True,
+            stdout=subprocess.DEVNULL if quiet else None,
+        )
+        _prune(staging / "python")
+        DEPS_STAMP_FILE.unlink(missing_ok=True)
+        if DEPS_LAYER_DIR.exists():
+            shutil.rmtree(DEPS_LAYER_DIR)
+        staging.rename(DEPS_LAYER_DIR)
+        DEPS_STAMP_FILE.write_text(wanted + "\n")
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return LayerBuild(DEPS_LAYER_DIR, wanted)
+
+
+def _prune(site: Path) -> None:
+    """Drop what Lambda never loads; the unzipped function + layers must stay under 250 MB."""
+    for pattern in ("**/__pycache__", "bin"):
+        for path in site.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def placeholder_deps_layer() -> LayerBuild:
+    """An almost empty layer directory for synthesis without the real dependencies (unit tests)."""
+    python_dir = PLACEHOLDER_LAYER_DIR / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    marker = python_dir / "PLACEHOLDER.txt"
+    if not marker.exists():
+        marker.write_text("Placeholder deps layer (BATCHINFER_SKIP_DEPS_BUILD=1). Do not deploy.\n")
+    return LayerBuild(PLACEHOLDER_LAYER_DIR, "placeholder-deps-layer", placeholder=True)
+
+
+def skip_requested(context_value: object = None) -> bool:
+    """Whether the env var or the context asks for the placeholder deps layer."""
+    values = (os.environ.get(SKIP_ENV_VAR, ""), "" if context_value is None else str(context_value))
+    return any(value.strip().lower() in {"1", "true", "yes", "on"} for value in values)
+
+
+def deps_layer(*, skip: bool = False) -> LayerBuild:
+    """The deps layer for synthesis: the real build (incremental) or the placeholder."""
+    return placeholder_deps_layer() if skip else build_deps_layer()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the batchinfer Lambda deps layer (no Docker).")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the layer is missing or stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        current = deps_layer_is_current()
+        print("deps layer is current" if current else "deps layer is missing or stale")
+        return 0 if current else 1
+    if not args.force and deps_layer_is_current():
+        print(f"deps layer is current: {DEPS_LAYER_DIR}")
+        return 0
+    build = build_deps_layer(force=args.force)
+    print(f"deps layer built: {build.path} ({build.asset_hash[:12]})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""The service's state: one DynamoDB table and one S3 bucket (plus the bucket's access-log bucket)."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from infra.config import InfraConfig
+from infra.nag import acknowledge
+
+S = dynamodb.AttributeType.STRING
+N = dynamodb.AttributeType.NUMBER
+
+# The indexes the storage modules query; all project ALL so a query needs no second read.
+GLOBAL_INDEXES: dict[str, tuple[tuple[str, dynamodb.AttributeType], tuple[str, dynamodb.AttributeType]]] = {
+    "by_owner": (("owner_pk", S), ("owner_sk", S)),
+    "by_due": (("due_pk", S), ("due_at", N)),
+    "by_active": (("active_pk", S), ("active_sk", S)),
+}
+
+BATCHES_PREFIX = "batches/"
+FILES_PREFIX = "files/"
+
+
+class Storage(Construct):
+    """DynamoDB table (on demand, PITR, TTL) and the data bucket (SSE-S3, TLS only, lifecycle)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: InfraConfig) -> None:
+        super().__init__(scope, construct_id)
+        removal = RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY
+
+        self.table = dynamodb.Table(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(name="pk", type=S),
+            sort_key=dynamodb.Attribute(name="sk", type=S),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute="ttl",
+            deletion_protection=config.retain_data,
+            removal_policy=removal,
+        )
+        for index_name, ((pk_name, pk_type), (sk_name, sk_type)) in GLOBAL_INDEXES.items():
+            self.table.add_global_secondary_index(
+                index_name=index_name,
+                partition_key=dynamodb.Attribute(name=pk_name, type=pk_type),
+                sort_key=dynamodb.Attribute(name=sk_name, type=sk_type),
+                projection_type=dynamodb.ProjectionType.ALL,
+            )
+
+        # Access logs for the data bucket. SSE-S3 because S3 log delivery cannot write to SSE-KMS buckets.
+        self.access_logs_bucket = s3.Bucket(
+            self,
+            "AccessLogsBucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[
+                s3.LifecycleRule(id="expire-access-logs", expiration=Duration.days(90)),
+                s3.LifecycleRule(id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)),
+            ],
+            removal_policy=removal,
+        )
+        acknowledge(
+            self.access_logs_bucket,
+            "AwsSolutions-S1",
+            "This is the access-log target of the data bucket; logging it too would only log the log delivery.",
+        )
+
+        # SSE-S3, not SSE-KMS: results and files are handed out as presigned URLs, which with SSE-KMS would
+        # also need kms:Decrypt on the signing role and cost one KMS request per object; no requirement
+        # here asks for customer-managed keys.
+        self.bucket = s3.Bucket(
+            self,
+            "DataBucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=False,
+            server_access_logs_bucket=self.access_logs_bucket,
+            server_access_logs_prefix="data-bucket/",
+            lifecycle_rules=[
+                s3.LifecycleRule(id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)),
+                # Safety nets only: the sweeper deletes on time, these catch what it missed.
+                s3.LifecycleRule(
+                    id="expire-batches",
+                    prefix=BATCHES_PREFIX,
+                    expiration=Duration.days(config.batches_expire_after_days),
+                ),
+                s3.LifecycleRule(
+                    id="expire-files",
+                    prefix=FILES_PREFIX,
+                    expiration=Duration.days(config.files_expire_after_days),
+                ),
+            ],
+            removal_policy=removal,
+        )

@@ -1,0 +1,1 @@
+"""Batch inference core: domain, storage, scheduling and providers shared by every function."""

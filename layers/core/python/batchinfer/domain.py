@@ -1,0 +1,196 @@
+"""The domain: identifiers, the one state machine of batches and requests, error codes, retry policy."""
+
+from __future__ import annotations
+
+import random
+import secrets
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class BatchStatus(StrEnum):
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+FINAL_BATCH = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
+UNFINISHED_BATCH = frozenset(
+    {BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING}
+)
+
+# Every batch transition the service makes; anything else is a bug.
+BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
+    BatchStatus.VALIDATING: frozenset(
+        {BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.CANCELLED, BatchStatus.FAILED,
+         BatchStatus.EXPIRED}
+    ),
+    BatchStatus.IN_PROGRESS: frozenset(
+        {BatchStatus.FINALIZING, BatchStatus.COMPLETED, BatchStatus.CANCELLING, BatchStatus.CANCELLED,
+         BatchStatus.FAILED, BatchStatus.EXPIRED}
+    ),
+    BatchStatus.FINALIZING: frozenset(FINAL_BATCH),
+    BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
+}
+
+
+class Stop(StrEnum):
+    """Why a batch stopped starting requests before all of them ran."""
+
+    CANCEL = "cancel"
+    EXPIRE = "expire"
+    FAIL = "fail"
+
+
+def can_transition(old: BatchStatus, new: BatchStatus) -> bool:
+    return new in BATCH_TRANSITIONS.get(old, frozenset())
+
+
+def final_status(stop: Stop | None) -> BatchStatus:
+    """The final status of a batch with no request left open."""
+    return {
+        None: BatchStatus.COMPLETED,
+        Stop.CANCEL: BatchStatus.CANCELLED,
+        Stop.EXPIRE: BatchStatus.EXPIRED,
+        Stop.FAIL: BatchStatus.FAILED,
+    }[stop]
+
+
+class RequestState(StrEnum):
+    """Stored state of one request. Requests not yet dispatched have no stored state at all."""
+
+    DISPATCHED = "dispatched"  # holds a slot, on its model's queue
+    RUNNING = "running"  # holds a slot, a worker is calling the backend
+    WAITING = "waiting"  # holds no slot: waiting for a retry, the quota's renewal or batch access
+    COMPLETED = "completed"
+    FAILED = "failed"
+    UNSTARTED = "unstarted"  # dispatched but never run: its batch stopped first
+
+
+FINAL_REQUEST = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.UNSTARTED})
+
+REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.DISPATCHED: frozenset(
+        {RequestState.RUNNING, RequestState.WAITING, RequestState.FAILED, RequestState.UNSTARTED}
+    ),
+    RequestState.RUNNING: frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.WAITING}),
+    RequestState.WAITING: frozenset({RequestState.DISPATCHED, RequestState.FAILED, RequestState.UNSTARTED}),
+}
+
+
+def counts_as_failed_unstarted(stop: Stop | None) -> bool:
+    """Requests a failed or expired batch never ran count as failed; cancelled ones count nowhere."""
+    return stop in (Stop.FAIL, Stop.EXPIRE)
+
+
+def public_request_status(state: RequestState | None, stop: Stop | None) -> str:
+    """The result `status` a user sees for a request, stored or not."""
+    if state is None or state is RequestState.UNSTARTED:  # never ran
+        return {None: "queued", Stop.CANCEL: "cancelled", Stop.EXPIRE: "expired", Stop.FAIL: "failed"}[stop]
+    if state in (RequestState.DISPATCHED, RequestState.WAITING):
+        return "queued"
+    return state.value
+
+
+def unstarted_error(stop: Stop | None) -> dict | None:
+    """The error a never-started request carries once its batch stopped."""
+    if stop is Stop.FAIL:
+        return {"code": "batch_failed", "message": "Not run: the batch failed."}
+    if stop is Stop.EXPIRE:
+        return {"code": "batch_expired", "message": "Not run: the completion window closed first."}
+    return None
+
+
+# --- Outcomes of one attempt -------------------------------------------------------------------------
+
+ERROR_CODES_BY_STATUS = {400: "invalid_request", 422: "invalid_request", 404: "model_not_found", 403: "forbidden",
+                         429: "rate_limited", 504: "timeout", 503: "service_unavailable"}
+
+
+def error_code_for_status(status: int) -> str:
+    if status in ERROR_CODES_BY_STATUS:
+        return ERROR_CODES_BY_STATUS[status]
+    return "upstream_error" if status >= 500 else "invalid_request"
+
+
+def is_retryable(status: int | None) -> bool:
+    """Timeouts (no status), 429 and 5xx may pass; any other 4xx fails at once."""
+    return status is None or status == 429 or status >= 500
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one call to a backend gave."""
+
+    status_code: int | None  # None: no answer (timeout, connection lost)
+    body: dict | None = None
+    request_id: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_known: bool = True  # False when the backend may have run it but we cannot know the cost
+    message: str = ""
+    retry_after: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+    def error(self) -> dict:
+        if self.status_code is None:
+            return {"code": "timeout", "message": self.message or "The backend did not answer in time."}
+        return {"code": error_code_for_status(self.status_code), "message": self.message or "Backend error",
+                "status": self.status_code}
+
+
+def retry_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter, after `attempt` attempts have run."""
+    r = rng or random
+    return r.uniform(0, min(cap, base * 2 ** (attempt - 1))) + base / 2
+
+
+# --- Identifiers -------------------------------------------------------------------------------------
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(16)
+
+
+def new_account_id() -> str:
+    return "acct_" + secrets.token_hex(8)
+
+
+def new_api_key() -> str:
+    return "hyi-" + secrets.token_urlsafe(32)
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def result_id(index: int) -> str:
+    return f"batch_req_{index + 1}"
+
+
+def parse_result_id(value: str) -> int | None:
+    """The request index a result ID names, or None when it is not a result ID."""
+    prefix = "batch_req_"
+    if not value.startswith(prefix) or not value[len(prefix):].isdigit():
+        return None
+    number = int(value[len(prefix):])
+    return number - 1 if number >= 1 else None
+
+
+class Tier(StrEnum):
+    FREE = "free"
+    PRO = "pro"
+    INTERNAL = "internal"
+
+
+class AccountStatus(StrEnum):
+    ACTIVE = "active"
+    SUSPENDED = "suspended"
+    DELETED = "deleted"

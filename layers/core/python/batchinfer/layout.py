@@ -1,0 +1,82 @@
+"""Where each record lives: DynamoDB keys and S3 object keys, in one place."""
+
+from __future__ import annotations
+
+import hashlib
+
+INDEX_CHUNK = 5000  # request index entries per S3 index object
+
+
+def account_key(account_id: str) -> tuple[str, str]:
+    return f"ACCOUNT#{account_id}", "ACCOUNT"
+
+
+def api_key_key(key_hash: str) -> tuple[str, str]:
+    return f"KEY#{key_hash}", "KEY"
+
+
+def usage_key(account_id: str, day: str) -> tuple[str, str]:
+    return f"ACCOUNT#{account_id}", f"USAGE#{day}"
+
+
+def idempotency_key(account_id: str, key: str) -> tuple[str, str]:
+    return f"ACCOUNT#{account_id}", "IDEM#" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def batch_key(batch_id: str) -> tuple[str, str]:
+    return f"BATCH#{batch_id}", "BATCH"
+
+
+def request_key(batch_id: str, index: int) -> tuple[str, str]:
+    return f"BATCH#{batch_id}", f"REQ#{index:06d}"
+
+
+def request_sk(index: int) -> str:
+    return f"REQ#{index:06d}"
+
+
+def model_budget_key(model_id: str) -> tuple[str, str]:
+    return f"MODEL#{model_id}", "BUDGET"
+
+
+def lane_key(model_id: str, created_at: int, batch_id: str) -> tuple[str, str]:
+    """A lane: the undispatched requests of one batch on one model; exists while it has any."""
+    return f"MODEL#{model_id}", f"LANE#{created_at:012d}#{batch_id}"
+
+
+def owner_sort(created_at: int, batch_id: str) -> str:
+    return f"BATCH#{created_at:012d}#{batch_id}"
+
+
+def hash_api_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+# Sparse index partitions of `by_due`.
+LEASE_DUE = "LEASE"  # dispatched or running requests, due when their lease runs out
+PURGE_DUE = "PURGE"  # finished batches, due when their retention ends
+
+
+def retry_due(model_id: str) -> str:
+    return f"RETRY#{model_id}"  # waiting requests, due when they may run again
+
+
+# S3
+def requests_object(batch_id: str) -> str:
+    return f"batches/{batch_id}/requests.jsonl"
+
+
+def index_object(batch_id: str, chunk: int) -> str:
+    return f"batches/{batch_id}/index/{chunk:05d}.json"
+
+
+def lane_object(batch_id: str, model_id: str) -> str:
+    return f"batches/{batch_id}/lanes/{hashlib.sha256(model_id.encode()).hexdigest()[:16]}.json"
+
+
+def result_object(batch_id: str, index: int) -> str:
+    return f"batches/{batch_id}/results/{index:06d}.json"
+
+
+def batch_prefix(batch_id: str) -> str:
+    return f"batches/{batch_id}/"

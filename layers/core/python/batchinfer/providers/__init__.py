@@ -1,0 +1,1 @@
+"""Providers: the only code that touches httpx; one module per backend protocol."""

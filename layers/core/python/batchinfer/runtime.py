@@ -1,0 +1,56 @@
+"""Wires settings, catalog and storage together once per process; handlers and tests receive it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .catalog import Catalog, load_catalog
+from .settings import Settings, environment, get_settings
+from .storage.aws import clients_for
+from .storage.blobs import Blobs
+from .storage.dynamo import Table
+from .storage.queues import Queues
+
+
+@dataclass
+class Services:
+    settings: Settings
+    catalog: Catalog
+    table: Table
+    blobs: Blobs
+    queues: Queues
+    env: dict[str, str] = field(default_factory=dict)
+    clock: Callable[[], float] = time.time
+
+    def now(self) -> int:
+        return int(self.clock())
+
+
+def build_services(settings: Settings, env: dict[str, str] | None = None) -> Services:
+    env = environment() if env is None else env
+    ddb, s3, sqs = clients_for(settings)
+    return Services(settings=settings, catalog=load_catalog(settings.models_file, env),
+                    table=Table(ddb, settings.table_name), blobs=Blobs(s3, settings.bucket_name),
+                    queues=Queues(sqs, settings.model_queues), env=env)
+
+
+_injected: Services | None = None
+
+
+def use_services(svc: Services | None) -> None:
+    """Inject the services handlers use (the local stack and tests); None goes back to the default."""
+    global _injected
+    _injected = svc
+
+
+def services() -> Services:
+    """The process-wide services: injected ones, or built once from the environment (a Lambda's cold start)."""
+    return _injected or _default_services()
+
+
+@lru_cache(maxsize=1)
+def _default_services() -> Services:
+    return build_services(get_settings())

@@ -1,0 +1,1 @@
+"""Use cases: accounts, batches, dispatch, work, sweep."""

@@ -1,0 +1,130 @@
+"""Accounts, API keys, daily quota: who may do what."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from ..domain import AccountStatus, Tier, new_account_id, new_api_key, new_token
+from ..layout import account_key, api_key_key, hash_api_key, usage_key
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller: a valid key of an account."""
+
+    account: dict
+    key_hash: str
+
+    @property
+    def account_id(self) -> str:
+        return self.account["id"]
+
+
+class AuthError(Exception):
+    pass
+
+
+def utc_day(now: float) -> str:
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")
+
+
+def next_utc_midnight(now: float) -> int:
+    day = dt.datetime.fromtimestamp(now, dt.UTC).date() + dt.timedelta(days=1)
+    return int(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp())
+
+
+def create_account(svc: Services, tier: str = "free", batch_access: bool | None = None,
+                   daily_quota_usd: float = 10.0, allowed_models: list[str] | None = None) -> dict:
+    Tier(tier)
+    account = {
+        "id": new_account_id(), "tier": tier, "status": AccountStatus.ACTIVE.value,
+        "batch_access": tier in svc.settings.batch_access_tiers if batch_access is None else batch_access,
+        "daily_quota_usd": daily_quota_usd, "allowed_models": allowed_models, "created_at": svc.now(),
+        "unfinished_batches": 0, "unfinished_requests": 0, "in_flight": 0,
+    }
+    pk, sk = account_key(account["id"])
+    svc.table.put({"pk": pk, "sk": sk, **account}, condition="attribute_not_exists(pk)")
+    return account
+
+
+def get_account(svc: Services, account_id: str) -> dict | None:
+    return svc.table.get(*account_key(account_id))
+
+
+def update_account(svc: Services, account_id: str, **fields: object) -> dict:
+    allowed = {"tier", "status", "batch_access", "daily_quota_usd", "allowed_models"}
+    unknown = set(fields) - allowed
+    if unknown:
+        raise ValueError(f"unknown account fields: {sorted(unknown)}")
+    if "tier" in fields:
+        Tier(fields["tier"])
+    if "status" in fields:
+        AccountStatus(fields["status"])
+    names = {f"#{k}": k for k in fields}
+    expr = "SET " + ", ".join(f"#{k} = :{k}" for k in fields)
+    try:
+        return svc.table.update(*account_key(account_id), expr, vals={f":{k}": v for k, v in fields.items()},
+                                names=names, condition="attribute_exists(pk)", return_new=True)
+    except ConditionFailed:
+        raise KeyError(f"account {account_id} not found") from None
+
+
+def create_key(svc: Services, account_id: str, expires_at: int | None = None) -> str:
+    if get_account(svc, account_id) is None:
+        raise KeyError(f"account {account_id} not found")
+    raw = new_api_key()
+    pk, sk = api_key_key(hash_api_key(raw))
+    svc.table.put({"pk": pk, "sk": sk, "account_id": account_id, "key_id": "key_" + new_token(),
+                   "prefix": raw[:8], "created_at": svc.now(), "expires_at": expires_at})
+    return raw
+
+
+def revoke_key(svc: Services, raw_or_hash: str) -> None:
+    key_hash = hash_api_key(raw_or_hash) if raw_or_hash.startswith("hyi-") else raw_or_hash
+    try:
+        svc.table.update(*api_key_key(key_hash), "SET revoked_at = :now", vals={":now": svc.now()},
+                         condition="attribute_exists(pk)")
+    except ConditionFailed:
+        raise KeyError("API key not found") from None
+
+
+def key_problem(svc: Services, key_item: dict | None, account: dict | None) -> str | None:
+    """Why a key may not be used any more, or None when it is valid."""
+    if key_item is None:
+        return "The API key is invalid."
+    if key_item.get("revoked_at"):
+        return "The API key has been revoked."
+    if key_item.get("expires_at") and key_item["expires_at"] <= svc.now():
+        return "The API key has expired."
+    if account is None or account.get("status") != AccountStatus.ACTIVE.value:
+        return "The account of this API key is not active."
+    return None
+
+
+def authenticate(svc: Services, raw: str | None) -> Principal:
+    if not raw:
+        raise AuthError("Missing API key. Send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'.")
+    key_hash = hash_api_key(raw)
+    key_item = svc.table.get(*api_key_key(key_hash), consistent=False)
+    account = get_account(svc, key_item["account_id"]) if key_item else None
+    problem = key_problem(svc, key_item, account)
+    if problem:
+        raise AuthError(problem)
+    return Principal(account=account, key_hash=key_hash)
+
+
+def spent_today(svc: Services, account_id: str) -> float:
+    item = svc.table.get(*usage_key(account_id, utc_day(svc.now())), consistent=False)
+    return float(item.get("cost_usd", 0)) if item else 0.0
+
+
+def quota_used_up(svc: Services, account: dict) -> bool:
+    return spent_today(svc, account["id"]) >= float(account.get("daily_quota_usd", 0))
+
+
+def may_use_model(account: dict, model_id: str) -> bool:
+    allowed = account.get("allowed_models")
+    return allowed is None or model_id in allowed

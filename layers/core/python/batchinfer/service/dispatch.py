@@ -1,0 +1,170 @@
+"""The dispatcher: due requests onto their model's queue, within budgets, batches taking turns."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+
+from ..catalog import Model
+from ..layout import INDEX_CHUNK, account_key, batch_key, index_object, lane_object, model_budget_key, retry_due
+from ..ledger import Position, claim_from_lane, claim_retry, queue_message
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed, Throttled
+
+log = logging.getLogger(__name__)
+
+
+def effective_budget(model: Model, budget_item: dict | None, yield_per_request: int) -> int:
+    """The model's batch budget now: it shrinks while interactive requests are in flight, to the floor."""
+    interactive = int((budget_item or {}).get("interactive", 0))
+    return max(min(model.batch_floor, model.batch_budget), model.batch_budget - interactive * yield_per_request)
+
+
+class Dispatcher:
+    """Keeps a little state between passes inside one invocation: whose turn it is, lane positions."""
+
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+        self.turn: dict[str, int] = defaultdict(int)
+        self._lane_positions: dict[tuple[str, str], list[int]] = {}
+        self._chunks: dict[tuple[str, int], list] = {}
+
+    def run(self, seconds: float) -> int:
+        """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
+        deadline = time.monotonic() + seconds
+        sent = 0
+        while True:
+            n = self.pass_once()
+            sent += n
+            if time.monotonic() >= deadline:
+                return sent
+            if n == 0:
+                time.sleep(self.svc.settings.dispatcher_idle_sleep_seconds)
+
+    def pass_once(self) -> int:
+        sent = 0
+        for model in self.svc.catalog.runnable:
+            try:
+                sent += self.dispatch_model(model)
+            except Throttled:
+                log.warning("throttled while dispatching %s", model.id)
+        return sent
+
+    def dispatch_model(self, model: Model) -> int:
+        svc = self.svc
+        budget_item = svc.table.get(*model_budget_key(model.id))
+        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+        free = cap - int((budget_item or {}).get("in_flight", 0))
+        if free <= 0:
+            return 0
+        accounts: dict[str, int] = {}  # account id -> free account slots, read once per pass
+        dispatched: list[dict] = []
+
+        def account_free(account_id: str) -> int:
+            if account_id not in accounts:
+                account = svc.table.get(*account_key(account_id)) or {}
+                limit = svc.settings.tier_limits.get(account.get("tier", "free"), 0)
+                accounts[account_id] = limit - int(account.get("in_flight", 0))
+            return accounts[account_id]
+
+        def tier_cap(account_id: str) -> int:
+            account = svc.table.get(*account_key(account_id), consistent=False) or {}
+            return svc.settings.tier_limits.get(account.get("tier", "free"), 0)
+
+        # Requests waiting for a retry go first: they have already waited their turn.
+        waiting, _ = svc.table.query("due_pk = :d AND due_at <= :now", {":d": retry_due(model.id),
+                                                                       ":now": svc.now()},
+                                     index="by_due", limit=free)
+        for stale in waiting:
+            if free <= 0:
+                break
+            req = svc.table.get(stale["pk"], stale["sk"])
+            if not req or req.get("state") != "waiting" or account_free(req["account_id"]) <= 0:
+                continue
+            try:
+                dispatched.append(claim_retry(svc, req, cap, tier_cap(req["account_id"])))
+            except ConditionFailed:
+                # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
+                continue
+            free -= 1
+            accounts[req["account_id"]] -= 1
+
+        if free > 0:
+            dispatched += self._dispatch_lanes(model, free, cap, account_free, tier_cap, accounts)
+        if dispatched:
+            failed = svc.queues.send(model.id, [queue_message(r) for r in dispatched])
+            if failed:  # their leases run out and the sweeper puts them back
+                log.warning("SQS refused %d messages for %s", len(failed), model.id)
+        return len(dispatched)
+
+    def _dispatch_lanes(self, model: Model, free: int, cap: int, account_free, tier_cap, accounts) -> list[dict]:
+        svc = self.svc
+        lanes = list(svc.table.query_all("pk = :pk AND begins_with(sk, :l)",
+                                         {":pk": f"MODEL#{model.id}", ":l": "LANE#"}))
+        if not lanes:
+            return []
+        # Batches take turns: hand out free slots one at a time, round robin, from a rotating start.
+        start = self.turn[model.id] % len(lanes)
+        order = lanes[start:] + lanes[:start]
+        self.turn[model.id] += 1
+        shares: dict[str, int] = defaultdict(int)
+        progress = True
+        while free > 0 and progress:
+            progress = False
+            for lane in order:
+                if free <= 0:
+                    break
+                if account_free(lane["account_id"]) <= 0:
+                    continue
+                shares[lane["batch_id"]] += 1
+                accounts[lane["account_id"]] -= 1
+                free -= 1
+                progress = True
+        out: list[dict] = []
+        for lane in order:
+            k = shares.get(lane["batch_id"], 0)
+            if k:
+                out += self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
+        return out
+
+    def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int) -> list[dict]:
+        svc = self.svc
+        batch = svc.table.get(*batch_key(lane["batch_id"]))
+        if batch is None or batch.get("stop") or model.id not in batch.get("lanes", {}):
+            return []
+        state = batch["lanes"][model.id]
+        lane_next = int(state["next"])
+        k = min(k, int(state["total"]) - lane_next, 90)  # a transaction holds at most 100 items
+        if k <= 0:
+            return []
+        positions = self._positions(batch, model.id, lane_next, k)
+        try:
+            return claim_from_lane(svc, batch, model.id, positions, lane_next, cap, account_cap)
+        except ConditionFailed:
+            return []  # another dispatcher advanced the lane or took the slots; next pass
+
+    def _positions(self, batch: dict, model_id: str, lane_next: int, k: int) -> list[Position]:
+        if len(batch["lanes"]) == 1:
+            indexes = list(range(lane_next, lane_next + k))
+        else:
+            cache_key = (batch["id"], model_id)
+            if cache_key not in self._lane_positions:
+                raw = self.svc.blobs.get(lane_object(batch["id"], model_id)) or b"[]"
+                self._lane_positions[cache_key] = json.loads(raw)
+            indexes = self._lane_positions[cache_key][lane_next:lane_next + k]
+        positions = []
+        for index in indexes:
+            entry = self._index_entry(batch["id"], index)
+            positions.append(Position(index=index, custom_id=entry[0], offset=entry[2], length=entry[3]))
+        return positions
+
+    def _index_entry(self, batch_id: str, index: int) -> list:
+        chunk = index // INDEX_CHUNK
+        key = (batch_id, chunk)
+        if key not in self._chunks:  # lanes are read in order: one S3 read per 5,000 requests
+            if len(self._chunks) >= 16:
+                self._chunks.pop(next(iter(self._chunks)))
+            self._chunks[key] = json.loads(self.svc.blobs.get(index_object(batch_id, chunk)) or b"[]")
+        return self._chunks[key][index - chunk * INDEX_CHUNK]

@@ -1,0 +1,197 @@
+"""The sweeper: completion windows, cancel completion, final statuses, retention, lease recovery."""
+
+from __future__ import annotations
+
+import logging
+
+from ..domain import (
+    FINAL_BATCH,
+    BatchStatus,
+    RequestState,
+    Stop,
+    counts_as_failed_unstarted,
+    final_status,
+)
+from ..layout import (
+    LEASE_DUE,
+    PURGE_DUE,
+    account_key,
+    batch_key,
+    batch_prefix,
+    idempotency_key,
+    lane_key,
+)
+from ..ledger import Settlement, settle
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+
+log = logging.getLogger(__name__)
+
+OWNER_UNAUTHORIZED = {"code": "owner_unauthorized",
+                      "message": "The API key that created this batch was revoked or has expired, or its "
+                                 "account was suspended or deleted."}
+
+
+def stop_batch(svc: Services, batch: dict, stop: Stop) -> bool:
+    """Stop a batch from starting requests. Returns False if it was already stopped or finished."""
+    now = svc.now()
+    sets = ["#stop = :stop", "stopped_at = :now"]
+    vals: dict = {":stop": stop.value, ":now": now, ":v": BatchStatus.VALIDATING.value,
+                  ":p": BatchStatus.IN_PROGRESS.value}
+    if stop is Stop.CANCEL:
+        sets += ["#status = :cancelling", "cancelling_at = :now"]
+        vals[":cancelling"] = BatchStatus.CANCELLING.value
+    if stop is Stop.FAIL:
+        sets.append("#error = :error")
+        vals[":error"] = OWNER_UNAUTHORIZED
+    try:
+        svc.table.update(*batch_key(batch["id"]), "SET " + ", ".join(sets), vals=vals,
+                         condition="attribute_not_exists(#stop) AND #status IN (:v, :p)")
+    except ConditionFailed:
+        return False
+    for model_id in batch["lanes"]:
+        svc.table.delete(*lane_key(model_id, batch["created_at"], batch["id"]))
+    return True
+
+
+def _close_waiting(svc: Services, batch: dict, stop: Stop) -> None:
+    """Requests waiting to run again when their batch stops: those that never ran become unstarted; those
+    that ran keep their last error as their outcome."""
+    items = svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
+                                {":pk": batch["pk"], ":r": "REQ#", ":w": RequestState.WAITING.value},
+                                filter_expression="#state = :w", consistent=True)
+    for req in items:
+        to = RequestState.UNSTARTED if req.get("attempt", 0) == 0 else RequestState.FAILED
+        try:
+            settle(svc, req, Settlement(to=to, error=req.get("error") if to is RequestState.FAILED else None),
+                   stop=stop)
+        except ConditionFailed:
+            pass  # a worker or dispatcher moved it first; the next sweep looks again
+
+
+def settle_batch(svc: Services, batch_id: str) -> dict | None:
+    """Give a batch its final status once nothing of it is running or left to start."""
+    batch = svc.table.get(*batch_key(batch_id))
+    if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
+        return batch
+    stop = Stop(batch["stop"]) if batch.get("stop") else None
+    if batch.get("in_flight", 0) > 0:
+        return batch
+    dispatched = sum(lane["next"] for lane in batch["lanes"].values())
+    if stop is None and (dispatched < batch["total"] or batch.get("open", 0) > 0):
+        return batch
+    if stop is not None and batch.get("open", 0) > 0:
+        _close_waiting(svc, batch, stop)
+        batch = svc.table.get(*batch_key(batch_id))
+        if batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
+            return batch
+    now = svc.now()
+    final = final_status(stop)
+    never_started = batch["total"] - dispatched if counts_as_failed_unstarted(stop) else 0
+    expires = now + svc.settings.batch_retention_seconds
+    ops = [
+        svc.table.op_update(
+            *batch_key(batch_id),
+            f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
+            "due_at = :exp ADD failed :never REMOVE active_pk, active_sk",
+            vals={":final": final.value, ":now": now, ":exp": expires, ":purge": PURGE_DUE, ":never": never_started,
+                  ":old": batch["status"], ":zero": 0},
+            condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting)"),
+        svc.table.op_update(*account_key(batch["account_id"]),
+                            "ADD unfinished_batches :minus, unfinished_requests :minus_total",
+                            vals={":minus": -1, ":minus_total": -batch["total"]}),
+    ]
+    try:
+        svc.table.transact(ops)
+    except ConditionFailed:
+        return svc.table.get(*batch_key(batch_id))
+    if batch.get("idempotency_key"):
+        # The key is remembered until a day after its batch ends.
+        svc.table.update(*idempotency_key(batch["account_id"], batch["idempotency_key"]), "SET #ttl = :ttl",
+                         vals={":ttl": now + svc.settings.idempotency_retention_seconds})
+    return svc.table.get(*batch_key(batch_id))
+
+
+def purge_batch(svc: Services, batch: dict) -> None:
+    """Delete a batch with its requests and results (by the user, or when its retention ends).
+    Raises ConditionFailed while one of its requests holds a slot."""
+    now = svc.now()
+    unfinished = batch["status"] not in FINAL_BATCH
+    ops = [svc.table.op_update(
+        *batch_key(batch["id"]), "SET deleting = :yes, #stop = if_not_exists(#stop, :cancel) REMOVE active_pk",
+        vals={":yes": True, ":cancel": Stop.CANCEL.value, ":zero": 0},
+        condition="attribute_exists(pk) AND in_flight = :zero AND attribute_not_exists(deleting)")]
+    if unfinished:
+        ops.append(svc.table.op_update(*account_key(batch["account_id"]),
+                                       "ADD unfinished_batches :minus, unfinished_requests :minus_total",
+                                       vals={":minus": -1, ":minus_total": -batch["total"]}))
+    svc.table.transact(ops)
+    for model_id in batch["lanes"]:
+        svc.table.delete(*lane_key(model_id, batch["created_at"], batch["id"]))
+    keys = [(i["pk"], i["sk"]) for i in svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
+                                                           {":pk": batch["pk"], ":r": "REQ#"}, consistent=True)]
+    svc.table.delete_many(keys)
+    svc.blobs.delete_prefix(batch_prefix(batch["id"]))
+    if batch.get("idempotency_key"):
+        try:
+            svc.table.update(*idempotency_key(batch["account_id"], batch["idempotency_key"]),
+                             "SET deleted = :yes, #ttl = :ttl", vals={":yes": True,
+                                                                     ":ttl": now + svc.settings.idempotency_retention_seconds},
+                             condition="attribute_exists(pk)")
+        except ConditionFailed:
+            pass
+    svc.table.delete(*batch_key(batch["id"]))
+
+
+def recover_leases(svc: Services, limit: int = 100) -> int:
+    """Requests whose lease ran out: the message was lost or the worker died. Put them back to wait."""
+    now = svc.now()
+    items, _ = svc.table.query("due_pk = :d AND due_at <= :now", {":d": LEASE_DUE, ":now": now},
+                               index="by_due", limit=limit)
+    recovered = 0
+    for stale in items:
+        req = svc.table.get(stale["pk"], stale["sk"])
+        if not req or req.get("due_pk") != LEASE_DUE or req["due_at"] > now:
+            continue
+        if req["state"] == RequestState.RUNNING.value:
+            # The backend may have run it: its cost is unknown, and it used up an attempt.
+            lost = {"code": "timeout", "message": "The worker running this request stopped before it answered."}
+            if req.get("attempt", 0) >= svc.settings.max_attempts:
+                outcome = Settlement(to=RequestState.FAILED, error=req.get("error") or lost, cost_unknown=1)
+            else:
+                outcome = Settlement(to=RequestState.WAITING, error=req.get("error") or lost, cost_unknown=1,
+                                     retry_at=now)
+        else:
+            outcome = Settlement(to=RequestState.WAITING, retry_at=now)
+        try:
+            settle(svc, req, outcome)
+            recovered += 1
+        except ConditionFailed:
+            continue
+    return recovered
+
+
+def sweep_once(svc: Services) -> dict:
+    """One pass of the sweeper. Safe to run in several places at once: every change is conditional."""
+    now = svc.now()
+    counts = {"recovered": recover_leases(svc), "settled": 0, "expired": 0, "purged": 0}
+    for item in svc.table.query_all("active_pk = :a", {":a": "ACTIVE"}, index="by_active"):
+        batch = svc.table.get(*batch_key(item["id"]))
+        if batch is None or batch["status"] in FINAL_BATCH:
+            continue
+        if not batch.get("stop") and now >= batch["expires_at"] and stop_batch(svc, batch, Stop.EXPIRE):
+            counts["expired"] += 1
+        after = settle_batch(svc, batch["id"])
+        if after and after["status"] in FINAL_BATCH:
+            counts["settled"] += 1
+    due, _ = svc.table.query("due_pk = :d AND due_at <= :now", {":d": PURGE_DUE, ":now": now},
+                             index="by_due", limit=50)
+    for item in due:
+        batch = svc.table.get(item["pk"], item["sk"])
+        if batch:
+            try:
+                purge_batch(svc, batch)
+                counts["purged"] += 1
+            except ConditionFailed:
+                log.warning("batch %s could not be purged yet", batch["id"])
+    return counts

@@ -1,0 +1,138 @@
+"""Whole-batch validation: every request is checked before anything is stored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ApiError
+from ..runtime import Services
+from .accounts import may_use_model
+
+CHAT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    custom_id: str
+    model_id: str  # the catalog id the model name pointed to at creation
+    body: dict
+
+
+@dataclass(frozen=True)
+class ValidatedBatch:
+    endpoint: str
+    requests: list[ValidRequest]
+    metadata: dict | None
+
+
+def _fault(i: int, custom_id: object, message: str) -> ApiError:
+    who = f"requests[{i}] (custom_id '{custom_id}')" if isinstance(custom_id, str) else f"requests[{i}]"
+    return ApiError(400, f"{who}: {message}", param=f"requests[{i}]")
+
+
+def validate_metadata(metadata: object) -> dict | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise ApiError(400, "metadata must be an object of string keys and values.", param="metadata")
+    if len(metadata) > 16:
+        raise ApiError(400, "metadata may hold at most 16 key-value pairs.", param="metadata")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise ApiError(400, f"metadata['{key}'] must be a string.", param="metadata")
+        if len(key) > 64:
+            raise ApiError(400, f"metadata key '{key[:64]}...' is longer than 64 characters.", param="metadata")
+        if len(value) > 512:
+            raise ApiError(400, f"metadata['{key}'] is longer than 512 characters.", param="metadata")
+    return metadata
+
+
+def allowed_endpoints(svc: Services) -> tuple[str, ...]:
+    if svc.settings.embeddings_responses_batches_enabled:
+        return (CHAT, EMBEDDINGS, RESPONSES)
+    return (CHAT,)
+
+
+def _check_body(endpoint: str, body: dict) -> str | None:
+    """What is wrong with a body for its endpoint, or None."""
+    if body.get("stream") is True:
+        return "stream must not be true in a batch"
+    if endpoint == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "body.messages must be a non-empty array"
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            return "each of body.messages must be an object with a role"
+    elif endpoint == EMBEDDINGS and "input" not in body:
+        return "body.input is required"
+    elif endpoint == RESPONSES:
+        if body.get("store") is True:
+            return "store must be false or left out: batched Responses requests are not stored"
+        for field in ("previous_response_id", "conversation", "background"):
+            if body.get(field) is not None:
+                return f"{field} is not allowed in a batched Responses request"
+        if "input" not in body:
+            return "body.input is required"
+    return None
+
+
+def validate_inline_batch(svc: Services, account: dict, payload: object) -> ValidatedBatch:
+    limits = svc.settings
+    if not isinstance(payload, dict):
+        raise ApiError(400, "The body must be a JSON object with a 'requests' array.")
+    if payload.get("input_file_id") is not None:
+        if not limits.file_batches_enabled:
+            raise ApiError(400, "File batches are not enabled.", param="input_file_id")
+        raise ApiError(400, "File batches are not available on this server yet.", param="input_file_id")
+    requests = payload.get("requests")
+    if not isinstance(requests, list) or not requests:
+        raise ApiError(400, "requests must be a non-empty array of requests.", param="requests")
+    if len(requests) > limits.max_requests_per_batch:
+        raise ApiError(400, f"The batch holds {len(requests)} requests; at most {limits.max_requests_per_batch} "
+                            "are allowed. Split it into several batches.", param="requests")
+    metadata = validate_metadata(payload.get("metadata"))
+    endpoints = allowed_endpoints(svc)
+    seen: set[str] = set()
+    endpoint: str | None = None
+    valid: list[ValidRequest] = []
+    for i, req in enumerate(requests):
+        if not isinstance(req, dict):
+            raise _fault(i, None, "each request must be an object")
+        custom_id = req.get("custom_id")
+        if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 512:
+            raise _fault(i, custom_id, "custom_id must be a string of 1-512 characters")
+        if custom_id in seen:
+            raise _fault(i, custom_id, f"custom_id '{custom_id}' is used more than once")
+        seen.add(custom_id)
+        method = req.get("method", "POST")
+        if method != "POST":
+            raise _fault(i, custom_id, f"method must be POST, not '{method}'")
+        url = req.get("url", CHAT)
+        if url not in endpoints:
+            raise _fault(i, custom_id, f"url '{url}' is not supported: "
+                         + ("/v1/chat/completions is the only endpoint batches serve" if len(endpoints) == 1
+                            else "batches serve " + ", ".join(endpoints)))
+        if endpoint is None:
+            endpoint = url
+        elif url != endpoint:
+            raise _fault(i, custom_id, f"every request of a batch must use the same url ('{endpoint}'), not '{url}'")
+        body = req.get("body")
+        if not isinstance(body, dict):
+            raise _fault(i, custom_id, "body must be an object")
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise _fault(i, custom_id, "body.model is required")
+        model = svc.catalog.lookup(name)
+        if model is None or not may_use_model(account, model.id):
+            raise _fault(i, custom_id, f"Model '{name}' not found")
+        if model.auto:
+            raise _fault(i, custom_id, f"Model '{name}' is an auto model; auto models cannot be used in a batch")
+        if model.backend is None or url not in model.endpoints:
+            raise _fault(i, custom_id, f"Model '{name}' does not serve {url}")
+        problem = _check_body(url, body)
+        if problem:
+            raise _fault(i, custom_id, problem)
+        valid.append(ValidRequest(custom_id=custom_id, model_id=model.id, body=body))
+    return ValidatedBatch(endpoint=endpoint or CHAT, requests=valid, metadata=metadata)

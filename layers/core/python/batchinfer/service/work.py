@@ -1,0 +1,121 @@
+"""The worker: runs one dispatched request on its backend and records the outcome exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+
+from ..catalog import Model
+from ..domain import Attempt, RequestState, Stop, is_retryable, retry_delay
+from ..layout import api_key_key, batch_key, request_key, requests_object, result_object
+from ..ledger import Settlement, settle, start
+from ..providers import openai_compat
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+from ..storage.secrets import secret_value
+from .accounts import get_account, key_problem, may_use_model, next_utc_midnight, quota_used_up
+from .sweep import stop_batch
+
+log = logging.getLogger(__name__)
+ACCESS_RECHECK_SECONDS = 60
+
+
+def backend_key(svc: Services, model: Model) -> str | None:
+    backend = model.backend
+    if backend is None:
+        return None
+    secret = svc.settings.model_secrets.get(model.id) or backend.api_key_secret
+    if secret:
+        return secret_value(secret, svc.settings.aws_endpoint_url, svc.settings.aws_region)
+    return svc.env.get(backend.api_key_env) if backend.api_key_env else None
+
+
+def _precheck(svc: Services, req: dict, batch: dict) -> Settlement | None:
+    """Checks made before every attempt; a Settlement when the request must not run now."""
+    now = svc.now()
+    if batch.get("stop"):
+        return Settlement(to=RequestState.UNSTARTED if req.get("attempt", 0) == 0 else RequestState.FAILED,
+                          error=req.get("error"))
+    key_item = svc.table.get(*api_key_key(batch["key_hash"]))
+    account = get_account(svc, batch["account_id"])
+    if key_problem(svc, key_item, account):
+        stop_batch(svc, batch, Stop.FAIL)
+        return Settlement(to=RequestState.UNSTARTED if req.get("attempt", 0) == 0 else RequestState.FAILED,
+                          error=req.get("error"))
+    if not account.get("batch_access"):
+        return Settlement(to=RequestState.WAITING, retry_at=now + ACCESS_RECHECK_SECONDS, error=req.get("error"))
+    if quota_used_up(svc, account):
+        return Settlement(to=RequestState.WAITING, retry_at=next_utc_midnight(now), error=req.get("error"))
+    model = svc.catalog.lookup(req["model"])
+    if model is None or model.backend is None or not may_use_model(account, req["model"]):
+        return Settlement(to=RequestState.FAILED, error={
+            "code": "model_not_found", "message": f"Model '{req['model']}' is gone, or this key may no longer use it.",
+            "status": 404})
+    return None
+
+
+def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
+    s = svc.settings
+    cost = model.cost_usd(attempt.input_tokens, attempt.output_tokens) if attempt.cost_known else 0.0
+    common = {"input_tokens": attempt.input_tokens, "output_tokens": attempt.output_tokens, "cost_usd": cost,
+              "cost_unknown": 0 if attempt.cost_known else 1}
+    if attempt.ok:
+        response = {"status_code": attempt.status_code, "request_id": attempt.request_id or f"req_{req['token']}",
+                    "body": attempt.body}
+        raw = json.dumps(response, separators=(",", ":")).encode()
+        if len(raw) > s.max_result_bytes:
+            return Settlement(to=RequestState.FAILED, error={
+                "code": "result_too_large", "status": attempt.status_code,
+                "message": f"The response was {len(raw)} bytes, larger than a batch result may be "
+                           f"({s.max_result_bytes} bytes)."}, **common)
+        if len(raw) > s.inline_result_bytes:  # a DynamoDB item holds at most 400 KB: large results go to S3
+            key = result_object(batch_id, req["index"])
+            svc.blobs.put(key, raw, "application/json")
+            return Settlement(to=RequestState.COMPLETED, response_object=key, **common)
+        return Settlement(to=RequestState.COMPLETED, response=response, **common)
+    error = attempt.error()
+    if is_retryable(attempt.status_code) and req["attempt"] < s.max_attempts:
+        delay = retry_delay(req["attempt"], s.retry_base_seconds, s.retry_max_seconds, random.Random())
+        if attempt.retry_after:
+            delay = max(delay, min(attempt.retry_after, s.retry_max_seconds))
+        return Settlement(to=RequestState.WAITING, error=error, retry_at=svc.now() + max(1, round(delay)), **common)
+    return Settlement(to=RequestState.FAILED, error=error, **common)
+
+
+async def process(svc: Services, message: dict) -> str:
+    """Run the request a queue message names. Returns what happened (for logs and tests)."""
+    batch_id, index = message["batch_id"], int(message["index"])
+    req = await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
+    if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
+        return "stale"  # a duplicate delivery, or the lease was recovered and the request moved on
+    batch = await asyncio.to_thread(svc.table.get, *batch_key(batch_id))
+    if batch is None:
+        return "stale"
+    early = await asyncio.to_thread(_precheck, svc, req, batch)
+    if early is not None:
+        stop = Stop(batch["stop"]) if batch.get("stop") else Stop.FAIL if early.to is RequestState.UNSTARTED else None
+        try:
+            await asyncio.to_thread(settle, svc, req, early, stop)
+        except ConditionFailed:
+            return "stale"
+        return early.to.value
+    try:
+        running = await asyncio.to_thread(start, svc, req)
+    except ConditionFailed:
+        return "stale"
+    model = svc.catalog.get(req["model"])
+    body = json.loads(await asyncio.to_thread(svc.blobs.get_range, requests_object(batch_id), req["offset"],
+                                              req["length"]))["body"]
+    key = await asyncio.to_thread(backend_key, svc, model)
+    attempt = await openai_compat.call(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
+    outcome = _outcome(svc, running, batch_id, model, attempt)
+    try:
+        await asyncio.to_thread(settle, svc, running, outcome)
+    except ConditionFailed:
+        # The lease ran out while the backend worked; the sweeper already counted this attempt's cost as
+        # unknown and put the request back, so this answer is dropped rather than recorded twice.
+        log.warning("request %s/%s lost its lease before its outcome was recorded", batch_id, index)
+        return "lease_lost"
+    return outcome.to.value

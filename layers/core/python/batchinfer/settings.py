@@ -1,0 +1,90 @@
+"""Every setting of the service, read from the environment in one place and validated once."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODELS_FILE = str(Path(__file__).with_name("models.yaml"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    # Where things live.
+    table_name: str = "batchinfer"
+    bucket_name: str = "batchinfer"
+    model_queues: dict[str, str] = Field(default_factory=dict)  # model id -> SQS queue URL
+    model_secrets: dict[str, str] = Field(default_factory=dict)  # model id -> Secrets Manager ARN
+    aws_endpoint_url: str | None = None  # the moto server locally; unset on AWS
+    aws_region: str = "us-east-1"
+    models_file: str = DEFAULT_MODELS_FILE
+    stage: str = "local"
+    port: int = 8000
+
+    batches_enabled: bool = True  # off: every batch route answers 404 "unavailable at the moment"
+
+    # Extensions (each its own issue); off in a deployment unless the operator turns them on.
+    file_batches_enabled: bool = False
+    message_batches_enabled: bool = False
+    embeddings_responses_batches_enabled: bool = False
+    batch_webhooks_enabled: bool = False
+
+    # Batch lifetime.
+    batch_completion_window_seconds: int = 24 * 3600
+    batch_retention_seconds: int = 7 * 24 * 3600
+    idempotency_retention_seconds: int = 24 * 3600  # after the batch ends
+
+    # Limits.
+    max_requests_per_batch: int = 50_000
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_line_bytes: int = 4 * 1024 * 1024
+    max_result_bytes: int = 4 * 1024 * 1024
+    max_unfinished_batches: int = 10
+    max_unfinished_requests: int = 100_000
+    tier_limits: dict[str, int] = Field(default_factory=lambda: {"free": 8, "pro": 16, "internal": 64})
+    batch_access_tiers: list[str] = Field(default_factory=lambda: ["internal"])  # new accounts' default
+
+    # Running requests.
+    max_attempts: int = 8
+    backend_timeout_seconds: float = 120.0
+    lease_seconds: int = 300  # a dispatched or running request whose lease runs out is recovered
+    retry_base_seconds: float = 1.0
+    retry_max_seconds: float = 60.0
+    inline_result_bytes: int = 32 * 1024  # larger results go to S3, a pointer stays in DynamoDB
+    dispatcher_loop_seconds: float = 55.0  # how long one scheduled dispatcher invocation keeps refilling
+    dispatcher_idle_sleep_seconds: float = 0.25
+    interactive_yield_per_request: int = 1  # batch slots given up per interactive request in flight
+
+    @field_validator("tier_limits", mode="before")
+    @classmethod
+    def _parse_tiers(cls, value: object) -> object:
+        # "free=8,pro=16,internal=64" is easier to pass on a command line than JSON.
+        if isinstance(value, str) and not value.strip().startswith("{"):
+            return {k.strip(): int(v) for k, v in (p.split("=") for p in value.split(",") if p.strip())}
+        if isinstance(value, str):
+            return json.loads(value)
+        return value
+
+    @field_validator("batch_access_tiers", mode="before")
+    @classmethod
+    def _parse_list(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip().startswith("["):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def environment() -> dict[str, str]:
+    """The process environment, for the catalog's ${VAR:-default} expansion and backend key variables."""
+    import os
+
+    return dict(os.environ)

@@ -1,0 +1,1 @@
+"""Storage: the only code that touches boto3 (DynamoDB, S3, SQS)."""

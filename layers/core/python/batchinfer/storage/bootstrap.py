@@ -1,0 +1,54 @@
+"""Creates the table, bucket and queues for the local stack and tests (CDK does it on AWS)."""
+
+from __future__ import annotations
+
+import re
+
+from botocore.exceptions import ClientError
+
+GSIS = {
+    "by_owner": (("owner_pk", "S"), ("owner_sk", "S")),
+    "by_due": (("due_pk", "S"), ("due_at", "N")),
+    "by_active": (("active_pk", "S"), ("active_sk", "S")),
+}
+
+
+def queue_name(stage: str, model_id: str) -> str:
+    return f"{stage}-batchinfer-" + re.sub(r"[^A-Za-z0-9_-]", "-", model_id)
+
+
+def create_table(ddb, name: str) -> None:
+    attrs = {"pk": "S", "sk": "S"}
+    for (hk, ht), (rk, rt) in GSIS.values():
+        attrs[hk], attrs[rk] = ht, rt
+    try:
+        ddb.create_table(
+            TableName=name, BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[{"AttributeName": k, "AttributeType": t} for k, t in attrs.items()],
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            GlobalSecondaryIndexes=[
+                {"IndexName": n, "Projection": {"ProjectionType": "ALL"},
+                 "KeySchema": [{"AttributeName": h[0], "KeyType": "HASH"}, {"AttributeName": r[0], "KeyType": "RANGE"}]}
+                for n, (h, r) in GSIS.items()
+            ],
+        )
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ResourceInUseException":
+            raise
+
+
+def create_bucket(s3, name: str) -> None:
+    try:
+        s3.create_bucket(Bucket=name)
+    except ClientError as error:
+        if error.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
+
+
+def create_queues(sqs, stage: str, model_ids: list[str], visibility_seconds: int = 600) -> dict[str, str]:
+    urls = {}
+    for model_id in model_ids:
+        answer = sqs.create_queue(QueueName=queue_name(stage, model_id),
+                                  Attributes={"VisibilityTimeout": str(visibility_seconds)})
+        urls[model_id] = answer["QueueUrl"]
+    return urls

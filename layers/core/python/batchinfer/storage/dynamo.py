@@ -1,0 +1,230 @@
+"""A thin typed wrapper over the DynamoDB client: plain dicts in, plain dicts out."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+_ser = TypeSerializer()
+_de = TypeDeserializer()
+
+
+class ConditionFailed(Exception):
+    """A conditional write lost: someone else changed the item first."""
+
+
+class Throttled(Exception):
+    """DynamoDB refused the write for capacity; the caller may try again later."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, set):
+        return {_plain(v) for v in value}
+    return value
+
+
+def _typed(value: Any) -> Any:
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_typed(v) for v in value]
+    return value
+
+
+def serialize(item: dict) -> dict:
+    return {k: _ser.serialize(_typed(v)) for k, v in item.items() if v is not None}
+
+
+def deserialize(item: dict) -> dict:
+    return {k: _plain(_de.deserialize(v)) for k, v in item.items()}
+
+
+def values(vals: dict) -> dict:
+    return {k: _ser.serialize(_typed(v)) for k, v in vals.items()}
+
+
+_ALIAS = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _names(names: dict | None, *expressions: str | None) -> dict | None:
+    """Expression attribute names: `#word` stands for the attribute `word` (many names are reserved words)."""
+    found = dict(names or {})
+    for expression in expressions:
+        for match in _ALIAS.finditer(expression or ""):
+            found.setdefault(match.group(0), match.group(1))
+    return found or None
+
+
+def _raise(error: ClientError) -> None:
+    code = error.response.get("Error", {}).get("Code", "")
+    if code == "ConditionalCheckFailedException":
+        raise ConditionFailed(str(error)) from error
+    if code == "TransactionCanceledException":
+        reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
+        if any(r in ("ThrottlingError", "ProvisionedThroughputExceeded") for r in reasons):
+            raise Throttled(str(error)) from error
+        raise ConditionFailed(str(error)) from error
+    if code in ("ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"):
+        raise Throttled(str(error)) from error
+    raise error
+
+
+class Table:
+    def __init__(self, ddb_client, name: str) -> None:
+        self.client = ddb_client
+        self.name = name
+
+    def key(self, pk: str, sk: str) -> dict:
+        return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+    def get(self, pk: str, sk: str, consistent: bool = True) -> dict | None:
+        answer = self.client.get_item(TableName=self.name, Key=self.key(pk, sk), ConsistentRead=consistent)
+        return deserialize(answer["Item"]) if "Item" in answer else None
+
+    def put(self, item: dict, condition: str | None = None, names: dict | None = None,
+            vals: dict | None = None) -> None:
+        kwargs: dict[str, Any] = {"TableName": self.name, "Item": serialize(item)}
+        names = _names(names, condition)
+        if condition:
+            kwargs["ConditionExpression"] = condition
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        if vals:
+            kwargs["ExpressionAttributeValues"] = values(vals)
+        try:
+            self.client.put_item(**kwargs)
+        except ClientError as error:
+            _raise(error)
+
+    def update(self, pk: str, sk: str, expression: str, vals: dict | None = None, names: dict | None = None,
+               condition: str | None = None, return_new: bool = False) -> dict | None:
+        kwargs: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk), "UpdateExpression": expression}
+        names = _names(names, expression, condition)
+        if vals:
+            kwargs["ExpressionAttributeValues"] = values(vals)
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        if condition:
+            kwargs["ConditionExpression"] = condition
+        if return_new:
+            kwargs["ReturnValues"] = "ALL_NEW"
+        try:
+            answer = self.client.update_item(**kwargs)
+        except ClientError as error:
+            _raise(error)
+        return deserialize(answer["Attributes"]) if return_new else None
+
+    def delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None) -> None:
+        kwargs: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk)}
+        names = _names(None, condition)
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        if condition:
+            kwargs["ConditionExpression"] = condition
+        if vals:
+            kwargs["ExpressionAttributeValues"] = values(vals)
+        try:
+            self.client.delete_item(**kwargs)
+        except ClientError as error:
+            _raise(error)
+
+    # Transactions take ops built by the helpers below.
+    def op_put(self, item: dict, condition: str | None = None, vals: dict | None = None) -> dict:
+        op: dict[str, Any] = {"TableName": self.name, "Item": serialize(item)}
+        names = _names(None, condition)
+        if names:
+            op["ExpressionAttributeNames"] = names
+        if condition:
+            op["ConditionExpression"] = condition
+        if vals:
+            op["ExpressionAttributeValues"] = values(vals)
+        return {"Put": op}
+
+    def op_update(self, pk: str, sk: str, expression: str, vals: dict | None = None, names: dict | None = None,
+                  condition: str | None = None) -> dict:
+        op: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk), "UpdateExpression": expression}
+        names = _names(names, expression, condition)
+        if vals:
+            op["ExpressionAttributeValues"] = values(vals)
+        if names:
+            op["ExpressionAttributeNames"] = names
+        if condition:
+            op["ConditionExpression"] = condition
+        return {"Update": op}
+
+    def op_delete(self, pk: str, sk: str, condition: str | None = None) -> dict:
+        op: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk)}
+        names = _names(None, condition)
+        if names:
+            op["ExpressionAttributeNames"] = names
+        if condition:
+            op["ConditionExpression"] = condition
+        return {"Delete": op}
+
+    def op_check(self, pk: str, sk: str, condition: str, vals: dict | None = None,
+                 names: dict | None = None) -> dict:
+        op: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk), "ConditionExpression": condition}
+        names = _names(names, condition)
+        if vals:
+            op["ExpressionAttributeValues"] = values(vals)
+        if names:
+            op["ExpressionAttributeNames"] = names
+        return {"ConditionCheck": op}
+
+    def transact(self, ops: list[dict]) -> None:
+        try:
+            self.client.transact_write_items(TransactItems=ops)
+        except ClientError as error:
+            _raise(error)
+
+    def query(self, key_condition: str, vals: dict, index: str | None = None, forward: bool = True,
+              limit: int | None = None, start: dict | None = None, names: dict | None = None,
+              filter_expression: str | None = None, consistent: bool = False) -> tuple[list[dict], dict | None]:
+        """One page: (items, key to continue from or None)."""
+        kwargs: dict[str, Any] = {"TableName": self.name, "KeyConditionExpression": key_condition,
+                                  "ExpressionAttributeValues": values(vals), "ScanIndexForward": forward}
+        if index:
+            kwargs["IndexName"] = index
+        elif consistent:
+            kwargs["ConsistentRead"] = True
+        if limit:
+            kwargs["Limit"] = limit
+        if start:
+            kwargs["ExclusiveStartKey"] = serialize(start)
+        names = _names(names, key_condition, filter_expression)
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        if filter_expression:
+            kwargs["FilterExpression"] = filter_expression
+        answer = self.client.query(**kwargs)
+        last = answer.get("LastEvaluatedKey")
+        return [deserialize(i) for i in answer.get("Items", [])], (deserialize(last) if last else None)
+
+    def query_all(self, key_condition: str, vals: dict, **kwargs: Any) -> Iterator[dict]:
+        start = None
+        while True:
+            items, start = self.query(key_condition, vals, start=start, **kwargs)
+            yield from items
+            if not start:
+                return
+
+    def delete_many(self, keys: list[tuple[str, str]]) -> None:
+        for i in range(0, len(keys), 25):
+            requests = [{"DeleteRequest": {"Key": self.key(pk, sk)}} for pk, sk in keys[i:i + 25]]
+            pending = {self.name: requests}
+            while pending:
+                answer = self.client.batch_write_item(RequestItems=pending)
+                pending = answer.get("UnprocessedItems") or {}

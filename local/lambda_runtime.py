@@ -1,0 +1,119 @@
+"""Runs the Lambda handlers locally the way AWS would: scheduled calls, and SQS event source mappings
+(batches of records, partial-batch failures) fed from the moto server's queues."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class FakeContext:
+    """The attributes of a Lambda context that Powertools reads."""
+
+    function_name: str = "local"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = "arn:aws:lambda:us-east-1:000000000000:function:local"
+    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    log_group_name: str = "/aws/lambda/local"
+    log_stream_name: str = "local"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 300_000
+
+
+def load_handler(function: str) -> ModuleType:
+    """Import functions/<function>/handler.py under a unique module name (every one is called handler)."""
+    name = f"batchinfer_fn_{function}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "functions" / function / "handler.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def invoke(function: str, event: dict) -> dict:
+    return load_handler(function).handler(event, FakeContext(function_name=function))
+
+
+def sqs_event(queue_arn: str, messages: list[dict]) -> dict:
+    return {"Records": [{
+        "messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
+        "attributes": {"ApproximateReceiveCount": m.get("Attributes", {}).get("ApproximateReceiveCount", "1"),
+                       "SentTimestamp": "0", "SenderId": "local", "ApproximateFirstReceiveTimestamp": "0"},
+        "messageAttributes": {}, "md5OfBody": m.get("MD5OfBody", ""), "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn, "awsRegion": "us-east-1"} for m in messages]}
+
+
+def poll_once(sqs, queue_url: str, wait_seconds: int = 0) -> int:
+    """One event source mapping poll: receive up to 10 records, invoke the worker, delete what succeeded."""
+    answer = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds,
+                                 AttributeNames=["ApproximateReceiveCount"])
+    messages = answer.get("Messages", [])
+    if not messages:
+        return 0
+    arn = "arn:aws:sqs:us-east-1:000000000000:" + queue_url.rsplit("/", 1)[-1]
+    result = invoke("worker", sqs_event(arn, messages))
+    failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
+    done = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+            if m["MessageId"] not in failed]
+    if done:
+        sqs.delete_message_batch(QueueUrl=queue_url, Entries=done)
+    return len(messages)
+
+
+class Loops:
+    """Background threads: dispatcher and sweeper on their schedule, pollers per model queue."""
+
+    def __init__(self, sqs, queue_urls: dict[str, str], pollers_per_queue: int = 2,
+                 dispatch_seconds: float = 5.0, sweep_interval: float = 1.0) -> None:
+        self.sqs = sqs
+        self.queue_urls = queue_urls
+        self.pollers_per_queue = pollers_per_queue
+        self.dispatch_seconds = dispatch_seconds
+        self.sweep_interval = sweep_interval
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def _guard(self, step, pause: float) -> None:
+        while not self.stopping.is_set():
+            try:
+                step()
+            except Exception as error:  # keep the loop alive, as a scheduled Lambda would be called again
+                self.errors.append(error)
+                print(f"local runtime: {type(error).__name__}: {error}", file=sys.stderr)
+                time.sleep(1)
+            if pause:
+                self.stopping.wait(pause)
+
+    def start(self) -> None:
+        def dispatch() -> None:
+            invoke("dispatcher", {"seconds": self.dispatch_seconds})
+
+        def sweep() -> None:
+            invoke("sweeper", {})
+
+        targets = [(dispatch, 0.0), (sweep, self.sweep_interval)]
+        for url in self.queue_urls.values():
+            for _ in range(self.pollers_per_queue):
+                targets.append((lambda u=url: poll_once(self.sqs, u, wait_seconds=1), 0.0))
+        for step, pause in targets:
+            thread = threading.Thread(target=self._guard, args=(step, pause), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=10)

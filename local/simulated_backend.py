@@ -1,0 +1,392 @@
+"""Simulated model backend -- a TEST DOUBLE that stands in for real model servers.
+
+This is NOT a model and runs no inference. Every answer is built deterministically from a hash
+of the request (model + message texts), so the same input always gives the same output and
+different inputs give different outputs. It exists for unit/integration tests and benchmarks.
+
+Endpoints (non-streaming only): POST /v1/chat/completions, /v1/embeddings, /v1/responses (OpenAI
+shapes), POST /v1/messages (Anthropic shape), GET /v1/models.
+
+Faults, set at start-up (CLI / SimConfig) or at run time through the control API:
+  latency_seconds        every model request sleeps this long (asyncio, so requests overlap)
+  rate_429/500/timeout   probabilities, drawn from random.Random(seed) (one draw per request);
+                         a timeout sleeps timeout_sleep_seconds, then answers 504
+Markers inside message content:
+  [[sim:400]] (or model "reject-me")  -> 400, non-retryable
+  [[sim:fail-always]]                 -> 500 every time
+  [[sim:big:N]]                       -> an answer of about N bytes
+  [[sim:flaky:N:CODE]]                -> the first N requests with this exact body fail with CODE
+                                         (429, 500 or timeout), later ones succeed
+Control API:
+  GET/PUT /_sim/config      read / update any subset of the SimConfig fields (seed re-seeds)
+  GET /_sim/stats           total_requests, by_status, by_path, in_flight, max_in_flight
+  POST /_sim/stats/reset    reset the counters and the flaky-attempt memory
+Run: python -m local.simulated_backend --host 127.0.0.1 --port 8100 [--latency 0.0] [--rate-429 0]
+     [--rate-500 0] [--rate-timeout 0] [--timeout-sleep 30] [--seed 0]   (defaults from SIM_* env vars)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import random
+import re
+import struct
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAX_BIG_BYTES = 64 * 1024 * 1024
+EMBEDDING_DIM = 8
+_WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "granite", "harbor",
+          "indigo", "juniper", "kestrel", "lagoon", "meadow", "nimbus", "orchid", "quartz")
+_MARK_400 = "[[sim:400]]"
+_MARK_FAIL = "[[sim:fail-always]]"
+_ANY_MARK_RE = re.compile(r"\[\[sim:[^\]]*\]\]")
+_BIG_RE = re.compile(r"\[\[sim:big:(\d+)\]\]")
+_FLAKY_RE = re.compile(r"\[\[sim:flaky:(\d+):(429|500|timeout)\]\]")
+# status -> (OpenAI error type, OpenAI error code, Anthropic error type)
+_ERROR_KINDS = {400: ("invalid_request_error", None, "invalid_request_error"), 500: ("server_error", None, "api_error"),
+                429: ("requests", "rate_limit_exceeded", "rate_limit_error"), 504: ("timeout", "timeout", "timeout_error")}
+
+
+class SimConfig(BaseModel):
+    """Fault settings of the simulated backend."""
+
+    model_config = ConfigDict(extra="forbid")
+    latency_seconds: float = Field(0.0, ge=0)
+    rate_429: float = Field(0.0, ge=0, le=1)
+    rate_500: float = Field(0.0, ge=0, le=1)
+    rate_timeout: float = Field(0.0, ge=0, le=1)
+    timeout_sleep_seconds: float = Field(30.0, ge=0)
+    seed: int = 0
+
+
+class SimError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+@dataclass
+class Prompt:  # what an endpoint extracted from a request body
+    model: str
+    texts: list[str]
+    last_user: str
+    max_tokens: int | None = None
+    n_messages: int = 0
+
+    @cached_property
+    def digest(self) -> bytes:
+        return hashlib.sha256(json.dumps([self.model, self.texts], ensure_ascii=False).encode()).digest()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(t.split()) for t in self.texts) + 3 * self.n_messages
+
+
+def generate_answer(prompt: Prompt) -> tuple[str, int, bool]:
+    """Deterministic (text, completion_tokens, truncated) for a prompt; honours [[sim:big:N]], max_tokens."""
+    extra = " ".join(_WORDS[b % len(_WORDS)] for b in prompt.digest[:4])
+    echo = " ".join(_ANY_MARK_RE.sub("", prompt.last_user)[:60].split())  # markers are never echoed back
+    text = f"Simulated answer from {prompt.model} to: {echo} {extra}"
+    big = _BIG_RE.search("\n".join(prompt.texts))
+    if big:
+        size = min(int(big.group(1)), MAX_BIG_BYTES)
+        filler = " " + extra
+        raw = (text + filler * (size // len(filler) + 1)).encode()
+        text = raw[:size].decode(errors="ignore").rstrip()
+    words = text.split()
+    if truncated := prompt.max_tokens is not None and len(words) > prompt.max_tokens:
+        words = words[: prompt.max_tokens]
+        text = " ".join(words)
+    return text, len(words), truncated
+
+
+def _text_of(content: Any, param: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):  # content parts; non-text parts (images, ...) are ignored
+        return " ".join(p if isinstance(p, str) else p["text"] for p in content
+                        if isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("text"), str)))
+    raise SimError(400, f"Invalid type for '{param}': expected a string or an array of parts", param=param)
+
+
+def _parse_messages(messages: Any, param: str, require_role: bool = True) -> tuple[list[str], str]:
+    if not isinstance(messages, list) or not messages:
+        raise SimError(400, f"'{param}' must be a non-empty array", param=param)
+    texts, last_user = [], ""
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or (require_role and not isinstance(msg.get("role"), str)):
+            raise SimError(400, f"Invalid message at '{param}[{i}]': an object with a 'role' is required",
+                           param=f"{param}[{i}]")
+        texts.append(_text_of(msg.get("content"), f"{param}[{i}].content"))
+        if msg.get("role") == "user":
+            last_user = texts[-1]
+    return texts, last_user
+
+
+def _base(body: Any) -> str:
+    if not isinstance(body, dict):
+        raise SimError(400, "The request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise SimError(400, "You must provide a model parameter", param="model")
+    if body.get("stream"):
+        raise SimError(400, "stream=true is not supported by the simulated backend", param="stream")
+    return model
+
+
+def _max_tokens(body: dict[str, Any], *names: str) -> int | None:
+    name = next((n for n in names if body.get(n) is not None), None)
+    if name is not None and (isinstance(body[name], bool) or not isinstance(body[name], int) or body[name] < 1):
+        raise SimError(400, f"'{name}' must be a positive integer", param=name)
+    return body[name] if name else None
+
+
+def _parse_chat(body: Any, max_names: tuple[str, ...] = ("max_completion_tokens", "max_tokens")) -> Prompt:
+    model = _base(body)
+    texts, last_user = _parse_messages(body.get("messages"), "messages")
+    if body.get("system"):  # Anthropic Messages: top-level system prompt
+        texts = [_text_of(body["system"], "system"), *texts]
+    return Prompt(model, texts, last_user, _max_tokens(body, *max_names), len(texts))
+
+
+def _parse_responses(body: Any) -> Prompt:
+    model = _base(body)
+    inp = body.get("input")
+    inp = [{"role": "user", "content": inp}] if isinstance(inp, str) and inp else inp
+    texts, last_user = _parse_messages(inp, "input", require_role=False)
+    if isinstance(body.get("instructions"), str):
+        texts = [body["instructions"], *texts]
+    return Prompt(model, texts, last_user, _max_tokens(body, "max_output_tokens"), len(texts))
+
+
+def _parse_embeddings(body: Any) -> Prompt:
+    model = _base(body)
+    items = [body["input"]] if isinstance(body.get("input"), str) else body.get("input")
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise SimError(400, "'input' must be a string or a non-empty array of strings", param="input")
+    return Prompt(model, items, items[-1])
+
+
+def _build_chat(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
+    text, n_out, cut = generate_answer(p)
+    message = {"role": "assistant", "content": text, "refusal": None}
+    return {"id": f"chatcmpl-{p.digest.hex()[:16]}", "object": "chat.completion", "created": int(time.time()),
+            "model": p.model, "system_fingerprint": "fp_simulated",
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length" if cut else "stop"}],
+            "usage": {"prompt_tokens": p.prompt_tokens, "completion_tokens": n_out,
+                      "total_tokens": p.prompt_tokens + n_out}}
+
+
+def _build_responses(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
+    text, n_out, cut = generate_answer(p)
+    item = {"type": "message", "id": f"msg_{p.digest.hex()[:16]}", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {"id": f"resp_{p.digest.hex()[:16]}", "object": "response", "created_at": int(time.time()), "model": p.model,
+            "status": "incomplete" if cut else "completed", "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "output": [item],
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": p.prompt_tokens, "output_tokens": n_out, "total_tokens": p.prompt_tokens + n_out}}
+
+
+def _build_anthropic(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
+    text, n_out, cut = generate_answer(p)
+    return {"id": f"msg_{p.digest.hex()[:16]}", "type": "message", "role": "assistant", "model": p.model,
+            "content": [{"type": "text", "text": text}], "stop_reason": "max_tokens" if cut else "end_turn",
+            "stop_sequence": None, "usage": {"input_tokens": p.prompt_tokens, "output_tokens": n_out}}
+
+
+def embedding_vector(model: str, text: str) -> list[float]:
+    """Deterministic pseudo-embedding in [-1, 1] of length EMBEDDING_DIM."""
+    d = hashlib.sha256(f"{model}\n{text}".encode()).digest()
+    return [round(int.from_bytes(d[2 * i: 2 * i + 2], "big") / 32767.5 - 1, 6) for i in range(EMBEDDING_DIM)]
+
+
+def _build_embeddings(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
+    b64 = body.get("encoding_format") == "base64"
+    data = []
+    for i, text in enumerate(p.texts):
+        vec: Any = embedding_vector(p.model, text)
+        if b64:
+            vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": vec})
+    usage = {"prompt_tokens": p.prompt_tokens, "total_tokens": p.prompt_tokens}
+    return {"object": "list", "data": data, "model": p.model, "usage": usage}
+
+
+class _SimState:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.in_flight = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0
+        self.by_status: Counter[str] = Counter()
+        self.by_path: Counter[str] = Counter()
+        self.max_in_flight = self.in_flight
+        self.flaky: dict[str, int] = {}
+
+    def stats(self) -> dict[str, Any]:
+        return {"total_requests": self.total, "by_status": dict(sorted(self.by_status.items())),
+                "by_path": dict(sorted(self.by_path.items())), "in_flight": self.in_flight,
+                "max_in_flight": self.max_in_flight}
+
+
+def _error_response(err: SimError, flavour: str) -> JSONResponse:
+    oa_type, oa_code, an_type = _ERROR_KINDS.get(err.status, ("server_error", None, "api_error"))
+    if flavour == "anthropic":
+        content: dict[str, Any] = {"type": "error", "error": {"type": an_type, "message": err.message}}
+    else:
+        content = {"error": {"message": err.message, "type": oa_type, "param": err.param,
+                             "code": err.code or oa_code}}
+    return JSONResponse(content, status_code=err.status, headers=err.headers)
+
+
+async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body: dict[str, Any]) -> None:
+    joined = "\n".join(prompt.texts)
+    if prompt.model == "reject-me" or _MARK_400 in joined:
+        raise SimError(400, "Request rejected by the simulated backend", code="sim_rejected")
+    cfg = state.config
+    if cfg.latency_seconds > 0:
+        await asyncio.sleep(cfg.latency_seconds)
+    if _MARK_FAIL in joined:
+        raise SimError(500, "Simulated permanent server error")
+    fault = None
+    flaky = _FLAKY_RE.search(joined)
+    if flaky:
+        key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        attempts = state.flaky[key] = state.flaky.get(key, 0) + 1
+        fault = flaky.group(2) if attempts <= int(flaky.group(1)) else None
+    draw = state.rng.random()  # always one draw per request, so runs are reproducible
+    if fault is None:
+        limits = accumulate((cfg.rate_429, cfg.rate_500, cfg.rate_timeout))
+        fault = next((f for f, limit in zip(("429", "500", "timeout"), limits) if draw < limit), None)
+    if fault == "timeout":
+        deadline = time.monotonic() + cfg.timeout_sleep_seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.2))
+            if await request.is_disconnected():  # stop early so in_flight stays truthful
+                raise SimError(499, "Client closed the request")
+        raise SimError(504, "Simulated upstream timeout")
+    if fault in ("429", "500"):
+        raise SimError(int(fault), f"Simulated HTTP {fault} error", headers={"retry-after": "1"} if fault == "429" else None)
+
+
+def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[..., dict[str, Any]],
+              flavour: str) -> Callable[..., Any]:
+    async def handle(request: Request) -> JSONResponse:
+        try:
+            try:
+                body = json.loads(await request.body())
+            except ValueError:
+                raise SimError(400, "We could not parse the JSON body of your request") from None
+            prompt = parse(body)
+            await _apply_faults(request, state, prompt, body)
+            return JSONResponse(build(prompt, body))
+        except SimError as err:
+            return _error_response(err, flavour)
+
+    async def endpoint(request: Request) -> JSONResponse:
+        state.total += 1
+        state.by_path[request.url.path] += 1
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        status = 499  # recorded as such if the request is cancelled (client went away)
+        try:
+            response = await handle(request)
+            status = response.status_code
+            return response
+        finally:
+            state.in_flight -= 1
+            state.by_status[str(status)] += 1
+
+    return endpoint
+
+
+def create_app(config: SimConfig | None = None) -> FastAPI:
+    """Build the simulated backend app; its state is reachable as app.state.sim."""
+    app = FastAPI(title="Simulated model backend (test double, not a model)")
+    app.state.sim = state = _SimState(config or SimConfig())
+    routes: dict[str, tuple[Callable[..., Any], Callable[..., Any], str]] = {
+        "/v1/chat/completions": (_parse_chat, _build_chat, "openai"),
+        "/v1/embeddings": (_parse_embeddings, _build_embeddings, "openai"),
+        "/v1/responses": (_parse_responses, _build_responses, "openai"),
+        "/v1/messages": (lambda b: _parse_chat(b, ("max_tokens",)), _build_anthropic, "anthropic"),
+    }
+    for path, (parse, build, flavour) in routes.items():
+        app.add_api_route(path, _endpoint(state, parse, build, flavour), methods=["POST"])
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": []}
+
+    @app.get("/_sim/config")
+    async def get_config() -> dict[str, Any]:
+        return state.config.model_dump()
+
+    @app.put("/_sim/config")
+    async def put_config(request: Request) -> JSONResponse:
+        try:
+            update = json.loads(await request.body())
+            new = SimConfig.model_validate({**state.config.model_dump(), **update})
+        except (ValueError, TypeError, ValidationError) as exc:  # TypeError: body is not an object
+            return _error_response(SimError(400, str(exc)), "openai")
+        if "seed" in update:
+            state.rng.seed(new.seed)
+        state.config = new
+        return JSONResponse(new.model_dump())
+
+    @app.get("/_sim/stats")
+    async def get_stats() -> dict[str, Any]:
+        return state.stats()
+
+    @app.post("/_sim/stats/reset")
+    async def reset_stats() -> dict[str, Any]:
+        state.reset()
+        return state.stats()
+
+    return app
+
+
+_CLI_OPTIONS = (("--latency", "latency_seconds", "SIM_LATENCY_SECONDS", float),
+                ("--rate-429", "rate_429", "SIM_RATE_429", float), ("--rate-500", "rate_500", "SIM_RATE_500", float),
+                ("--rate-timeout", "rate_timeout", "SIM_RATE_TIMEOUT", float),
+                ("--timeout-sleep", "timeout_sleep_seconds", "SIM_TIMEOUT_SLEEP_SECONDS", float),
+                ("--seed", "seed", "SIM_SEED", int))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point; SIM_* environment variables (read only here) provide the option defaults."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Simulated model backend (deterministic test double, not a model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--log-level", default="warning")
+    for flag, name, env_var, kind in _CLI_OPTIONS:
+        default = kind(os.environ.get(env_var, SimConfig.model_fields[name].default))
+        parser.add_argument(flag, dest=name, type=kind, default=default, help=f"default from ${env_var}")
+    args = parser.parse_args(argv)
+    config = SimConfig(**{name: getattr(args, name) for _, name, _, _ in _CLI_OPTIONS})
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()
