@@ -119,10 +119,10 @@ class ServiceFunctions(Construct):
         self.worker = self._function(WORKER, common_env, {"MODEL_SECRETS": secrets.secret_arns_json()})
         self.sweeper = self._function(SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True)
 
-        # api: state and objects, no queues; it presigns with its own role, so it needs get/put on objects.
+        # api: state and objects, no queues. It presigns downloads with its own role (needs GetObject) and
+        # deletes what it wrote when a batch create fails its transaction (Blobs.delete_prefix).
         storage.table.grant_read_write_data(self.api)
-        storage.bucket.grant_read(self.api)
-        storage.bucket.grant_put(self.api)
+        storage.bucket.grant_read_write(self.api)
         # dispatcher: reads request bodies' pointers, sends to the model queues.
         storage.table.grant_read_write_data(self.dispatcher)
         storage.bucket.grant_read(self.dispatcher)
@@ -243,7 +243,7 @@ class ServiceFunctions(Construct):
             f"AwsSolutions-IAM5[Resource::{table}/index/*]": _TABLE_INDEX_REASON,
         }
         per_function = {
-            "api": {**common, **read, **put},
+            "api": {**common, **read, **put, **delete},
             "dispatcher": {**common, **read},
             "worker": {**common, **read, **put},
             "sweeper": {**common, **read, **put, **delete},

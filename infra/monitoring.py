@@ -7,6 +7,8 @@ always adds the `service` dimension, so a metric the worker emits with `model` i
 
 from __future__ import annotations
 
+import re
+
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
@@ -51,11 +53,14 @@ def model_metric(model_id: str, metric_name: str, period: Duration = ONE_MINUTE)
 
 def backend_error_rate(model_id: str, period: Duration = FIVE_MINUTES) -> cloudwatch.MathExpression:
     """Upstream error rate in percent: BackendErrors / (BackendErrors + RequestsCompleted)."""
+    # Metric ids must be unique within one graph that shows several models.
+    key = re.sub(r"[^a-z0-9_]", "_", model_id.lower())
+    errors, completed = f"errors_{key}", f"completed_{key}"
     return cloudwatch.MathExpression(
-        expression="IF((e + c) > 0, 100 * e / (e + c), 0)",
+        expression=f"IF(({errors} + {completed}) > 0, 100 * {errors} / ({errors} + {completed}), 0)",
         using_metrics={
-            "e": model_metric(model_id, METRIC_BACKEND_ERRORS, period),
-            "c": model_metric(model_id, METRIC_REQUESTS_COMPLETED, period),
+            errors: model_metric(model_id, METRIC_BACKEND_ERRORS, period),
+            completed: model_metric(model_id, METRIC_REQUESTS_COMPLETED, period),
         },
         period=period,
         label=f"{model_id} backend error %",

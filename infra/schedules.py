@@ -9,13 +9,15 @@ or missed tick is harmless.
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from aws_cdk import Aws, Duration
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as targets
 from constructs import Construct
 
 from infra.config import InfraConfig
+from infra.nag import acknowledge, nag_ref
 
 TICK = Duration.minutes(1)
 
@@ -33,8 +35,23 @@ class Schedules(Construct):
         sweeper: lambda_.IFunction,
     ) -> None:
         super().__init__(scope, construct_id)
+        # One role for both targets, so its acknowledgment sits next to it rather than on CDK's singleton.
+        self.role = iam.Role(
+            self,
+            "InvokeRole",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}
+            ),
+            description=f"batchinfer {config.stage}: EventBridge Scheduler invokes dispatcher and sweeper",
+        )
         self.dispatcher = self._every_minute("Dispatcher", config, dispatcher, "dispatch due batch requests")
         self.sweeper = self._every_minute("Sweeper", config, sweeper, "expire, finalize, retain, recover leases")
+        for function in (dispatcher, sweeper):
+            acknowledge(
+                self.role,
+                f"AwsSolutions-IAM5[Resource::{nag_ref(function)}:*]",
+                "CDK's grantInvoke also covers the function's versions and aliases (ARN:*); one function only.",
+            )
 
     def _every_minute(
         self, construct_id: str, config: InfraConfig, function: lambda_.IFunction, what: str
@@ -45,5 +62,7 @@ class Schedules(Construct):
             schedule=scheduler.ScheduleExpression.rate(TICK),
             description=f"batchinfer {config.stage}: {what}",
             # A late tick is useless: the next one is a minute away. No retries, drop after a minute.
-            target=targets.LambdaInvoke(function, retry_attempts=0, max_event_age=Duration.minutes(1)),
+            target=targets.LambdaInvoke(
+                function, role=self.role, retry_attempts=0, max_event_age=Duration.minutes(1)
+            ),
         )

@@ -18,9 +18,9 @@ from moto import mock_aws  # noqa: E402
 
 from batchinfer.runtime import use_services  # noqa: E402
 from batchinfer.storage.aws import client  # noqa: E402
-from tests.helpers import make_services  # noqa: E402
 from local.servers import UvicornThread, free_port  # noqa: E402
 from local.simulated_backend import create_app as create_sim  # noqa: E402
+from tests.helpers import make_services  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,10 @@
 """API function: the FastAPI app behind API Gateway (HTTP API), through Mangum."""
 
 from aws_lambda_powertools.logging import correlation_paths
+from mangum import Mangum
+
 from batchinfer.api.app import create_app
 from batchinfer.observability import logger, metrics, tracer
-from mangum import Mangum
 
 app = create_app()
 _asgi = Mangum(app, lifespan="off")

@@ -1,6 +1,7 @@
 """Dispatcher function: scheduled every minute; refills free slots until the next run takes over."""
 
 from aws_lambda_powertools.metrics import MetricUnit
+
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.service.dispatch import Dispatcher

@@ -1,6 +1,7 @@
 """Sweeper function: expiry, cancel completion, final statuses, retention and lease recovery."""
 
 from aws_lambda_powertools.metrics import MetricUnit
+
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.service.sweep import sweep_once

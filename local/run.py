@@ -1,0 +1,102 @@
+"""`make run`: the whole service on this machine, no AWS and no model keys needed.
+
+A moto server stands in for DynamoDB, S3 and SQS; the simulated backend serves the default catalog;
+the dispatcher and sweeper handlers run on their schedule; the worker handler is fed from the per-model
+queues as an SQS event source mapping would; the API runs under uvicorn. Ctrl-C stops everything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+
+from moto.server import ThreadedMotoServer  # noqa: E402
+
+from batchinfer.api.app import create_app  # noqa: E402
+from batchinfer.runtime import build_services, use_services  # noqa: E402
+from batchinfer.service import accounts  # noqa: E402
+from batchinfer.settings import Settings  # noqa: E402
+from batchinfer.storage import bootstrap  # noqa: E402
+from batchinfer.storage.aws import clients_for  # noqa: E402
+from local.lambda_runtime import Loops  # noqa: E402
+from local.servers import UvicornThread  # noqa: E402
+from local.simulated_backend import SimConfig  # noqa: E402
+from local.simulated_backend import create_app as create_sim  # noqa: E402
+
+STATE = Path(".local")
+
+
+def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConfig | None = None,
+          pollers: int = 4, state_dir: Path = STATE):
+    """Start every piece; returns (services, api key, stop function). Used by `make run` and e2e tests."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every AWS call otherwise
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
+    moto.start()
+    sim = UvicornThread(create_sim(sim_config), sim_port).start()
+    settings = settings.model_copy(update={"aws_endpoint_url": f"http://127.0.0.1:{moto_port}"})
+    ddb, s3, sqs = clients_for(settings)
+    bootstrap.create_table(ddb, settings.table_name)
+    bootstrap.create_bucket(s3, settings.bucket_name)
+    env = {**os.environ, "SIMULATED_BACKEND_URL": os.environ.get("SIMULATED_BACKEND_URL", sim.url)}
+    probe = build_services(settings, env)
+    urls = bootstrap.create_queues(sqs, settings.stage, [m.id for m in probe.catalog.runnable],
+                                   visibility_seconds=int(settings.backend_timeout_seconds * 2 + 30))
+    settings = settings.model_copy(update={"model_queues": urls})
+    svc = build_services(settings, env)
+    use_services(svc)
+    account = accounts.create_account(svc, tier="internal", batch_access=True, daily_quota_usd=1000.0)
+    key = accounts.create_key(svc, account["id"])
+    state_dir.mkdir(exist_ok=True)
+    (state_dir / "api-key").write_text(key + "\n")
+    (state_dir / "stack.json").write_text(json.dumps({
+        "aws_endpoint_url": settings.aws_endpoint_url, "table_name": settings.table_name,
+        "bucket_name": settings.bucket_name, "model_queues": urls, "stage": settings.stage}, indent=2))
+    loops = Loops(sqs, urls, pollers_per_queue=pollers)
+    loops.start()
+
+    def stop() -> None:
+        loops.stop()
+        sim.stop()
+        moto.stop()
+
+    return svc, key, stop
+
+
+def main() -> None:
+    settings = Settings()
+    moto_port = int(os.environ.get("MOTO_PORT", "5000"))
+    sim_port = int(os.environ.get("SIM_PORT", "8100"))
+    pollers = int(os.environ.get("LOCAL_POLLERS_PER_QUEUE", "4"))
+    svc, key, stop = start(settings, moto_port, sim_port, pollers=pollers)
+    base = f"http://127.0.0.1:{settings.port}/v1"
+    print(f"""
+Batch inference is running locally (Ctrl-C stops it).
+  API base URL       {base}
+  API key            {key}   (also in .local/api-key)
+  moto (AWS)         http://127.0.0.1:{moto_port}
+  simulated backend  http://127.0.0.1:{sim_port}  (a test double: deterministic answers, not a model)
+  models             {", ".join(m.id for m in svc.catalog.runnable)}
+
+  export FREEINFERENCE_API_KEY=$(cat .local/api-key)
+  curl {base}/batches -H "Authorization: Bearer $FREEINFERENCE_API_KEY"
+""", flush=True)
+    api = UvicornThread(create_app(), settings.port, log_level=os.environ.get("LOG_LEVEL", "warning").lower())
+    try:
+        api.server.run()  # in the foreground: uvicorn handles Ctrl-C
+    finally:
+        stop()
+        print("stopped", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

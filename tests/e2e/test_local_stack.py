@@ -1,0 +1,125 @@
+"""The local stack as `make run` starts it, used as a user would: curl, requests, batchctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from batchinfer.api.app import create_app
+from batchinfer.settings import Settings
+from local.run import start
+from local.servers import UvicornThread, free_port
+
+pytestmark = pytest.mark.e2e
+EXAMPLES = Path(__file__).with_name("spec_examples")
+ROOT = Path(__file__).resolve().parents[2]
+SPEC_BASE = "https://freeinference.org/v1"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("stack") / ".local"
+    settings = Settings(table_name="e2e", bucket_name="e2e", stage="e2e")
+    svc, key, stop = start(settings, free_port(), free_port(), pollers=2, state_dir=state)
+    api = UvicornThread(create_app(), free_port()).start()
+    yield {"base": f"{api.url}/v1", "key": key, "svc": svc, "dir": state.parent}
+    api.stop()
+    stop()
+
+
+def session_for(stack) -> requests.Session:
+    s = requests.Session()
+    s.headers["Authorization"] = f"Bearer {stack['key']}"
+    return s
+
+
+def wait_final(s: requests.Session, base: str, batch_id: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = s.get(f"{base}/batches/{batch_id}").json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"{batch_id} did not finish")
+
+
+def test_spec_curl_create_example(stack):
+    script = (EXAMPLES / "create_batch_curl.sh").read_text().replace(SPEC_BASE, stack["base"])
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FREEINFERENCE_API_KEY": stack["key"]})
+    batch = json.loads(out.stdout)
+    assert batch["object"] == "batch" and batch["request_counts"]["total"] == 2
+    assert batch["metadata"] == {"project": "eval-42"}
+    final = wait_final(session_for(stack), stack["base"], batch["id"])
+    assert final["status"] == "completed" and final["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    # The same call again (same Idempotency-Key, same body) gives the same batch back.
+    again = json.loads(subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                                      env={**os.environ, "FREEINFERENCE_API_KEY": stack["key"]}).stdout)
+    assert again["id"] == batch["id"]
+
+
+def test_spec_python_example_runs_unchanged(stack):
+    source = (EXAMPLES / "inline_python_example.py").read_text()
+    assert SPEC_BASE in source
+    out = subprocess.run([sys.executable, "-c", source.replace(SPEC_BASE, stack["base"])], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "FREEINFERENCE_API_KEY": stack["key"]})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("q-0 Simulated answer from glm-5.3-flash to: Summarize the plot of Hamlet")
+    assert lines[1].startswith("q-1 Simulated answer from glm-5.3-flash to: Name three prime numbers.")
+
+
+def test_cancel_delete_and_idempotency_flows(stack):
+    s, base = session_for(stack), stack["base"]
+    body = {"requests": [{"custom_id": f"c-{i}", "body": {"model": "qwen-35b", "messages": [
+        {"role": "user", "content": f"count {i}"}]}} for i in range(300)]}
+    created = s.post(f"{base}/batches", json=body, headers={"Idempotency-Key": "flow-1"})
+    assert created.status_code == 200
+    batch_id = created.json()["id"]
+    assert s.post(f"{base}/batches", json={**body, "metadata": {"x": "y"}},
+                  headers={"Idempotency-Key": "flow-1"}).status_code == 409
+    cancelled = s.post(f"{base}/batches/{batch_id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] in ("cancelling", "cancelled")
+    final = wait_final(s, base, batch_id)
+    assert final["status"] == "cancelled"
+    counts = final["request_counts"]
+    lines = [json.loads(x) for x in s.get(f"{base}/batches/{batch_id}/output.jsonl").text.splitlines()]
+    assert [x["custom_id"] for x in lines] == [f"c-{i}" for i in range(300)]
+    page = s.get(f"{base}/batches/{batch_id}/results", params={"limit": 1000}).json()["data"]
+    statuses = [r["status"] for r in page]
+    assert statuses.count("completed") == counts["completed"] and statuses.count("failed") == counts["failed"]
+    assert statuses.count("cancelled") == 300 - counts["completed"] - counts["failed"] > 0
+    deleted = s.delete(f"{base}/batches/{batch_id}")
+    assert deleted.json() == {"id": batch_id, "object": "batch.deleted", "deleted": True}
+    assert s.get(f"{base}/batches/{batch_id}").status_code == 404
+    assert s.post(f"{base}/batches", json=body, headers={"Idempotency-Key": "flow-1"}).status_code == 410
+
+
+def test_batchctl_admin_against_running_stack(stack):
+    def batchctl(*args: str) -> str:
+        out = subprocess.run([str(ROOT / "batchctl"), *args], capture_output=True, text=True, timeout=60,
+                             cwd=stack["dir"])
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    account = batchctl("admin", "create-account", "--tier", "pro")
+    assert account.startswith("acct_") and "\n" not in account
+    key = batchctl("admin", "create-key", "--account", account)
+    assert key.startswith("hyi-") and "\n" not in key
+    s = requests.Session()
+    s.headers["X-API-Key"] = key
+    body = {"requests": [{"custom_id": "a", "body": {"model": "glm-5.3-flash",
+                                                     "messages": [{"role": "user", "content": "hi"}]}}]}
+    assert s.post(f"{stack['base']}/batches", json=body).status_code == 403  # pro has no batch access by default
+    batchctl("admin", "set", "--account", account, "--batch-access", "true")
+    assert s.post(f"{stack['base']}/batches", json=body).status_code == 200
+    batchctl("admin", "revoke-key", key)
+    assert s.get(f"{stack['base']}/batches").status_code == 401

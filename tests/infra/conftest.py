@@ -1,0 +1,82 @@
+"""Synthesize the stack once per session (synthesis is the slow part) and share the result."""
+
+from __future__ import annotations
+
+import os
+
+# Before the first aws_cdk import: it starts the jsii runtime, which prints Node version banners.
+os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import json  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from aws_cdk import App, Stack  # noqa: E402
+from aws_cdk.assertions import Template  # noqa: E402
+
+from infra.stack import BatchInferenceStack, build_app  # noqa: E402
+
+
+@dataclass
+class Synth:
+    app: App
+    stack: BatchInferenceStack
+    template: Template
+    template_json: dict[str, Any]
+    outdir: Path
+
+    def logical_id(self, construct: Any) -> str:
+        cfn = construct if hasattr(construct, "logical_id") else construct.node.default_child
+        return Stack.of(cfn).resolve(cfn.logical_id)
+
+    def resources(self, type_name: str) -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in self.template_json["Resources"].items() if v["Type"] == type_name}
+
+
+def synthesize(tmp: Path, context: dict[str, Any]) -> Synth:
+    # The placeholder deps layer: no network, no 50 MB asset; `make synth` builds the real one.
+    app, stack = build_app({"skip_deps_build": True, **context}, outdir=str(tmp), nag=False)
+    assembly = app.synth()
+    template_json = assembly.get_stack_artifact(stack.artifact_id).template
+    return Synth(app, stack, Template.from_json(template_json), template_json, Path(assembly.directory))
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """The default deployment (repo catalog, cdk.json defaults)."""
+    return synthesize(tmp_path_factory.mktemp("cdk-default"), {})
+
+
+EDGE_CATALOG = {
+    "models": [
+        {"id": "Big.Model/v1", "batch_budget": 5000, "backend": {"kind": "openai", "base_url": "https://a.example/v1",
+                                                                   "api_key_secret": "whatever"}},
+        {"id": "tiny", "batch_budget": 1, "backend": {"kind": "anthropic", "base_url": "${TINY_URL:-http://127.0.0.1:1}"}},
+        {"id": "mid", "batch_budget": "${MID_BUDGET:-7}", "backend": {"kind": "openai", "base_url": "https://b.example",
+                                                                      "api_key_env": "MID_KEY"}},
+        {"id": "router", "auto": True},
+    ]
+}
+
+
+@pytest.fixture(scope="session")
+def edge_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """A second deployment: custom catalog with edge cases and non-default settings."""
+    root = tmp_path_factory.mktemp("cdk-edge")
+    catalog = root / "edge-models.yaml"
+    catalog.write_text(json.dumps(EDGE_CATALOG))  # JSON is YAML
+    return synthesize(
+        root / "out",
+        {
+            "stage": "qa",
+            "models_file": str(catalog),
+            "retain_data": "false",
+            "scheduled_reserved_concurrency": "none",
+            "alarm_email": "ops@example.com",
+            "catalog_env": json.dumps({"TINY_URL": "https://tiny.example"}),
+            "file_batches_enabled": "true",
+        },
+    )
