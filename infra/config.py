@@ -30,9 +30,11 @@ CONTEXT_CONFIG_FILE_KEY = "config_file"
 # Lambda limits a synchronous invocation's request payload to 6 MB; the API must never promise more.
 LAMBDA_PAYLOAD_LIMIT_BYTES = 6 * 1024 * 1024
 # CloudWatch Logs accepts only these retention periods.
+# fmt: off
 VALID_LOG_RETENTION_DAYS = (
     1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653,
 )
+# fmt: on
 # Lambda's event source mapping accepts MaximumConcurrency between 2 and 1000.
 MIN_QUEUE_CONCURRENCY = 2
 MAX_QUEUE_CONCURRENCY = 1000
@@ -41,9 +43,20 @@ _MAX_QUEUE_NAME = 80 - len("-dlq")
 # Environment variables the stack sets itself; catalog_env may not override them.
 RESERVED_ENV_NAMES = frozenset(
     {
-        "STAGE", "TABLE_NAME", "BUCKET_NAME", "MODEL_QUEUES", "MODEL_SECRETS", "MODELS_FILE", "LOG_LEVEL",
-        "MAX_BODY_BYTES", "TIER_LIMITS", "BATCH_COMPLETION_WINDOW_SECONDS", "BATCH_RETENTION_SECONDS",
-        "FILE_BATCHES_ENABLED", "MESSAGE_BATCHES_ENABLED", "EMBEDDINGS_RESPONSES_BATCHES_ENABLED",
+        "STAGE",
+        "TABLE_NAME",
+        "BUCKET_NAME",
+        "MODEL_QUEUES",
+        "MODEL_SECRETS",
+        "MODELS_FILE",
+        "LOG_LEVEL",
+        "MAX_BODY_BYTES",
+        "TIER_LIMITS",
+        "BATCH_COMPLETION_WINDOW_SECONDS",
+        "BATCH_RETENTION_SECONDS",
+        "FILE_BATCHES_ENABLED",
+        "MESSAGE_BATCHES_ENABLED",
+        "EMBEDDINGS_RESPONSES_BATCHES_ENABLED",
         "BATCH_WEBHOOKS_ENABLED",
     }
 )
@@ -59,7 +72,9 @@ class InfraConfig(BaseModel):
 
     stage: str = Field("dev", description="Stage name: prefixes resource names; one stack per stage.")
     models_file: str = Field(DEFAULT_MODELS_FILE, description="Model catalog, relative to the repo root.")
-    tier_limits: str = Field("free=8,pro=16,internal=64", description="Batch requests in flight per account tier.")
+    tier_limits: str = Field(
+        "free=8,pro=16,internal=64", description="Batch requests in flight per account tier."
+    )
     completion_window_seconds: int = Field(86400, ge=60, description="Batch completion window.")
     retention_seconds: int = Field(604800, ge=0, description="How long finished batches are kept.")
     file_batches_enabled: bool = False
@@ -187,6 +202,7 @@ class CatalogModel:
     batch_budget: int
     needs_secret: bool
     base_url: str | None
+    api_key_env: str | None = None
 
     @property
     def max_concurrency(self) -> int:
@@ -217,7 +233,7 @@ class Catalog:
 
 
 def expand_env(value: str, env: Mapping[str, str]) -> str:
-    """Expand `${VAR:-default}` from `env` (never the build machine's environment: synth stays reproducible)."""
+    """Expand `${VAR:-default}` from `env`, never from the build machine: synth stays reproducible."""
     return _ENV_REF.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
 
 
@@ -262,7 +278,9 @@ def load_catalog(path: Path, *, stage: str, env: Mapping[str, str] | None = None
         if not slug:
             raise ValueError(f"{path}: model id {model_id!r} has no character usable in a queue name")
         if slug in seen_slugs:
-            raise ValueError(f"{path}: models {seen_slugs[slug]!r} and {model_id!r} map to one queue name {slug!r}")
+            raise ValueError(
+                f"{path}: models {seen_slugs[slug]!r} and {model_id!r} map to one queue name {slug!r}"
+            )
         seen_slugs[slug] = model_id
         base_url = backend.get("base_url")
         models.append(
@@ -272,6 +290,7 @@ def load_catalog(path: Path, *, stage: str, env: Mapping[str, str] | None = None
                 batch_budget=budget,
                 needs_secret=bool(backend.get("api_key_env") or backend.get("api_key_secret")),
                 base_url=expand_env(str(base_url), env) if base_url else None,
+                api_key_env=backend.get("api_key_env") or None,
             )
         )
     if not models:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -23,6 +24,11 @@ ARCHITECTURE = lambda_.Architecture.X86_64
 HANDLER = "handler.handler"
 METRICS_NAMESPACE = "BatchInference"
 FUNCTIONS_DIR = REPO_ROOT / "functions"
+# Lambda refuses environments over 4 KB (keys + values), a limit a large catalog can reach.
+LAMBDA_ENV_LIMIT_BYTES = 4096
+# A resolved token (queue URL, secret ARN, table name) is at most about this long.
+_TOKEN_ESTIMATE_BYTES = 140
+_TOKEN = re.compile(r"\$\{Token\[[^\]]*\]\}")
 # Where a custom catalog lands in the Lambda file system (layers unpack under /opt).
 CUSTOM_CATALOG_DIR = "batchinfer-catalog"
 
@@ -40,9 +46,14 @@ DISPATCHER = FunctionSpec(
     "dispatcher", "Sends due requests to the model queues, looping ~55 s per tick", Duration.seconds(70), 512
 )
 # A worker batch is up to 10 backend calls; ~180 s leaves room for slow generations and retries.
-WORKER = FunctionSpec("worker", "Runs requests from the model queues against their backends", Duration.seconds(180), 512)
+WORKER = FunctionSpec(
+    "worker", "Runs requests from the model queues against their backends", Duration.seconds(180), 512
+)
 SWEEPER = FunctionSpec(
-    "sweeper", "Expiry, cancellation, finalization, retention, lease recovery, webhooks", Duration.seconds(70), 1024
+    "sweeper",
+    "Expiry, cancellation, finalization, retention, lease recovery, webhooks",
+    Duration.seconds(70),
+    1024,
 )
 SPECS = (API, DISPATCHER, WORKER, SWEEPER)
 
@@ -52,7 +63,9 @@ WORKER_BATCH_SIZE = 10
 _XRAY_REASON = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions."
 _TABLE_INDEX_REASON = "Queries the table's own GSIs (by_owner, by_due, by_active); scoped to this table."
 _BUCKET_OBJECTS_REASON = "Object keys are per batch and per file, created at run time; scoped to this bucket."
-_S3_ACTIONS_REASON = "Action groups from the CDK bucket grant; resources are this bucket and its objects only."
+_S3_ACTIONS_REASON = (
+    "Action groups from the CDK bucket grant; resources are this bucket and its objects only."
+)
 
 
 class ServiceFunctions(Construct):
@@ -84,7 +97,7 @@ class ServiceFunctions(Construct):
         if deps.placeholder:
             Annotations.of(self).add_warning_v2(
                 "batchinfer:placeholder-deps-layer",
-                "The deps layer is an empty placeholder (BATCHINFER_SKIP_DEPS_BUILD); do not deploy this synth.",
+                "The deps layer is an empty placeholder (BATCHINFER_SKIP_DEPS_BUILD): do not deploy this.",
             )
         self.deps_layer = lambda_.LayerVersion(
             self,
@@ -117,7 +130,9 @@ class ServiceFunctions(Construct):
             DISPATCHER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True
         )
         self.worker = self._function(WORKER, common_env, {"MODEL_SECRETS": secrets.secret_arns_json()})
-        self.sweeper = self._function(SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True)
+        self.sweeper = self._function(
+            SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True
+        )
 
         # api: state and objects, no queues. It presigns downloads with its own role (needs GetObject) and
         # deletes what it wrote when a batch create fails its transaction (Blobs.delete_prefix).
@@ -154,10 +169,20 @@ class ServiceFunctions(Construct):
 
     @property
     def functions(self) -> dict[str, lambda_.Function]:
-        return {"api": self.api, "dispatcher": self.dispatcher, "worker": self.worker, "sweeper": self.sweeper}
+        return {
+            "api": self.api,
+            "dispatcher": self.dispatcher,
+            "worker": self.worker,
+            "sweeper": self.sweeper,
+        }
 
     def _function(
-        self, spec: FunctionSpec, common_env: dict[str, str], own_env: dict[str, str], *, scheduled: bool = False
+        self,
+        spec: FunctionSpec,
+        common_env: dict[str, str],
+        own_env: dict[str, str],
+        *,
+        scheduled: bool = False,
     ) -> lambda_.Function:
         config = self._config
         removal = RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY
@@ -176,6 +201,14 @@ class ServiceFunctions(Construct):
             description=f"batchinfer {config.stage} {spec.name} function",
         )
         log_group.grant_write(role)
+        environment = {**common_env, **own_env, "POWERTOOLS_SERVICE_NAME": f"batchinfer-{spec.name}"}
+        estimate = estimated_env_bytes(environment)
+        if estimate > LAMBDA_ENV_LIMIT_BYTES * 0.9:
+            Annotations.of(group).add_warning_v2(
+                "batchinfer:environment-size",
+                f"{spec.name}: environment is ~{estimate} bytes once deployed; Lambda refuses more than 4 KB "
+                "(MODEL_QUEUES/MODEL_SECRETS grow with the catalog).",
+            )
         function = lambda_.Function(
             group,
             "Function",
@@ -190,7 +223,7 @@ class ServiceFunctions(Construct):
             layers=self.layers,
             timeout=spec.timeout,
             memory_size=spec.memory_mb,
-            environment={**common_env, **own_env, "POWERTOOLS_SERVICE_NAME": f"batchinfer-{spec.name}"},
+            environment=environment,
             tracing=lambda_.Tracing.ACTIVE,
             role=role,
             log_group=log_group,
@@ -249,28 +282,33 @@ class ServiceFunctions(Construct):
             "sweeper": {**common, **read, **put, **delete},
         }
         for name, function in self.functions.items():
-            role = function.role
-            assert role is not None
-            log_ref = nag_ref(function.node.scope.node.find_child("Logs"))  # type: ignore[union-attr]
-            acknowledge_all(
-                role,
-                {
-                    **per_function[name],
-                    f"AwsSolutions-IAM5[Resource::{log_ref}:*]": "Log streams of this function's own log group.",
-                },
-            )
+            assert function.role is not None
+            acknowledge_all(function.role, per_function[name])
 
 
+# fmt: off
 _RETENTION = {
     1: logs.RetentionDays.ONE_DAY, 3: logs.RetentionDays.THREE_DAYS, 5: logs.RetentionDays.FIVE_DAYS,
     7: logs.RetentionDays.ONE_WEEK, 14: logs.RetentionDays.TWO_WEEKS, 30: logs.RetentionDays.ONE_MONTH,
-    60: logs.RetentionDays.TWO_MONTHS, 90: logs.RetentionDays.THREE_MONTHS, 120: logs.RetentionDays.FOUR_MONTHS,
-    150: logs.RetentionDays.FIVE_MONTHS, 180: logs.RetentionDays.SIX_MONTHS, 365: logs.RetentionDays.ONE_YEAR,
+    60: logs.RetentionDays.TWO_MONTHS, 90: logs.RetentionDays.THREE_MONTHS,
+    120: logs.RetentionDays.FOUR_MONTHS, 150: logs.RetentionDays.FIVE_MONTHS,
+    180: logs.RetentionDays.SIX_MONTHS, 365: logs.RetentionDays.ONE_YEAR,
     400: logs.RetentionDays.THIRTEEN_MONTHS, 545: logs.RetentionDays.EIGHTEEN_MONTHS,
-    731: logs.RetentionDays.TWO_YEARS, 1096: logs.RetentionDays.THREE_YEARS, 1827: logs.RetentionDays.FIVE_YEARS,
-    2192: logs.RetentionDays.SIX_YEARS, 2557: logs.RetentionDays.SEVEN_YEARS, 2922: logs.RetentionDays.EIGHT_YEARS,
+    731: logs.RetentionDays.TWO_YEARS, 1096: logs.RetentionDays.THREE_YEARS,
+    1827: logs.RetentionDays.FIVE_YEARS, 2192: logs.RetentionDays.SIX_YEARS,
+    2557: logs.RetentionDays.SEVEN_YEARS, 2922: logs.RetentionDays.EIGHT_YEARS,
     3288: logs.RetentionDays.NINE_YEARS, 3653: logs.RetentionDays.TEN_YEARS,
 }
+# fmt: on
+
+
+def estimated_env_bytes(environment: dict[str, str]) -> int:
+    """Size of an environment once CloudFormation has resolved its tokens (upper estimate)."""
+    total = 0
+    for key, value in environment.items():
+        tokens = len(_TOKEN.findall(value))
+        total += len(key) + len(_TOKEN.sub("", value)) + tokens * _TOKEN_ESTIMATE_BYTES
+    return total
 
 
 def log_retention(days: int) -> logs.RetentionDays:

@@ -104,7 +104,10 @@ def build_deps_layer(*, force: bool = False, quiet: bool = False) -> LayerBuild:
     staging = Path(tempfile.mkdtemp(prefix="deps-", dir=BUILD_DIR))
     try:
         if not quiet:
-            print(f"building deps layer for {LAMBDA_PLATFORM} / CPython {LAMBDA_PYTHON_VERSION} ...", file=sys.stderr)
+            print(
+                f"building deps layer for {LAMBDA_PLATFORM} / CPython {LAMBDA_PYTHON_VERSION} ...",
+                file=sys.stderr,
+            )
         subprocess.run(
             pip_arguments(staging / "python"),
             check=True,

@@ -19,7 +19,6 @@ from constructs import Construct
 from infra.api import HttpApiFront
 from infra.config import InfraConfig
 from infra.functions import METRICS_NAMESPACE, ServiceFunctions
-from infra.nag import acknowledge
 from infra.queues import MAX_RECEIVE_COUNT, ModelQueue, ModelQueues
 
 # EMF metrics the worker emits per model (see the contract in docs/operations.md).
@@ -84,12 +83,10 @@ class Monitoring(Construct):
         self._prefix = f"{config.stage}-batchinfer"
         self.alarms: list[cloudwatch.Alarm] = []
 
-        self.topic = sns.Topic(self, "AlarmTopic", display_name=f"batchinfer {config.stage} alarms", enforce_ssl=True)
-        acknowledge(
-            self.topic,
-            "AwsSolutions-SNS2",
-            "CloudWatch alarms cannot publish to a topic encrypted with the AWS-managed SNS key, and the "
-            "messages carry alarm state only, never customer data; a customer-managed key buys nothing here.",
+        # No SSE on the topic: CloudWatch alarms cannot publish to one encrypted with the AWS-managed SNS key,
+        # and alarm messages carry alarm state only, never customer data.
+        self.topic = sns.Topic(
+            self, "AlarmTopic", display_name=f"batchinfer {config.stage} alarms", enforce_ssl=True
         )
         if config.alarm_email:
             self.topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
@@ -146,7 +143,7 @@ class Monitoring(Construct):
                     period=FIVE_MINUTES, statistic=cloudwatch.Stats.MAXIMUM
                 ),
                 threshold=0,
-                description=f"{model_id}: messages failed {MAX_RECEIVE_COUNT} receives and were parked in the DLQ.",
+                description=f"{model_id}: messages failed {MAX_RECEIVE_COUNT} receives and sit in the DLQ.",
             )
             self._alarm(
                 f"{slug}-backend-error-rate",
@@ -163,7 +160,7 @@ class Monitoring(Construct):
                 f"{name}-errors",
                 metric=function.metric_errors(period=FIVE_MINUTES, statistic=cloudwatch.Stats.SUM),
                 threshold=0,
-                description=f"{name}: invocations failed (crash or timeout; per-record failures are not errors).",
+                description=f"{name}: invocations failed (crash, timeout); failed SQS records alone are not.",
             )
             self._alarm(
                 f"{name}-throttles",
@@ -195,7 +192,9 @@ class Monitoring(Construct):
         )
         self._alarm(
             "api-latency-p99",
-            metric=api.http_api.metric_latency(period=FIVE_MINUTES, statistic=cloudwatch.Stats.percentile(99)),
+            metric=api.http_api.metric_latency(
+                period=FIVE_MINUTES, statistic=cloudwatch.Stats.percentile(99)
+            ),
             threshold=API_LATENCY_P99_ALARM.to_milliseconds(),
             evaluation_periods=3,
             description="API: p99 latency above 10 s for 15 min (the integration timeout is 30 s).",
@@ -236,17 +235,26 @@ class Monitoring(Construct):
                 [
                     http.metric_latency(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(50)),
                     http.metric_latency(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)),
-                    http.metric_integration_latency(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)),
+                    http.metric_integration_latency(
+                        period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)
+                    ),
                 ],
             ),
         )
         dashboard.add_widgets(
-            _graph("Function errors", [_labelled(f.metric_errors(period=ONE_MINUTE), n) for n, f in fns.items()]),
-            _graph("Function throttles", [_labelled(f.metric_throttles(period=ONE_MINUTE), n) for n, f in fns.items()]),
+            _graph(
+                "Function errors", [_labelled(f.metric_errors(period=ONE_MINUTE), n) for n, f in fns.items()]
+            ),
+            _graph(
+                "Function throttles",
+                [_labelled(f.metric_throttles(period=ONE_MINUTE), n) for n, f in fns.items()],
+            ),
             _graph(
                 "Function duration p99 (ms)",
                 [
-                    _labelled(f.metric_duration(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)), n)
+                    _labelled(
+                        f.metric_duration(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)), n
+                    )
                     for n, f in fns.items()
                 ],
             ),
@@ -272,7 +280,9 @@ class Monitoring(Construct):
                 width=8,
                 stacked=True,
             ),
-            _graph("Backend errors / min", [model_metric(m, METRIC_BACKEND_ERRORS) for m in model_ids], width=8),
+            _graph(
+                "Backend errors / min", [model_metric(m, METRIC_BACKEND_ERRORS) for m in model_ids], width=8
+            ),
             _graph("Backend error rate (%)", [backend_error_rate(m) for m in model_ids], width=8),
         )
         for entry in queues.by_model.values():
@@ -293,13 +303,21 @@ def _queue_widgets(entry: ModelQueue) -> list[cloudwatch.IWidget]:
         ),
         _graph(
             f"{model_id}: oldest message age (s)",
-            [queue.metric_approximate_age_of_oldest_message(period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM)],
+            [
+                queue.metric_approximate_age_of_oldest_message(
+                    period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
+                )
+            ],
             width=8,
             horizontal=cloudwatch.HorizontalAnnotation(value=QUEUE_AGE_ALARM_SECONDS, label="alarm"),
         ),
         _graph(
             f"{model_id}: DLQ depth",
-            [dlq.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM)],
+            [
+                dlq.metric_approximate_number_of_messages_visible(
+                    period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
+                )
+            ],
             width=8,
         ),
     ]
@@ -325,4 +343,3 @@ def _graph(
         stacked=stacked,
         left_annotations=[horizontal] if horizontal else None,
     )
-

@@ -8,6 +8,9 @@ wildcard findings are acknowledged one by one, e.g. `AwsSolutions-IAM5[Action::s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from aws_cdk import Acknowledgment, App, CfnResource, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
@@ -20,11 +23,30 @@ def apply_nag(app: App) -> AwsSolutionsChecks:
     return pack
 
 
+# When set (tests only), acknowledgments are recorded here instead of applied, so a test can check that
+# each one still matches a real finding: a stale acknowledgment is a reason nobody re-reads.
+_recorded: list[tuple[str, str]] | None = None
+
+
 def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
     """Acknowledge one cdk-nag finding on `scope` and everything under it, with the reason on record."""
     if len(reason.strip()) < 10:
         raise ValueError(f"acknowledging {rule_id} needs a real reason")
+    if _recorded is not None:
+        _recorded.append((scope.node.path, rule_id))
+        return
     Validations.of(scope).acknowledge(Acknowledgment(id=rule_id, reason=reason))
+
+
+@contextmanager
+def recording_acknowledgments() -> Iterator[list[tuple[str, str]]]:
+    """Within this block, `acknowledge` only records (construct path, rule id) pairs."""
+    global _recorded
+    previous, _recorded = _recorded, []
+    try:
+        yield _recorded
+    finally:
+        _recorded = previous
 
 
 def acknowledge_all(scope: IConstruct, findings: dict[str, str]) -> None:

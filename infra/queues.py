@@ -54,7 +54,6 @@ class ModelQueues(Construct):
                 retention_period=Duration.days(14),
                 removal_policy=removal,
             )
-            acknowledge(dlq, "AwsSolutions-SQS3", "This queue is itself the dead-letter queue of the model queue.")
             queue = sqs.Queue(
                 group,
                 "Queue",

@@ -45,12 +45,14 @@ class Schedules(Construct):
             description=f"batchinfer {config.stage}: EventBridge Scheduler invokes dispatcher and sweeper",
         )
         self.dispatcher = self._every_minute("Dispatcher", config, dispatcher, "dispatch due batch requests")
-        self.sweeper = self._every_minute("Sweeper", config, sweeper, "expire, finalize, retain, recover leases")
+        self.sweeper = self._every_minute(
+            "Sweeper", config, sweeper, "expire, finalize, retain, recover leases"
+        )
         for function in (dispatcher, sweeper):
             acknowledge(
                 self.role,
                 f"AwsSolutions-IAM5[Resource::{nag_ref(function)}:*]",
-                "CDK's grantInvoke also covers the function's versions and aliases (ARN:*); one function only.",
+                "grantInvoke also covers the function's versions and aliases (ARN:*); one function only.",
             )
 
     def _every_minute(

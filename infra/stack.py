@@ -28,7 +28,7 @@ class BatchInferenceStack(Stack):
         super().__init__(
             scope,
             construct_id,
-            description=f"batchinfer {config.stage}: serverless batch inference (OpenAI/Anthropic batch APIs)",
+            description=f"batchinfer {config.stage}: serverless batch inference (OpenAI/Anthropic batches)",
         )
         self.config = config
         self.catalog = catalog
@@ -39,9 +39,9 @@ class BatchInferenceStack(Stack):
             if model.backend_is_loopback:
                 Annotations.of(self).add_warning_v2(
                     f"batchinfer:loopback-backend:{model.slug}",
-                    f"model {model.model_id}: backend {model.base_url} is a loopback address, unreachable from "
-                    "Lambda; set catalog_env (e.g. SIMULATED_BACKEND_URL) or point models_file at a catalog "
-                    "with real backends.",
+                    f"model {model.model_id}: backend {model.base_url} is a loopback address, unreachable "
+                    "from Lambda; set catalog_env (e.g. SIMULATED_BACKEND_URL) or point models_file at a "
+                    "catalog with real backends.",
                 )
 
         self.storage = Storage(self, "Storage", config=config)
@@ -60,13 +60,19 @@ class BatchInferenceStack(Stack):
             log_retention=log_retention(config.log_retention_days),
         )
         self.schedules = Schedules(
-            self, "Schedules", config=config, dispatcher=self.functions.dispatcher, sweeper=self.functions.sweeper
+            self,
+            "Schedules",
+            config=config,
+            dispatcher=self.functions.dispatcher,
+            sweeper=self.functions.sweeper,
         )
         self.monitoring = Monitoring(
             self, "Monitoring", config=config, functions=self.functions, queues=self.queues, api=self.api
         )
 
-        CfnOutput(self, "ApiUrl", value=self.api.url, description="Base URL for the SDKs (add /v1 for OpenAI)")
+        CfnOutput(
+            self, "ApiUrl", value=self.api.url, description="Base URL for the SDKs (add /v1 for OpenAI)"
+        )
         CfnOutput(self, "TableName", value=self.storage.table.table_name)
         CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name)
         CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
@@ -74,7 +80,9 @@ class BatchInferenceStack(Stack):
         CfnOutput(
             self,
             "ModelSecretNames",
-            value=json.dumps({m.model_id: m.secret_name(config.stage) for m in catalog.models if m.needs_secret}),
+            value=json.dumps(
+                {m.model_id: m.secret_name(config.stage) for m in catalog.models if m.needs_secret}
+            ),
             description="Put each backend key with: aws secretsmanager put-secret-value --secret-id <name>",
         )
 
@@ -100,10 +108,16 @@ def build_app(
         app_kwargs["outdir"] = outdir
     elif "CDK_OUTDIR" not in os.environ:
         # Run as `python app.py` (make synth), not under the CDK CLI: write where the CLI would.
-        app_kwargs["outdir"] = "cdk.out"
+        app_kwargs["outdir"] = str(REPO_ROOT / "cdk.out")
     app = App(**app_kwargs)
     config = resolve_config(app.node.try_get_context)
     catalog = load_catalog(config.models_path, stage=config.stage, env=config.catalog_env)
+    leaked = sorted({m.api_key_env for m in catalog.models if m.api_key_env in config.catalog_env})
+    if leaked:
+        # catalog_env lands in plain text in the template and the function configuration.
+        raise ValueError(
+            f"catalog_env sets backend key variables {leaked}: put keys in the model secrets instead"
+        )
     stack = BatchInferenceStack(app, stack_name(config.stage), config=config, catalog=catalog)
     if nag:
         apply_nag(app)

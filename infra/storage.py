@@ -8,7 +8,6 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.config import InfraConfig
-from infra.nag import acknowledge
 
 S = dynamodb.AttributeType.STRING
 N = dynamodb.AttributeType.NUMBER
@@ -52,7 +51,7 @@ class Storage(Construct):
                 projection_type=dynamodb.ProjectionType.ALL,
             )
 
-        # Access logs for the data bucket. SSE-S3 because S3 log delivery cannot write to SSE-KMS buckets.
+        # Access logs of the data bucket (cdk-nag S1). SSE-S3: log delivery cannot write to SSE-KMS buckets.
         self.access_logs_bucket = s3.Bucket(
             self,
             "AccessLogsBucket",
@@ -62,16 +61,12 @@ class Storage(Construct):
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             lifecycle_rules=[
                 s3.LifecycleRule(id="expire-access-logs", expiration=Duration.days(90)),
-                s3.LifecycleRule(id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)),
+                s3.LifecycleRule(
+                    id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)
+                ),
             ],
             removal_policy=removal,
         )
-        acknowledge(
-            self.access_logs_bucket,
-            "AwsSolutions-S1",
-            "This is the access-log target of the data bucket; logging it too would only log the log delivery.",
-        )
-
         # SSE-S3, not SSE-KMS: results and files are handed out as presigned URLs, which with SSE-KMS would
         # also need kms:Decrypt on the signing role and cost one KMS request per object; no requirement
         # here asks for customer-managed keys.
@@ -86,7 +81,9 @@ class Storage(Construct):
             server_access_logs_bucket=self.access_logs_bucket,
             server_access_logs_prefix="data-bucket/",
             lifecycle_rules=[
-                s3.LifecycleRule(id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)),
+                s3.LifecycleRule(
+                    id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)
+                ),
                 # Safety nets only: the sweeper deletes on time, these catch what it missed.
                 s3.LifecycleRule(
                     id="expire-batches",

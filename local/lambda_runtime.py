@@ -30,20 +30,36 @@ class FakeContext:
         return 300_000
 
 
-def load_handler(function: str) -> ModuleType:
-    """Import functions/<function>/handler.py under a unique module name (every one is called handler)."""
-    name = f"batchinfer_fn_{function}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "functions" / function / "handler.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+_loading = threading.Lock()
+_handlers: dict[str, ModuleType] = {}
 
 
-def invoke(function: str, event: dict) -> dict:
-    return load_handler(function).handler(event, FakeContext(function_name=function))
+def load_handler(function: str, environment: str = "") -> ModuleType:
+    """Import functions/<function>/handler.py under a unique module name (every one is called handler).
+
+    Each `environment` gets its own copy of the module, as each Lambda execution environment has its own:
+    a handler's module-level state (the worker's BatchProcessor) serves one invocation at a time."""
+    key = f"{function}{environment}"
+    with _loading:  # pollers start together; a half-imported module must not be handed out
+        if key not in _handlers:
+            name = f"batchinfer_fn_{function}{environment}"
+            spec = importlib.util.spec_from_file_location(name, ROOT / "functions" / function / "handler.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+            _handlers[key] = module
+        return _handlers[key]
+
+
+def invoke(function: str, event: dict, environment: str = "") -> dict:
+    try:
+        return load_handler(function, environment).handler(event, FakeContext(function_name=function))
+    finally:
+        # With POWERTOOLS_METRICS_DISABLED, Powertools keeps what it did not print; one process runs every
+        # function here, so drop it after each call as a fresh Lambda invocation would.
+        from batchinfer.observability import metrics
+
+        metrics.clear_metrics()
 
 
 def sqs_event(queue_arn: str, messages: list[dict]) -> dict:
@@ -55,7 +71,7 @@ def sqs_event(queue_arn: str, messages: list[dict]) -> dict:
         "eventSourceARN": queue_arn, "awsRegion": "us-east-1"} for m in messages]}
 
 
-def poll_once(sqs, queue_url: str, wait_seconds: int = 0) -> int:
+def poll_once(sqs, queue_url: str, wait_seconds: int = 0, environment: str = "") -> int:
     """One event source mapping poll: receive up to 10 records, invoke the worker, delete what succeeded."""
     answer = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds,
                                  AttributeNames=["ApproximateReceiveCount"])
@@ -63,7 +79,7 @@ def poll_once(sqs, queue_url: str, wait_seconds: int = 0) -> int:
     if not messages:
         return 0
     arn = "arn:aws:sqs:us-east-1:000000000000:" + queue_url.rsplit("/", 1)[-1]
-    result = invoke("worker", sqs_event(arn, messages))
+    result = invoke("worker", sqs_event(arn, messages), environment)
     failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
     done = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
             if m["MessageId"] not in failed]
@@ -105,9 +121,10 @@ class Loops:
             invoke("sweeper", {})
 
         targets = [(dispatch, 0.0), (sweep, self.sweep_interval)]
-        for url in self.queue_urls.values():
-            for _ in range(self.pollers_per_queue):
-                targets.append((lambda u=url: poll_once(self.sqs, u, wait_seconds=1), 0.0))
+        for q, url in enumerate(self.queue_urls.values()):
+            for p in range(self.pollers_per_queue):
+                env = f"_q{q}p{p}"  # one execution environment per poller
+                targets.append((lambda u=url, e=env: poll_once(self.sqs, u, wait_seconds=1, environment=e), 0.0))
         for step, pause in targets:
             thread = threading.Thread(target=self._guard, args=(step, pause), daemon=True)
             thread.start()

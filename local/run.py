@@ -8,7 +8,6 @@ queues as an SQS event source mapping would; the API runs under uvicorn. Ctrl-C 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -20,8 +19,6 @@ os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
-from moto.server import ThreadedMotoServer  # noqa: E402
-
 from batchinfer.api.app import create_app  # noqa: E402
 from batchinfer.runtime import build_services, use_services  # noqa: E402
 from batchinfer.service import accounts  # noqa: E402
@@ -29,7 +26,7 @@ from batchinfer.settings import Settings  # noqa: E402
 from batchinfer.storage import bootstrap  # noqa: E402
 from batchinfer.storage.aws import clients_for  # noqa: E402
 from local.lambda_runtime import Loops  # noqa: E402
-from local.servers import UvicornThread  # noqa: E402
+from local.servers import MotoServer, UvicornThread  # noqa: E402
 from local.simulated_backend import SimConfig  # noqa: E402
 from local.simulated_backend import create_app as create_sim  # noqa: E402
 
@@ -39,11 +36,9 @@ STATE = Path(".local")
 def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConfig | None = None,
           pollers: int = 4, state_dir: Path = STATE):
     """Start every piece; returns (services, api key, stop function). Used by `make run` and e2e tests."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every AWS call otherwise
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
-    moto.start()
+    moto = MotoServer(moto_port).start()
     sim = UvicornThread(create_sim(sim_config), sim_port).start()
-    settings = settings.model_copy(update={"aws_endpoint_url": f"http://127.0.0.1:{moto_port}"})
+    settings = settings.model_copy(update={"aws_endpoint_url": moto.url})
     ddb, s3, sqs = clients_for(settings)
     bootstrap.create_table(ddb, settings.table_name)
     bootstrap.create_bucket(s3, settings.bucket_name)
@@ -74,10 +69,8 @@ def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConf
 
 def main() -> None:
     settings = Settings()
-    moto_port = int(os.environ.get("MOTO_PORT", "5000"))
-    sim_port = int(os.environ.get("SIM_PORT", "8100"))
-    pollers = int(os.environ.get("LOCAL_POLLERS_PER_QUEUE", "4"))
-    svc, key, stop = start(settings, moto_port, sim_port, pollers=pollers)
+    moto_port, sim_port = settings.moto_port, settings.sim_port
+    svc, key, stop = start(settings, moto_port, sim_port, pollers=settings.local_pollers_per_queue)
     base = f"http://127.0.0.1:{settings.port}/v1"
     print(f"""
 Batch inference is running locally (Ctrl-C stops it).
@@ -90,7 +83,7 @@ Batch inference is running locally (Ctrl-C stops it).
   export FREEINFERENCE_API_KEY=$(cat .local/api-key)
   curl {base}/batches -H "Authorization: Bearer $FREEINFERENCE_API_KEY"
 """, flush=True)
-    api = UvicornThread(create_app(), settings.port, log_level=os.environ.get("LOG_LEVEL", "warning").lower())
+    api = UvicornThread(create_app(), settings.port, log_level=settings.log_level.lower())
     try:
         api.server.run()  # in the foreground: uvicorn handles Ctrl-C
     finally:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import uvicorn
 
@@ -40,3 +45,39 @@ class UvicornThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+class MotoServer:
+    """The moto server in its own process: DynamoDB, S3 and SQS on 127.0.0.1, on a core of its own."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> MotoServer:
+        root = Path(__file__).resolve().parent.parent
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "local.moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
+            cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/moto-api/", timeout=1)
+                return self
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"moto server on port {self.port} did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()

@@ -58,8 +58,10 @@ _ANY_MARK_RE = re.compile(r"\[\[sim:[^\]]*\]\]")
 _BIG_RE = re.compile(r"\[\[sim:big:(\d+)\]\]")
 _FLAKY_RE = re.compile(r"\[\[sim:flaky:(\d+):(429|500|timeout)\]\]")
 # status -> (OpenAI error type, OpenAI error code, Anthropic error type)
-_ERROR_KINDS = {400: ("invalid_request_error", None, "invalid_request_error"), 500: ("server_error", None, "api_error"),
-                429: ("requests", "rate_limit_exceeded", "rate_limit_error"), 504: ("timeout", "timeout", "timeout_error")}
+_ERROR_KINDS = {400: ("invalid_request_error", None, "invalid_request_error"),
+                500: ("server_error", None, "api_error"),
+                429: ("requests", "rate_limit_exceeded", "rate_limit_error"),
+                504: ("timeout", "timeout", "timeout_error")}
 
 
 class SimConfig(BaseModel):
@@ -188,7 +190,8 @@ def _build_chat(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
     message = {"role": "assistant", "content": text, "refusal": None}
     return {"id": f"chatcmpl-{p.digest.hex()[:16]}", "object": "chat.completion", "created": int(time.time()),
             "model": p.model, "system_fingerprint": "fp_simulated",
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length" if cut else "stop"}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": "length" if cut else "stop"}],
             "usage": {"prompt_tokens": p.prompt_tokens, "completion_tokens": n_out,
                       "total_tokens": p.prompt_tokens + n_out}}
 
@@ -277,7 +280,7 @@ async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body
     draw = state.rng.random()  # always one draw per request, so runs are reproducible
     if fault is None:
         limits = accumulate((cfg.rate_429, cfg.rate_500, cfg.rate_timeout))
-        fault = next((f for f, limit in zip(("429", "500", "timeout"), limits) if draw < limit), None)
+        fault = next((f for f, limit in zip(("429", "500", "timeout"), limits, strict=True) if draw < limit), None)
     if fault == "timeout":
         deadline = time.monotonic() + cfg.timeout_sleep_seconds
         while (left := deadline - time.monotonic()) > 0:
@@ -286,7 +289,8 @@ async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body
                 raise SimError(499, "Client closed the request")
         raise SimError(504, "Simulated upstream timeout")
     if fault in ("429", "500"):
-        raise SimError(int(fault), f"Simulated HTTP {fault} error", headers={"retry-after": "1"} if fault == "429" else None)
+        headers = {"retry-after": "1"} if fault == "429" else None
+        raise SimError(int(fault), f"Simulated HTTP {fault} error", headers=headers)
 
 
 def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[..., dict[str, Any]],

@@ -16,6 +16,10 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
 from moto import mock_aws  # noqa: E402
 
+from local.moto_patches import apply as patch_moto  # noqa: E402
+
+patch_moto()
+
 from batchinfer.runtime import use_services  # noqa: E402
 from batchinfer.storage.aws import client  # noqa: E402
 from local.servers import UvicornThread, free_port  # noqa: E402

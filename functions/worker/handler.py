@@ -5,7 +5,6 @@ import json
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType, async_process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
-
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.service.work import process
@@ -14,9 +13,11 @@ processor = AsyncBatchProcessor(event_type=EventType.SQS)
 
 
 async def record_handler(record: SQSRecord) -> str:
-    message = json.loads(record.body)
-    outcome = await process(services(), message)
-    metrics.add_metric(name="RequestOutcome" + outcome.title().replace("_", ""), unit=MetricUnit.Count, value=1)
+    outcome = await process(services(), json.loads(record.body))
+    if outcome in ("completed", "failed"):
+        metrics.add_metric(name="RequestsCompleted", unit=MetricUnit.Count, value=1)
+    if outcome in ("waiting", "failed"):  # a retry or a final failure: the backend (or a check) said no
+        metrics.add_metric(name="BackendErrors", unit=MetricUnit.Count, value=1)
     return outcome
 
 
@@ -24,5 +25,8 @@ async def record_handler(record: SQSRecord) -> str:
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict, context: object) -> dict:
+    records = event.get("Records") or []
+    if records:  # one event source mapping per model queue: every record of a call names the same model
+        metrics.add_dimension(name="model", value=json.loads(records[0]["body"]).get("model", "unknown"))
     return async_process_partial_response(event=event, record_handler=record_handler, processor=processor,
                                           context=context)

@@ -52,11 +52,21 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
 
 EDGE_CATALOG = {
     "models": [
-        {"id": "Big.Model/v1", "batch_budget": 5000, "backend": {"kind": "openai", "base_url": "https://a.example/v1",
-                                                                   "api_key_secret": "whatever"}},
-        {"id": "tiny", "batch_budget": 1, "backend": {"kind": "anthropic", "base_url": "${TINY_URL:-http://127.0.0.1:1}"}},
-        {"id": "mid", "batch_budget": "${MID_BUDGET:-7}", "backend": {"kind": "openai", "base_url": "https://b.example",
-                                                                      "api_key_env": "MID_KEY"}},
+        {
+            "id": "Big.Model/v1",
+            "batch_budget": 5000,
+            "backend": {"kind": "openai", "base_url": "https://a.example/v1", "api_key_secret": "whatever"},
+        },
+        {
+            "id": "tiny",
+            "batch_budget": 1,
+            "backend": {"kind": "anthropic", "base_url": "${TINY_URL:-http://127.0.0.1:1}"},
+        },
+        {
+            "id": "mid",
+            "batch_budget": "${MID_BUDGET:-7}",
+            "backend": {"kind": "openai", "base_url": "https://b.example", "api_key_env": "MID_KEY"},
+        },
         {"id": "router", "auto": True},
     ]
 }

@@ -24,7 +24,11 @@ class Settings(BaseSettings):
     aws_region: str = "us-east-1"
     models_file: str = DEFAULT_MODELS_FILE
     stage: str = "local"
-    port: int = 8000
+    port: int = 8000  # the local stack's API port
+    moto_port: int = 5000  # the local stack's moto server
+    sim_port: int = 8100  # the local stack's simulated backend
+    log_level: str = "WARNING"
+    local_pollers_per_queue: int = 4  # local stand-ins for an event source mapping's concurrent pollers
 
     batches_enabled: bool = True  # off: every batch route answers 404 "unavailable at the moment"
 

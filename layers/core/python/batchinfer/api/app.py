@@ -55,6 +55,11 @@ def create_app(get_services: Callable[[], Services] = services) -> FastAPI:
         message = "Not found." if error.status_code == 404 else str(error.detail)
         return await api_error(request, ApiError(error.status_code, message))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        # Still a 500, but in the envelope the SDKs parse rather than Starlette's plain text.
+        return await api_error(request, ApiError(500, "The server had an error while processing your request."))
+
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok"}

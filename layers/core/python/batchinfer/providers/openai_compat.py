@@ -52,7 +52,8 @@ async def call(model: Model, endpoint: str, body: dict, api_key: str | None, tim
         return Attempt(status_code=None, cost_known=False, message="The backend did not answer in time.")
     except httpx.TransportError as error:
         # The request may or may not have reached the backend.
-        return Attempt(status_code=None, cost_known=False, message=f"Could not reach the backend: {type(error).__name__}")
+        return Attempt(status_code=None, cost_known=False,
+                       message=f"Could not reach the backend: {type(error).__name__}")
     try:
         parsed = answer.json()
     except ValueError:

@@ -134,9 +134,9 @@ def purge_batch(svc: Services, batch: dict) -> None:
     svc.blobs.delete_prefix(batch_prefix(batch["id"]))
     if batch.get("idempotency_key"):
         try:
+            remember_until = now + svc.settings.idempotency_retention_seconds
             svc.table.update(*idempotency_key(batch["account_id"], batch["idempotency_key"]),
-                             "SET deleted = :yes, #ttl = :ttl", vals={":yes": True,
-                                                                     ":ttl": now + svc.settings.idempotency_retention_seconds},
+                             "SET deleted = :yes, #ttl = :ttl", vals={":yes": True, ":ttl": remember_until},
                              condition="attribute_exists(pk)")
         except ConditionFailed:
             pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import ApiError
@@ -55,8 +56,25 @@ def allowed_endpoints(svc: Services) -> tuple[str, ...]:
     return (CHAT,)
 
 
+def _non_finite(value: object) -> bool:
+    """Whether a parsed body holds NaN or Infinity: Python's json reads them, JSON (and the backends) do not."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def _check_body(endpoint: str, body: dict) -> str | None:
     """What is wrong with a body for its endpoint, or None."""
+    if _non_finite(body):
+        return "body holds NaN or Infinity, which is not valid JSON"
     if body.get("stream") is True:
         return "stream must not be true in a batch"
     if endpoint == CHAT:

@@ -1,0 +1,73 @@
+"""Throughput against the physical limit: requests/s divided by C/L, and wall time against a direct
+asyncio client (httpx, semaphore of C) sending the same requests to the same backend in the same run.
+Goals: ratio >= 0.95; wall / direct <= 1.05."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+
+import httpx
+
+from bench.common import chat, command_line, create, local_stack, wait
+from batchinfer.layout import model_budget_key
+
+
+async def direct(url: str, bodies: list[dict], concurrency: int) -> float:
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency * 2)) as client:
+        async def one(body: dict) -> None:
+            async with limit:
+                (await client.post(url, json=body)).raise_for_status()
+
+        start = time.monotonic()
+        await asyncio.gather(*(one(b) for b in bodies))
+        return time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--budget", type=int, default=16)
+    args = parser.parse_args()
+    n, latency, budget = args.requests, args.latency, args.budget
+    with local_stack(latency=latency, budget=budget) as (svc, session, base):
+        sim_url = svc.catalog.get("glm-5.3-flash").backend.base_url.removesuffix("/v1")
+        reqs = [chat(f"t-{i}", f"throughput probe {i}") for i in range(n)]
+        peak = {"in_flight": 0}
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                item = svc.table.get(*model_budget_key("glm-5.3-flash"), consistent=False) or {}
+                peak["in_flight"] = max(peak["in_flight"], int(item.get("in_flight", 0)))
+                time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        httpx.post(f"{sim_url}/_sim/stats/reset")
+        started = time.monotonic()
+        batch = create(session, base, reqs)
+        final = wait(session, base, batch["id"])
+        wall = time.monotonic() - started
+        done.set()
+        stats = httpx.get(f"{sim_url}/_sim/stats").json()
+        bodies = [dict(r["body"], model="glm-5.3-flash") for r in reqs]
+        direct_wall = asyncio.run(direct(f"{sim_url}/v1/chat/completions", bodies, budget))
+    limit = budget / latency
+    achieved = n / wall
+    print(f"throughput: {n} requests, L={latency}s, C={budget}: status={final['status']} "
+          f"completed={final['request_counts']['completed']}")
+    print(f"  achieved {achieved:.2f} req/s; limit C/L = {limit:.2f} req/s; ratio {achieved / limit:.3f} (goal >= 0.95)")
+    print(f"  wall {wall:.1f} s vs direct asyncio client {direct_wall:.1f} s: ratio {wall / direct_wall:.3f} "
+          f"(goal <= 1.05)")
+    print(f"  max in flight: budget counter {peak['in_flight']}, at the backend {stats['max_in_flight']} "
+          f"(budget {budget})")
+    print(f"  reproduce: {command_line('bench.throughput')}")
+
+
+if __name__ == "__main__":
+    main()

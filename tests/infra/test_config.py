@@ -1,0 +1,225 @@
+"""Settings, catalog parsing and the layer build recipe: fast, no synthesis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from infra import layers
+from infra.config import (
+    DEFAULT_MODELS_FILE,
+    REPO_ROOT,
+    InfraConfig,
+    expand_env,
+    load_catalog,
+    resolve_config,
+    slugify,
+)
+from infra.functions import estimated_env_bytes
+from infra.stack import build_app
+
+
+def getter(context: dict[str, Any]):
+    return context.get
+
+
+def write_catalog(tmp_path: Path, models: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "models.yaml"
+    path.write_text(json.dumps({"models": models}))
+    return path
+
+
+def test_defaults_match_the_deployment_contract() -> None:
+    config = resolve_config(getter({}))
+    assert config.stage == "dev"
+    assert config.max_body_bytes == 5 * 1024 * 1024
+    assert not config.custom_catalog
+    assert config.settings_env() == {
+        "STAGE": "dev",
+        "LOG_LEVEL": "INFO",
+        "FILE_BATCHES_ENABLED": "false",
+        "MESSAGE_BATCHES_ENABLED": "false",
+        "EMBEDDINGS_RESPONSES_BATCHES_ENABLED": "false",
+        "BATCH_WEBHOOKS_ENABLED": "false",
+        "BATCH_COMPLETION_WINDOW_SECONDS": "86400",
+        "BATCH_RETENTION_SECONDS": "604800",
+        "TIER_LIMITS": "free=8,pro=16,internal=64",
+    }
+    assert (config.batches_expire_after_days, config.files_expire_after_days) == (9, 37)
+
+
+def test_cdk_json_defaults_are_valid_and_equal_the_model_defaults() -> None:
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    assert resolve_config(getter(context)) == InfraConfig()
+
+
+def test_precedence_defaults_file_then_top_level_context(tmp_path: Path) -> None:
+    stage_file = tmp_path / "prod.yaml"
+    stage_file.write_text("stage: prod\nlog_level: warning\nretention_seconds: 3600\n")
+    context = {
+        "batchinfer": {"stage": "dev", "log_level": "DEBUG", "tier_limits": "free=1"},
+        "config_file": str(stage_file),
+        "retention_seconds": "7200",  # -c values arrive as strings
+        "batch_webhooks_enabled": "true",
+        "alarm_email": "none",
+        "scheduled_reserved_concurrency": "null",
+        "catalog_env": '{"SIMULATED_BACKEND_URL": "https://sim.example"}',
+    }
+    config = resolve_config(getter(context))
+    assert config.stage == "prod" and config.log_level == "WARNING"  # file over cdk.json
+    assert config.tier_limits == "free=1"  # cdk.json over defaults
+    assert config.retention_seconds == 7200  # -c over file
+    assert config.batch_webhooks_enabled is True
+    assert config.alarm_email is None and config.scheduled_reserved_concurrency is None
+    assert config.catalog_env == {"SIMULATED_BACKEND_URL": "https://sim.example"}
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"stage": "Prod"},
+        {"stage": "a" * 21},
+        {"max_body_bytes": 6 * 1024 * 1024 + 1},
+        {"tier_limits": "free:8"},
+        {"log_retention_days": 31},
+        {"catalog_env": {"TABLE_NAME": "x"}},
+        {"catalog_env": {"AWS_REGION": "x"}},
+        {"unknown_setting": 1, "batchinfer": {"unknown_setting": 1}},
+        {"api_throttle_rate_limit": 500, "api_throttle_burst_limit": 100},
+    ],
+)
+def test_bad_settings_are_refused(context: dict[str, Any]) -> None:
+    with pytest.raises((ValidationError, ValueError)):
+        resolve_config(getter(context))
+
+
+def test_default_catalog_loads() -> None:
+    catalog = load_catalog(REPO_ROOT / DEFAULT_MODELS_FILE, stage="dev")
+    assert catalog.models and all(m.batch_budget >= 1 for m in catalog.models)
+
+
+def test_catalog_names_and_auto_models(tmp_path: Path) -> None:
+    path = write_catalog(
+        tmp_path,
+        [
+            {
+                "id": "glm-5.3-flash",
+                "batch_budget": 16,
+                "backend": {"base_url": "${SIM:-http://127.0.0.1:8100}/v1", "api_key_env": "GLM_API_KEY"},
+            },
+            {"id": "auto", "auto": True},
+        ],
+    )
+    catalog = load_catalog(path, stage="dev")
+    assert catalog.auto_model_ids == ("auto",)
+    (glm,) = catalog.models
+    assert (glm.slug, glm.queue_name("dev"), glm.dlq_name("dev")) == (
+        "glm-5-3-flash",
+        "dev-batchinfer-glm-5-3-flash",
+        "dev-batchinfer-glm-5-3-flash-dlq",
+    )
+    assert glm.secret_name("dev") == "dev/batchinfer/models/glm-5.3-flash"
+    assert glm.needs_secret and glm.max_concurrency == 16
+    assert glm.backend_is_loopback  # the local simulator: works locally, never from Lambda
+    assert (
+        not load_catalog(path, stage="dev", env={"SIM": "https://sim.example"}).models[0].backend_is_loopback
+    )
+
+
+def test_catalog_budget_env_expansion_and_caps(tmp_path: Path) -> None:
+    path = write_catalog(
+        tmp_path,
+        [
+            {"id": "big", "batch_budget": 4000, "backend": {"base_url": "https://x"}},
+            {"id": "one", "batch_budget": 1, "backend": {"base_url": "${ONE_URL:-http://localhost:1}"}},
+            {"id": "env", "batch_budget": "${ENV_BUDGET:-12}", "auto": "${ENV_AUTO:-false}"},
+        ],
+    )
+    catalog = load_catalog(path, stage="dev", env={"ONE_URL": "https://one.example"})
+    by_id = {m.model_id: m for m in catalog.models}
+    assert by_id["big"].max_concurrency == 1000
+    assert by_id["one"].max_concurrency == 2 and not by_id["one"].backend_is_loopback
+    assert by_id["env"].batch_budget == 12 and not by_id["env"].needs_secret
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        [{"id": "a.b", "batch_budget": 1}, {"id": "a-b", "batch_budget": 1}],  # one queue name for two models
+        [{"id": "a", "batch_budget": 1}, {"id": "a", "batch_budget": 1}],
+        [{"id": "a"}],
+        [{"id": "a", "batch_budget": 0}],
+        [{"id": "only-auto", "auto": True}],
+        [{"id": "bad id!", "batch_budget": 1}],
+    ],
+)
+def test_bad_catalogs_are_refused(tmp_path: Path, models: list[dict[str, Any]]) -> None:
+    with pytest.raises(ValueError):
+        load_catalog(write_catalog(tmp_path, models), stage="dev")
+
+
+def test_long_model_ids_get_unique_queue_names_within_sqs_limits(tmp_path: Path) -> None:
+    long_a, long_b = "m" * 90 + "-a", "m" * 90 + "-b"
+    path = write_catalog(tmp_path, [{"id": long_a, "batch_budget": 2}, {"id": long_b, "batch_budget": 2}])
+    models = load_catalog(path, stage="production-eu-1", env={}).models
+    names = [m.dlq_name("production-eu-1") for m in models]
+    assert len(set(names)) == 2 and all(len(n) <= 80 for n in names)
+
+
+def test_helpers() -> None:
+    assert slugify("Qwen3.6-35B/Instruct") == "qwen3-6-35b-instruct"
+    assert expand_env("${A:-x}/${B:-y}/${C}", {"A": "1"}) == "1/y/"
+
+
+def test_deps_layer_recipe_targets_lambda_python_312_x86_64(tmp_path: Path) -> None:
+    args = layers.pip_arguments(tmp_path / "python")
+    joined = " ".join(args)
+    for expected in (
+        "--platform manylinux2014_x86_64",
+        "--implementation cp",
+        "--python-version 3.12",
+        "--only-binary=:all:",
+        f"--target {tmp_path / 'python'}",
+        "-r ",
+    ):
+        assert expected in joined
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("PyYAML==6.0.4\n")
+    first = layers.requirements_hash(requirements)
+    assert first == layers.requirements_hash(requirements)
+    requirements.write_text("PyYAML==6.0.3\n")
+    assert layers.requirements_hash(requirements) != first
+
+
+def test_skip_flag_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(layers.SKIP_ENV_VAR, raising=False)
+    assert not layers.skip_requested() and layers.skip_requested(True) and layers.skip_requested("1")
+    monkeypatch.setenv(layers.SKIP_ENV_VAR, "1")
+    assert layers.skip_requested()
+    placeholder = layers.placeholder_deps_layer()
+    assert placeholder.placeholder and (placeholder.path / "python").is_dir()
+
+
+def test_environment_size_estimate_counts_tokens_at_their_resolved_length() -> None:
+    assert estimated_env_bytes({"A": "xy"}) == 3
+    assert estimated_env_bytes({"Q": '{"m": "${Token[TOKEN.12]}"}'}) == 1 + len('{"m": ""}') + 140
+
+
+def test_backend_keys_may_not_travel_in_catalog_env(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model secrets"):
+        build_app(
+            {"skip_deps_build": True, "catalog_env": {"GLM_API_KEY": "sk-123"}},
+            outdir=str(tmp_path),
+            nag=False,
+        )
+
+
+def test_every_allowed_log_retention_maps_to_cloudwatch() -> None:
+    from infra.config import VALID_LOG_RETENTION_DAYS
+    from infra.functions import log_retention
+
+    assert all(log_retention(days) for days in VALID_LOG_RETENTION_DAYS)

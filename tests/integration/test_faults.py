@@ -1,0 +1,984 @@
+"""The fault suite: backend errors, duplicate deliveries, dying workers, racing dispatchers and sweepers,
+DynamoDB throttling, expiry, cancellation and revoked owners. Every scenario ends with the shared ledger
+checker (tests/invariants.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+from botocore.exceptions import ClientError
+
+from batchinfer.catalog import Catalog
+from batchinfer.layout import account_key, batch_key, model_budget_key
+from batchinfer.providers import openai_compat
+from batchinfer.service import accounts, batches, dispatch, work
+from batchinfer.service.accounts import authenticate
+from batchinfer.service.dispatch import Dispatcher
+from batchinfer.service.sweep import sweep_once
+from batchinfer.service.work import process
+from batchinfer.storage.dynamo import ConditionFailed, Throttled
+from local.lambda_runtime import invoke, sqs_event
+from tests.helpers import chat_request, new_key
+from tests.invariants import assert_ledger_consistent, stored_requests
+
+GLM, QWEN = "glm-5.3-flash", "qwen3.6-35b"
+FINAL = ("completed", "failed", "expired", "cancelled")
+
+
+# --- Harness -----------------------------------------------------------------------------------------
+
+class Serialized:
+    """Applies each call of a moto client atomically, as the real service does.
+
+    In-process moto is not thread-safe: a transaction that is cancelled restores a deep copy of the whole
+    table taken when it began, wiping writes other threads made meanwhile, and it checks conditions and
+    applies writes without a lock. The code under test runs DynamoDB calls from several threads (the
+    worker runs records concurrently), so each call is made atomic here; interleavings between calls,
+    which is what the service must survive, are untouched.
+    """
+
+    def __init__(self, inner, lock: threading.RLock) -> None:
+        self._inner = inner
+        self._lock = lock
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            with self._lock:
+                return attr(*args, **kwargs)
+
+        return call
+
+
+class Clock:
+    """The services' clock: real time plus an offset tests move forward."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@pytest.fixture
+def svc(svc):
+    lock = threading.RLock()
+    svc.table.client = Serialized(svc.table.client, lock)
+    svc.queues.sqs = Serialized(svc.queues.sqs, lock)
+    svc.clock = Clock()
+    return svc
+
+
+def configure(svc, **settings) -> None:
+    svc.settings = svc.settings.model_copy(update=settings)
+
+
+def set_budgets(svc, budgets: dict[str, int]) -> None:
+    svc.catalog = Catalog(models=[m.model_copy(update={"batch_budget": budgets[m.id], "batch_floor": 1})
+                                  if m.id in budgets else m for m in svc.catalog.models])
+
+
+def sim_config(sim_control, **config) -> None:
+    answer = sim_control.put("/_sim/config", json=config)
+    assert answer.status_code == 200, answer.text
+
+
+def sim_stats(sim_control, settle: bool = False) -> dict:
+    """The simulator's counters; settle=True waits until no request of it is still in flight."""
+    deadline = time.monotonic() + 5
+    while True:
+        stats = sim_control.get("/_sim/stats").json()
+        if not settle or stats["in_flight"] == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def submit(svc, who, requests: list[dict]) -> str:
+    obj, created = batches.create_batch(svc, who, json.dumps({"requests": requests}).encode(), None)
+    assert created and obj["status"] == "validating"
+    return obj["id"]
+
+
+def get_batch(svc, batch_id: str) -> dict:
+    return svc.table.get(*batch_key(batch_id))
+
+
+def requests_by_custom_id(svc, batch_id: str) -> dict[str, dict]:
+    return {r["custom_id"]: r for r in stored_requests(svc, batch_id)}
+
+
+def results_by_custom_id(svc, who, batch_id: str) -> dict[str, dict]:
+    return {r["custom_id"]: r for r in batches.results_page(svc, who, batch_id, 1000, None)["data"]}
+
+
+def receive(svc, model: str, n: int = 10) -> list[dict]:
+    answer = svc.queues.sqs.receive_message(QueueUrl=svc.queues.urls[model], MaxNumberOfMessages=n,
+                                            WaitTimeSeconds=0)
+    return answer.get("Messages", [])
+
+
+def run_messages(svc, model: str, messages: list[dict]) -> dict:
+    """One worker invocation on these SQS messages, as the event source mapping makes it: records reported
+    as failed (or all of them, when the handler raises) stay on the queue; the rest are deleted."""
+    if not messages:
+        return {"failed": [], "raised": None}
+    url = svc.queues.urls[model]
+    event = sqs_event("arn:aws:sqs:us-east-1:000000000000:" + url.rsplit("/", 1)[-1], messages)
+    try:
+        failed = {f["itemIdentifier"] for f in invoke("worker", event).get("batchItemFailures", [])}
+        raised = None
+    except Exception as error:  # the whole invocation failed: every record comes back later
+        failed, raised = {m["MessageId"] for m in messages}, error
+    handles = list(dict.fromkeys(m["ReceiptHandle"] for m in messages if m["MessageId"] not in failed))
+    done = [{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(handles)]
+    if done:
+        svc.queues.sqs.delete_message_batch(QueueUrl=url, Entries=done)
+    return {"failed": sorted(failed), "raised": raised}
+
+
+def run_queued(svc, models=None) -> list[dict]:
+    """Poll every model queue until it is empty; one worker invocation per poll."""
+    reports = []
+    for model in models or list(svc.queues.urls):
+        while messages := receive(svc, model):
+            reports.append(run_messages(svc, model, messages))
+    return reports
+
+
+def pump(svc, batch_id: str, clock_step: float = 0.0, tolerate: bool = False, rounds: int = 300,
+         errors: list | None = None) -> dict:
+    """Dispatch, run, sweep until the batch is final. With tolerate=True, an exception a scheduled
+    handler lets escape is recorded and the next round goes on, as the next scheduled call would."""
+    dispatcher = Dispatcher(svc)
+    errors = [] if errors is None else errors
+
+    def work() -> None:
+        failed = [r for r in run_queued(svc) if r["failed"]]
+        if failed:  # a record the worker could not process (it stays on the queue)
+            raise AssertionError(f"worker records failed: {failed}")
+
+    for _ in range(rounds):
+        for stage in (dispatcher.pass_once, work, lambda: invoke("sweeper", {})):
+            try:
+                stage()
+            except Exception as error:
+                if not tolerate:
+                    raise
+                errors.append(error)
+        batch = get_batch(svc, batch_id)
+        if batch["status"] in FINAL:
+            return batch
+        svc.clock.advance(clock_step)
+    raise AssertionError(f"batch {batch_id} not final after {rounds} rounds: {get_batch(svc, batch_id)}")
+
+
+def account_counters(svc, account_id: str) -> dict:
+    item = svc.table.get(*account_key(account_id))
+    return {k: item.get(k, 0) for k in ("unfinished_batches", "unfinished_requests", "in_flight")}
+
+
+# --- 1-3: backend errors ------------------------------------------------------------------------------
+
+def test_transient_backend_errors_are_retried_until_they_pass(svc, sim_control):
+    configure(svc, backend_timeout_seconds=0.5)
+    sim_config(sim_control, timeout_sleep_seconds=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("r429", "[[sim:flaky:2:429]] alpha"), chat_request("r500", "[[sim:flaky:3:500]] beta"),
+                chat_request("rtimeout", "[[sim:flaky:1:timeout]] gamma"), chat_request("plain", "delta")]
+    batch_id = submit(svc, who, requests)
+
+    final = pump(svc, batch_id, clock_step=2)
+
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    stored = requests_by_custom_id(svc, batch_id)
+    assert {c: r["state"] for c, r in stored.items()} == dict.fromkeys(stored, "completed")
+    assert {c: r["attempt"] for c, r in stored.items()} == {"r429": 3, "r500": 4, "rtimeout": 2, "plain": 1}
+    assert final["completed"] == 4 and final["failed"] == 0
+    # Only the timed-out attempt may have run without us knowing its cost; 429s and 500s were refused.
+    assert final["cost_unknown_attempts"] == 1
+    stats = sim_stats(sim_control, settle=True)
+    assert stats["total_requests"] == 10
+    assert stats["by_status"].get("429") == 2 and stats["by_status"].get("500") == 3
+    assert stats["by_status"].get("200") == 4
+
+
+def test_request_failing_every_attempt_fails_after_eight(svc, sim_control):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("ok-1", "one"), chat_request("bad", "[[sim:fail-always]] two"),
+                chat_request("ok-2", "three")]
+    batch_id = submit(svc, who, requests)
+
+    final = pump(svc, batch_id, clock_step=2)
+
+    assert final["status"] == "completed"  # a batch completes even when some of its requests failed
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    stored = requests_by_custom_id(svc, batch_id)
+    assert stored["bad"]["state"] == "failed" and stored["bad"]["attempt"] == 8
+    results = results_by_custom_id(svc, who, batch_id)
+    assert results["bad"]["status"] == "failed"
+    assert results["bad"]["error"]["code"] == "upstream_error" and results["bad"]["error"]["status"] == 500
+    for ok in ("ok-1", "ok-2"):
+        assert stored[ok]["attempt"] == 1 and results[ok]["status"] == "completed"
+    assert final["completed"] == 2 and final["failed"] == 1 and final["cost_unknown_attempts"] == 0
+    stats = sim_stats(sim_control)
+    assert stats["by_status"].get("500") == 8 and stats["total_requests"] == 10
+
+
+def test_invalid_request_fails_at_once(svc, sim_control):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("bad", "[[sim:400]] nope"), chat_request("ok", "fine")]
+    batch_id = submit(svc, who, requests)
+
+    final = pump(svc, batch_id, clock_step=2)
+
+    assert_ledger_consistent(svc, batch_id, who, ["bad", "ok"])
+    stored = requests_by_custom_id(svc, batch_id)
+    assert stored["bad"]["state"] == "failed" and stored["bad"]["attempt"] == 1
+    error = results_by_custom_id(svc, who, batch_id)["bad"]["error"]
+    assert error["code"] == "invalid_request" and error["status"] == 400
+    assert final["completed"] == 1 and final["failed"] == 1 and final["cost_unknown_attempts"] == 0
+    assert sim_stats(sim_control)["by_status"] == {"200": 1, "400": 1}
+
+
+# --- 4: duplicate delivery ----------------------------------------------------------------------------
+
+def test_duplicate_deliveries_run_a_request_once(svc, sim_control):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"d-{i}", f"duplicate me {i}") for i in range(3)]
+    batch_id = submit(svc, who, requests)
+    assert Dispatcher(svc).pass_once() == 3
+    messages = receive(svc, GLM)
+    assert len(messages) == 3
+    # SQS hands out a second copy of every message (at-least-once delivery) ...
+    for m in messages:
+        svc.queues.sqs.send_message(QueueUrl=svc.queues.urls[GLM], MessageBody=m["Body"])
+    # ... one message arrives twice in the same worker invocation (its records run concurrently) ...
+    first = run_messages(svc, GLM, [messages[0], messages[0], *messages[1:]])
+    assert first == {"failed": [], "raised": None}
+    # ... the whole invocation is delivered again (the delete was lost) ...
+    url = svc.queues.urls[GLM]
+    event = sqs_event("arn:aws:sqs:us-east-1:000000000000:" + url.rsplit("/", 1)[-1], messages)
+    assert invoke("worker", event) == {"batchItemFailures": []}
+    # ... and the second copies arrive later still.
+    assert run_queued(svc) == [{"failed": [], "raised": None}]
+
+    assert sim_stats(sim_control)["total_requests"] == 3
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 3 and final["failed"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert [r["attempt"] for r in stored_requests(svc, batch_id)] == [1, 1, 1]
+    assert sim_stats(sim_control)["total_requests"] == 3
+
+
+# --- 5: a worker dies between the answer and the record ---------------------------------------------
+
+def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, monkeypatch):
+    configure(svc, lease_seconds=60)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("dies", "the worker dies after this answer"), chat_request("fine", "all good")]
+    batch_id = submit(svc, who, requests)
+
+    real_settle = work.settle
+    died = []
+
+    def dying_settle(svc_, req, outcome, stop=None):
+        if req["custom_id"] == "dies" and req["state"] == "running" and not died:
+            died.append(outcome.to.value)
+            raise RuntimeError("worker process died")  # the backend answered; the outcome is never written
+        return real_settle(svc_, req, outcome, stop)
+
+    monkeypatch.setattr(work, "settle", dying_settle)
+    assert Dispatcher(svc).pass_once() == 2
+    messages = receive(svc, GLM)
+    report = run_messages(svc, GLM, messages)
+    dying_message = next(m["MessageId"] for m in messages if json.loads(m["Body"])["index"] == 0)
+    assert died == ["completed"]
+    assert report["failed"] == [dying_message]  # the record is reported failed and stays on the queue
+    stored = requests_by_custom_id(svc, batch_id)
+    assert stored["dies"]["state"] == "running" and stored["dies"]["attempt"] == 1
+    assert stored["fine"]["state"] == "completed"
+
+    # Before its lease runs out nothing touches it; the batch waits.
+    sweep_once(svc)
+    assert requests_by_custom_id(svc, batch_id)["dies"]["state"] == "running"
+    assert get_batch(svc, batch_id)["status"] == "in_progress"
+
+    svc.clock.advance(61)
+    final = pump(svc, batch_id, clock_step=2)
+
+    assert final["status"] == "completed" and final["completed"] == 2 and final["failed"] == 0
+    assert_ledger_consistent(svc, batch_id, who, ["dies", "fine"])
+    stored = requests_by_custom_id(svc, batch_id)
+    assert stored["dies"]["state"] == "completed" and stored["dies"]["attempt"] == 2
+    assert final["cost_unknown_attempts"] == 1  # the lost first answer may have been billed by the backend
+    assert sim_stats(sim_control)["total_requests"] == 3
+
+
+# --- 6: two dispatchers at once ----------------------------------------------------------------------
+
+def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control, monkeypatch):
+    budgets = {GLM: 5, QWEN: 5}
+    tier_limit = svc.settings.tier_limits["free"]
+    assert tier_limit == 8
+    set_budgets(svc, budgets)
+    sim_config(sim_control, latency_seconds=0.3)
+    account, key = new_key(svc, tier="free")
+    who = authenticate(svc, key)
+    requests = [chat_request(f"c-{i}", f"prompt {i}", model=GLM if i % 2 == 0 else QWEN) for i in range(60)]
+    batch_id = submit(svc, who, requests)
+
+    sent: Counter = Counter()
+    sent_lock = threading.Lock()
+    real_send = svc.queues.send
+
+    def counting_send(model, messages):
+        with sent_lock:
+            sent.update((m["batch_id"], m["index"]) for m in messages)
+        return real_send(model, messages)
+
+    monkeypatch.setattr(svc.queues, "send", counting_send)
+    lost: Counter = Counter()  # claims that lost a conditional write to the other dispatcher (or a budget)
+
+    def watched(claim):
+        def call(*args, **kwargs):
+            try:
+                return claim(*args, **kwargs)
+            except ConditionFailed:
+                lost[claim.__name__] += 1
+                raise
+        return call
+
+    monkeypatch.setattr(dispatch, "claim_from_lane", watched(dispatch.claim_from_lane))
+    monkeypatch.setattr(dispatch, "claim_retry", watched(dispatch.claim_retry))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    peaks: Counter = Counter()
+
+    def dispatcher_loop() -> None:
+        dispatcher = Dispatcher(svc)
+        while not stop.is_set():
+            try:
+                dispatcher.pass_once()
+            except Exception as error:
+                errors.append(error)
+            time.sleep(0.05)
+
+    async def run_all(messages: list[dict]) -> list:
+        return await asyncio.gather(*[process(svc, json.loads(m["Body"])) for m in messages], return_exceptions=True)
+
+    def worker_loop(model: str) -> None:
+        loop = asyncio.new_event_loop()  # one loop per worker, kept like a warm Lambda container keeps it
+        try:
+            while not stop.is_set():
+                messages = receive(svc, model)
+                if not messages:
+                    time.sleep(0.01)
+                    continue
+                outcomes = loop.run_until_complete(run_all(messages))
+                errors.extend(o for o in outcomes if isinstance(o, BaseException))
+                svc.queues.sqs.delete_message_batch(QueueUrl=svc.queues.urls[model], Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+        finally:
+            loop.close()
+
+    def sampler() -> None:  # the budget counters, as often as the table allows
+        while not stop.is_set():
+            for model in budgets:
+                budget = svc.table.get(*model_budget_key(model)) or {}
+                peaks[f"counter:{model}"] = max(peaks[f"counter:{model}"], budget.get("in_flight", 0))
+            peaks["counter:account"] = max(peaks["counter:account"], account_counters(svc, account["id"])["in_flight"])
+            time.sleep(0.05)
+
+    # What really runs at once: every backend call of the worker, per model and in all.
+    calling: Counter = Counter()
+    real_call = openai_compat.call
+
+    async def counted_call(model, *args, **kwargs):
+        with sent_lock:
+            calling[model.id] += 1
+            calling["all"] += 1
+            for name in (model.id, "all"):
+                peaks[f"calling:{name}"] = max(peaks[f"calling:{name}"], calling[name])
+        try:
+            return await real_call(model, *args, **kwargs)
+        finally:
+            with sent_lock:
+                calling[model.id] -= 1
+                calling["all"] -= 1
+
+    monkeypatch.setattr(openai_compat, "call", counted_call)
+
+    threads = [threading.Thread(target=dispatcher_loop), threading.Thread(target=dispatcher_loop),
+               threading.Thread(target=worker_loop, args=(GLM,)), threading.Thread(target=worker_loop, args=(QWEN,)),
+               threading.Thread(target=sampler)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and get_batch(svc, batch_id)["completed"] < 60:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    sweep_once(svc)
+
+    assert errors == []  # no ConditionFailed (or anything else) leaked out of a dispatcher or worker
+    assert lost["claim_from_lane"] > 0, "the two dispatchers never raced for a lane"
+    assert sorted(sent) == [(batch_id, i) for i in range(60)] and set(sent.values()) == {1}, sent
+    assert get_batch(svc, batch_id)["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert [r["attempt"] for r in stored_requests(svc, batch_id)] == [1] * 60
+    for model, budget in budgets.items():
+        assert 0 < peaks[f"counter:{model}"] <= budget, peaks
+        assert 0 < peaks[f"calling:{model}"] <= budget, peaks
+    assert 0 < peaks["counter:account"] <= tier_limit and peaks["calling:all"] <= tier_limit, peaks
+    stats = sim_stats(sim_control)
+    assert stats["total_requests"] == 60
+    assert stats["max_in_flight"] <= tier_limit, stats  # both models' budgets together (10) exceed the tier's 8
+    assert stats["max_in_flight"] > max(budgets.values()), stats  # both models really ran at the same time
+
+
+# --- 7: two sweepers at once --------------------------------------------------------------------------
+
+class Rendezvous:
+    """Holds back calls matching `match` until `parties` threads have made one (or `timeout` passes), so
+    that racing sweepers really reach the same conditional write together."""
+
+    def __init__(self, inner, match, parties: int = 2, timeout: float = 3.0) -> None:
+        self._inner = inner
+        self._match = match
+        self._barrier = threading.Barrier(parties, timeout=timeout)
+        self.arrived = 0
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            if self._match(name, kwargs):
+                self.arrived += 1
+                try:
+                    self._barrier.wait()
+                except threading.BrokenBarrierError:
+                    pass
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def _finalizes(name: str, kwargs: dict) -> bool:
+    """The final transaction of settle_batch: it gives the account its unfinished batch back."""
+    return name == "transact_write_items" and any(
+        "unfinished_batches" in op.get("Update", {}).get("UpdateExpression", "") for op in kwargs["TransactItems"])
+
+
+def _stops(name: str, kwargs: dict) -> bool:
+    return name == "update_item" and "#stop = :stop" in kwargs.get("UpdateExpression", "")
+
+
+def race_sweepers(svc, match) -> tuple[Rendezvous, list]:
+    real = svc.table.client
+    gate = Rendezvous(real, match)
+    svc.table.client = gate
+    outcomes: list = []
+
+    def sweeper() -> None:
+        try:
+            outcomes.append(sweep_once(svc))
+        except Exception as error:
+            outcomes.append(error)
+
+    threads = [threading.Thread(target=sweeper) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+    finally:
+        svc.table.client = real
+    return gate, outcomes
+
+
+def test_two_sweepers_finish_a_batch_once(svc, sim_control):
+    account, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"s-{i}", f"sweep {i}") for i in range(4)]
+    batch_id = submit(svc, who, requests)
+    Dispatcher(svc).pass_once()
+    run_queued(svc)
+    assert get_batch(svc, batch_id)["status"] == "in_progress"  # every request done, not yet settled
+    assert account_counters(svc, account["id"])["unfinished_batches"] == 1
+
+    gate, outcomes = race_sweepers(svc, _finalizes)
+
+    assert gate.arrived == 2, "both sweepers should have reached the final transaction"
+    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+    assert sum(o["settled"] for o in outcomes) >= 1
+    assert account_counters(svc, account["id"]) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                     "in_flight": 0}
+    final = assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert final["status"] == "completed" and final["completed"] == 4
+
+
+def test_two_sweepers_expire_a_batch_once(svc, sim_control):
+    set_budgets(svc, {GLM: 2})
+    account, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"e-{i}", f"expire {i}") for i in range(6)]
+    batch_id = submit(svc, who, requests)
+    Dispatcher(svc).pass_once()
+    run_queued(svc)  # two completed, four never dispatched
+    svc.clock.advance(svc.settings.batch_completion_window_seconds + 1)
+
+    gate, outcomes = race_sweepers(svc, lambda name, kw: _stops(name, kw) or _finalizes(name, kw))
+
+    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+    assert gate.arrived == 4, "both sweepers should have tried to stop, then to finish, the batch"
+    assert sum(o["expired"] for o in outcomes) == 1
+    assert account_counters(svc, account["id"]) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                     "in_flight": 0}
+    final = assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert final["status"] == "expired" and final["completed"] == 2 and final["failed"] == 4
+
+
+# --- 8: DynamoDB throttling ---------------------------------------------------------------------------
+
+class Throttling:
+    """Refuses a third of the writes for capacity (a seeded, so repeatable, draw per write; a strict
+    every-third-call pattern can lock step with a three-write cycle of the pipeline and starve one request
+    for ever), alternating the two forms DynamoDB uses."""
+
+    WRITES = ("transact_write_items", "update_item")
+
+    def __init__(self, inner, rate: float = 1 / 3, seed: int = 3) -> None:
+        self._inner = inner
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()  # the worker writes from several threads
+        self.throttled: Counter = Counter()
+        self.enabled = True
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if name not in self.WRITES:
+            return attr
+
+        def call(*args, **kwargs):
+            with self.lock:
+                throttle = self.enabled and self.rng.random() < self.rate
+                if throttle:
+                    self.throttled[name] += 1
+                    cancelled = name == "transact_write_items" and self.throttled[name] % 2 == 0
+            if throttle:
+                if cancelled:
+                    items = kwargs.get("TransactItems", [])
+                    raise ClientError({"Error": {"Code": "TransactionCanceledException",
+                                                 "Message": "Transaction cancelled [ThrottlingError]"},
+                                       "CancellationReasons": [{"Code": "ThrottlingError"}] +
+                                       [{"Code": "None"}] * (len(items) - 1)}, "TransactWriteItems")
+                raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException",
+                                             "Message": "Throughput exceeds the current capacity"}},
+                                  "TransactWriteItems" if name == "transact_write_items" else "UpdateItem")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_throttled_writes_do_not_break_the_ledger(svc, sim_control):
+    configure(svc, lease_seconds=30)
+    set_budgets(svc, {GLM: 4, QWEN: 4})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"t-{i}", f"throttle {i}" + (" [[sim:flaky:1:500]]" if i % 5 == 0 else ""),
+                             model=GLM if i % 3 else QWEN) for i in range(15)]
+    batch_id = submit(svc, who, requests)
+    throttling = Throttling(svc.table.client)
+    svc.table.client = throttling
+    escaped: list = []
+
+    # Leases run out while throttled outcomes wait to be recovered: the clock moves past them each round.
+    final = pump(svc, batch_id, clock_step=31, tolerate=True, errors=escaped)
+
+    throttling.enabled = False
+    assert sum(throttling.throttled.values()) > 10, throttling.throttled
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    stored = stored_requests(svc, batch_id)
+    assert all(r["state"] == "completed" for r in stored)
+    # Every backend call made is either the recorded successful one or a counted attempt.
+    stats = sim_stats(sim_control)
+    assert stats["total_requests"] == sum(r["attempt"] for r in stored)
+
+
+class ThrottleOnce:
+    """Throttles the `nth` write matching `match`, once."""
+
+    def __init__(self, inner, match, nth: int = 1) -> None:
+        self._inner = inner
+        self._match = match
+        self._left = nth
+        self.fired = False
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            if not self.fired and self._match(name, kwargs):
+                self._left -= 1
+                if self._left == 0:
+                    self.fired = True
+                    raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException",
+                                                 "Message": "Throughput exceeds the current capacity"}}, name)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def _claims(name: str, kwargs: dict) -> bool:
+    """A dispatcher's claim on a lane: a transaction that creates request items."""
+    return name == "transact_write_items" and any(op.get("Put", {}).get("Item", {}).get("sk", {}).get("S", "")
+                                                  .startswith("REQ#") for op in kwargs["TransactItems"])
+
+
+def queued_messages(svc, model: str) -> int:
+    attributes = svc.queues.sqs.get_queue_attributes(
+        QueueUrl=svc.queues.urls[model], AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"])
+
+
+def test_throttled_claim_does_not_strand_requests_claimed_before_it(svc, sim_control):
+    """A pass that claims two lanes and is throttled on the second must still send the first lane's
+    requests: they hold model and account slots, and with no message they wait out a whole lease."""
+    configure(svc, lease_seconds=300)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    first = submit(svc, who, [chat_request(f"a-{i}", f"first {i}") for i in range(3)])
+    second = submit(svc, who, [chat_request(f"b-{i}", f"second {i}") for i in range(3)])
+    real = svc.table.client
+    gate = ThrottleOnce(real, _claims, nth=2)
+    svc.table.client = gate
+    Dispatcher(svc).pass_once()  # Throttled is caught inside pass_once
+    svc.table.client = real
+    assert gate.fired
+    dispatched = [r for b in (first, second) for r in stored_requests(svc, b) if r["state"] == "dispatched"]
+    assert len(dispatched) == 3  # one lane was claimed: its requests hold slots
+    stranded = len(dispatched) - queued_messages(svc, GLM)
+
+    # The ledger still recovers them, one lease later.
+    for batch_id in (first, second):
+        assert pump(svc, batch_id, clock_step=301)["status"] == "completed"
+    for batch_id in (first, second):
+        assert_ledger_consistent(svc, batch_id, who)
+    assert stranded == 0, f"{stranded} claimed requests were never sent to their queue"
+
+
+def _records_outcome(name: str, kwargs: dict) -> bool:
+    """The worker's write of an attempt's outcome: the transaction moving a request out of `running`."""
+    return name == "transact_write_items" and any(
+        op.get("Update", {}).get("ExpressionAttributeValues", {}).get(":expect") == {"S": "running"}
+        for op in kwargs["TransactItems"])
+
+
+def test_throttled_outcome_write_does_not_run_the_request_again(svc, sim_control):
+    """The backend answered and the worker still holds the lease; a throttled write of that answer should be
+    tried again rather than dropped, which makes the request run (and be billed) a second time."""
+    configure(svc, lease_seconds=60)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request("once", "answer me once")])
+    real = svc.table.client
+    gate = ThrottleOnce(real, _records_outcome)
+    svc.table.client = gate
+
+    final = pump(svc, batch_id, clock_step=61, tolerate=True)
+
+    svc.table.client = real
+    assert gate.fired
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who)
+    assert sim_stats(sim_control)["total_requests"] == 1, "the request ran twice"
+    assert stored_requests(svc, batch_id)[0]["attempt"] == 1
+    assert final["cost_unknown_attempts"] == 0
+
+
+def _deletes_lane(name: str, kwargs: dict) -> bool:
+    return name == "delete_item" and kwargs["Key"]["sk"]["S"].startswith("LANE#")
+
+
+def test_throttled_lane_delete_on_stop_leaves_no_dead_lane(svc, sim_control):
+    """The sweeper stops an expiring batch and is throttled while deleting its lane. The batch still ends,
+    and no lane of it may stay behind: a dead lane takes a share of every dispatcher pass for ever."""
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    set_budgets(svc, {GLM: 4})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    expiring = submit(svc, who, [chat_request(f"l-{i}", f"lane {i}") for i in range(8)])
+    Dispatcher(svc).pass_once()
+    run_queued(svc)  # four completed, four never dispatched
+    svc.clock.advance(601)
+    real = svc.table.client
+    gate = ThrottleOnce(real, _deletes_lane)
+    svc.table.client = gate
+    with pytest.raises(Throttled):  # the sweep stops there; the next scheduled one goes on
+        sweep_once(svc)
+    svc.table.client = real
+    assert gate.fired and get_batch(svc, expiring)["stop"] == "expire"
+    final = pump(svc, expiring)
+    assert final["status"] == "expired"
+
+    # A new batch on the same model: one pass should fill the model's four free slots with it.
+    _, other_key = new_key(svc)
+    other_who = authenticate(svc, other_key)
+    fresh = submit(svc, other_who, [chat_request(f"f-{i}", f"fresh {i}") for i in range(4)])
+    first_pass = Dispatcher(svc).pass_once()
+    assert pump(svc, fresh)["status"] == "completed"
+    assert_ledger_consistent(svc, fresh, other_who)
+    assert_ledger_consistent(svc, expiring, who)
+    assert first_pass == 4, f"the dead lane took {4 - first_pass} of 4 free slots"
+
+
+# --- 9: a backend that fails 30 % of the time ---------------------------------------------------------
+
+def test_noisy_backend_every_request_ends_and_adds_up(svc, sim_control, monkeypatch):
+    configure(svc, backend_timeout_seconds=0.3)
+    sim_config(sim_control, rate_429=0.1, rate_500=0.1, rate_timeout=0.1, timeout_sleep_seconds=1, seed=7)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"n-{i}", f"noisy {i}", model=GLM if i % 2 else QWEN) for i in range(40)]
+    batch_id = submit(svc, who, requests)
+    unanswered = []  # attempts the worker saw no answer to (the simulator may still have answered late)
+    real_call = openai_compat.call
+
+    async def watched_call(*args, **kwargs):
+        attempt = await real_call(*args, **kwargs)
+        if attempt.status_code is None:
+            unanswered.append(attempt)
+        return attempt
+
+    monkeypatch.setattr(openai_compat, "call", watched_call)
+
+    final = pump(svc, batch_id, clock_step=2)
+
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    stored = stored_requests(svc, batch_id)
+    results = batches.results_page(svc, who, batch_id, 1000, None)["data"]
+    for item, result in zip(stored, results, strict=True):
+        assert item["state"] in ("completed", "failed")
+        assert 1 <= item["attempt"] <= 8
+        if item["state"] == "failed":  # only retryable errors happen here: they fail after every attempt
+            assert item["attempt"] == 8 and result["error"]["code"] in ("rate_limited", "upstream_error", "timeout")
+    stats = sim_stats(sim_control, settle=True)
+    assert stats["total_requests"] == sum(r["attempt"] for r in stored)
+    assert sum(r["attempt"] > 1 for r in stored) >= 5, "the faults should have forced retries"
+    timed_out = stats["total_requests"] - sum(stats["by_status"].get(code, 0) for code in ("200", "429", "500"))
+    assert final["cost_unknown_attempts"] == len(unanswered) >= timed_out > 0, (final, stats)
+
+
+# --- 10: expiry and cancellation ----------------------------------------------------------------------
+
+def start_one_running(svc, sim_control, model: str = GLM) -> tuple[threading.Thread, int]:
+    """Receive one queued message and run it in a worker thread until the backend holds it."""
+    messages = receive(svc, model, n=1)
+    assert len(messages) == 1
+    index = json.loads(messages[0]["Body"])["index"]
+    thread = threading.Thread(target=run_messages, args=(svc, model, messages))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while sim_stats(sim_control)["in_flight"] < 1:
+        assert time.monotonic() < deadline, "the request never reached the backend"
+        time.sleep(0.01)
+    return thread, index
+
+
+def test_completion_window_closing_expires_unstarted_requests(svc, sim_control):
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    set_budgets(svc, {GLM: 3})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"x-{i}", f"expiry {i}" + (" [[sim:flaky:1:500]]" if i == 0 else ""))
+                for i in range(10)]
+    batch_id = submit(svc, who, requests)
+    dispatcher = Dispatcher(svc)
+    assert dispatcher.pass_once() == 3
+    run_queued(svc)  # x-0 failed once and waits for its retry; x-1, x-2 completed
+    assert dispatcher.pass_once() == 3  # x-3..x-5 on the queue; x-0 not due yet
+    sim_config(sim_control, latency_seconds=0.5)
+    running, running_index = start_one_running(svc, sim_control)
+
+    svc.clock.advance(601)  # the completion window closes while one request runs and two are queued
+    sweep_once(svc)
+    batch = get_batch(svc, batch_id)
+    assert batch["stop"] == "expire" and batch["status"] == "in_progress"
+    running.join(timeout=10)
+    sim_config(sim_control, latency_seconds=0)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "expired"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    results = batches.results_page(svc, who, batch_id, 1000, None)["data"]
+    statuses = {r["custom_id"]: r["status"] for r in results}
+    assert statuses.pop(f"x-{running_index}") == "completed"  # running when the window closed: it finishes
+    assert statuses.pop("x-1") == statuses.pop("x-2") == "completed"
+    assert statuses.pop("x-0") == "failed"  # it had started: it keeps its last error
+    assert set(statuses.values()) == {"expired"} and len(statuses) == 6
+    for r in results:
+        if r["status"] == "expired":
+            assert r["error"]["code"] == "batch_expired" and r["response"] is None
+    assert final["completed"] == 3 and final["failed"] == 7
+    assert sim_stats(sim_control)["total_requests"] == 4  # nothing started after the window closed
+
+
+def test_cancel_while_requests_are_queued_and_running(svc, sim_control):
+    configure(svc, lease_seconds=3600)
+    set_budgets(svc, {GLM: 3})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"k-{i}", f"cancel {i}") for i in range(10)]
+    batch_id = submit(svc, who, requests)
+    dispatcher = Dispatcher(svc)
+    dispatcher.pass_once()
+    run_queued(svc)  # k-0..k-2 completed
+    assert dispatcher.pass_once() == 3
+    sim_config(sim_control, latency_seconds=0.5)
+    running, running_index = start_one_running(svc, sim_control)
+
+    cancelling = batches.cancel_batch(svc, who, batch_id)
+    assert cancelling["status"] == "cancelling"
+    assert dispatcher.pass_once() == 0
+    running.join(timeout=10)
+    sim_config(sim_control, latency_seconds=0)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "cancelled"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    statuses = {r["custom_id"]: r["status"] for r in batches.results_page(svc, who, batch_id, 1000, None)["data"]}
+    completed = {"k-0", "k-1", "k-2", f"k-{running_index}"}
+    assert {c for c, s in statuses.items() if s == "completed"} == completed
+    assert {c for c, s in statuses.items() if s != "completed"} == set(statuses) - completed
+    assert {s for c, s in statuses.items() if c not in completed} == {"cancelled"}
+    assert final["completed"] == 4 and final["failed"] == 0  # cancelled requests count nowhere
+    assert sim_stats(sim_control)["total_requests"] == 4
+    assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelled"  # cancelling again changes nothing
+
+
+def test_batch_finished_before_its_window_closed_is_completed_not_expired(svc, sim_control):
+    """Every request ran (and finished) inside the window; only the sweep came after it closed."""
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request(f"w-{i}", f"in time {i}") for i in range(3)])
+    Dispatcher(svc).pass_once()
+    run_queued(svc)
+    assert all(r["state"] == "completed" for r in stored_requests(svc, batch_id))
+    svc.clock.advance(601)
+
+    final = pump(svc, batch_id)
+
+    assert_ledger_consistent(svc, batch_id, who)
+    assert final["completed"] == 3 and final["failed"] == 0
+    assert final["status"] == "completed", "no request was left unstarted when the window closed"
+
+
+def test_no_request_starts_after_the_window_closed(svc, sim_control):
+    """The window closes between two dispatcher passes, before the sweeper's next run: nothing may start."""
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request(f"late-{i}", f"late {i}") for i in range(6)])
+    Dispatcher(svc).pass_once()
+    run_queued(svc)  # two ran inside the window
+    svc.clock.advance(601)
+
+    final = pump(svc, batch_id)  # dispatcher, worker, then sweeper, as scheduled
+
+    assert final["status"] == "expired"
+    assert_ledger_consistent(svc, batch_id, who)
+    started_late = sim_stats(sim_control)["total_requests"] - 2
+    assert started_late == 0, f"{started_late} requests started after the completion window closed"
+    assert final["completed"] == 2 and final["failed"] == 4
+
+
+# --- 11: the owner's key is revoked mid-batch ---------------------------------------------------------
+
+def test_revoked_owner_fails_the_batch(svc, sim_control):
+    # A long backoff keeps the flaky request waiting through the revocation.
+    configure(svc, retry_base_seconds=30.0, retry_max_seconds=60.0)
+    set_budgets(svc, {GLM: 3})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"v-{i}", f"revoke {i}" + (" [[sim:flaky:1:500]]" if i == 3 else ""))
+                for i in range(12)]
+    batch_id = submit(svc, who, requests)
+    dispatcher = Dispatcher(svc)
+    for _ in range(2):
+        assert dispatcher.pass_once() == 3
+        run_queued(svc)
+    assert requests_by_custom_id(svc, batch_id)["v-3"]["state"] == "waiting"
+    assert dispatcher.pass_once() == 3  # v-6..v-8 queued
+
+    accounts.revoke_key(svc, key)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "failed"
+    assert final["error"]["code"] == "owner_unauthorized"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    results = results_by_custom_id(svc, who, batch_id)
+    assert {c for c, r in results.items() if r["status"] == "completed"} == {"v-0", "v-1", "v-2", "v-4", "v-5"}
+    assert results["v-3"]["status"] == "failed" and results["v-3"]["error"]["code"] == "upstream_error"
+    for i in range(6, 12):
+        assert results[f"v-{i}"]["status"] == "failed" and results[f"v-{i}"]["error"]["code"] == "batch_failed"
+    assert final["completed"] == 5 and final["failed"] == 7
+    assert batches.batch_object(final)["error"]["code"] == "owner_unauthorized"
+    assert sim_stats(sim_control)["total_requests"] == 6  # nothing ran after the key was revoked
+
+
+def test_revocation_racing_a_cancel_does_not_count_a_cancelled_request_as_failed(svc, sim_control, monkeypatch):
+    """The user cancels (with another key) between the worker's read of the batch and its key check; the
+    worker then finds the creating key revoked. The cancel won, so the request is cancelled, not failed."""
+    set_budgets(svc, {GLM: 1})
+    account, key = new_key(svc)
+    who = authenticate(svc, key)
+    accounts.create_key(svc, account["id"])  # the account keeps a valid key to manage its batches with
+    batch_id = submit(svc, who, [chat_request(f"rc-{i}", f"race {i}") for i in range(3)])
+    assert Dispatcher(svc).pass_once() == 1
+    accounts.revoke_key(svc, key)
+    real_key_problem = work.key_problem
+    cancelled = []
+
+    def key_problem_after_cancel(*args, **kwargs):
+        if not cancelled:
+            cancelled.append(batches.cancel_batch(svc, who, batch_id)["status"])
+        return real_key_problem(*args, **kwargs)
+
+    monkeypatch.setattr(work, "key_problem", key_problem_after_cancel)
+    final = pump(svc, batch_id)
+
+    assert cancelled == ["cancelling"]
+    assert final["status"] == "cancelled" and final["stop"] == "cancel"
+    assert sim_stats(sim_control)["total_requests"] == 0
+    assert_ledger_consistent(svc, batch_id, who)
+    assert final["completed"] == 0 and final["failed"] == 0

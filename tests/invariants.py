@@ -1,0 +1,182 @@
+"""The ledger invariants every finished batch must satisfy, checked against the table, S3 and the read API.
+
+`assert_ledger_consistent` is the one checker the fault suite runs after every scenario. It reads the
+stored records directly (not only the batch's own counters) so that a counter that drifted from the
+request records it summarises is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState
+from batchinfer.layout import account_key, batch_key, model_budget_key, requests_object
+from batchinfer.runtime import Services
+from batchinfer.service import batches
+from batchinfer.service.accounts import Principal
+
+FINAL_RESULT = {"completed", "failed", "cancelled", "expired"}
+# What a never-run request reads as, by final batch status.
+NEVER_RUN = {"completed": None, "failed": "failed", "expired": "expired", "cancelled": "cancelled"}
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def stored_requests(svc: Services, batch_id: str) -> list[dict]:
+    """The request items of a batch, straight from the table (pk BATCH#<id>, sk REQ#...)."""
+    return list(svc.table.query_all("pk = :pk AND begins_with(sk, :r)", {":pk": f"BATCH#{batch_id}", ":r": "REQ#"},
+                                    consistent=True))
+
+
+def _submitted_custom_ids(svc: Services, batch_id: str) -> list[str]:
+    raw = svc.blobs.get(requests_object(batch_id)) or b""
+    return [json.loads(line)["custom_id"] for line in raw.splitlines() if line.strip()]
+
+
+def _all_results(svc: Services, who: Principal, batch_id: str, page_size: int) -> list[dict]:
+    out: list[dict] = []
+    after = None
+    while True:
+        page = batches.results_page(svc, who, batch_id, page_size, after)
+        out += page["data"]
+        if page["data"]:
+            assert page["first_id"] == page["data"][0]["id"] and page["last_id"] == page["data"][-1]["id"]
+        if not page["has_more"]:
+            return out
+        assert page["data"], "has_more with an empty page"
+        after = page["last_id"]
+
+
+def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
+                             custom_ids: list[str] | None = None) -> dict:
+    """Assert every property of a finished batch's ledger; returns the batch item for further checks.
+
+    custom_ids: the custom_ids in the order the test submitted them (defaults to the stored submission).
+    """
+    batch = svc.table.get(*batch_key(batch_id))
+    assert batch is not None, f"batch {batch_id} is gone"
+    status = batch["status"]
+    assert status in {s.value for s in FINAL_BATCH}, f"batch is not final: {status}"
+    total = batch["total"]
+    obj = batches.batch_object(batch)
+
+    # --- Every request has exactly one final status --------------------------------------------------
+    items = stored_requests(svc, batch_id)
+    by_index: dict[int, dict] = {}
+    for item in items:
+        index = item["index"]
+        assert 0 <= index < total, f"request index {index} outside 0..{total - 1}"
+        assert index not in by_index, f"request {index} stored twice"
+        by_index[index] = item
+        assert item["state"] in {s.value for s in FINAL_REQUEST}, f"request {index} not final: {item['state']}"
+        assert "due_pk" not in item, f"final request {index} still due in {item['due_pk']} (would be recovered)"
+        assert 0 <= item.get("attempt", 0) <= svc.settings.max_attempts, f"request {index}: {item.get('attempt')}"
+    if status == "completed":
+        assert len(by_index) == total, f"completed batch with {total - len(by_index)} requests never dispatched"
+    dispatched = sum(int(lane["next"]) for lane in batch["lanes"].values())
+    assert dispatched == len(by_index), f"lanes say {dispatched} dispatched, {len(by_index)} request items exist"
+
+    # --- Results: paged and exported, every request once, in submission order -----------------------
+    expected_ids = custom_ids if custom_ids is not None else _submitted_custom_ids(svc, batch_id)
+    assert len(expected_ids) == total
+    for page_size in (max(7, total // 3 + 1), 1000):  # several pages, then one
+        results = _all_results(svc, who, batch_id, page_size)
+        assert [r["custom_id"] for r in results] == expected_ids, "results not one each in submission order"
+        assert [r["id"] for r in results] == [f"batch_req_{i + 1}" for i in range(total)]
+    exported = [json.loads(line) for chunk in batches.export_lines(svc, who, batch_id)
+                for line in chunk.splitlines() if line.strip()]
+    assert [e["custom_id"] for e in exported] == expected_ids, "export not one each in submission order"
+    for line, result in zip(exported, results, strict=True):
+        assert line == {k: result[k] for k in ("id", "custom_id", "response", "error")}, "export differs from results"
+
+    stop = batch.get("stop")
+    for index, result in enumerate(results):
+        assert result["status"] in FINAL_RESULT, f"result {index} not final: {result['status']}"
+        item = by_index.get(index)
+        if result["status"] == "completed":
+            assert item is not None and item["state"] == RequestState.COMPLETED.value
+            assert result["error"] is None and result["response"]["status_code"] == 200, result
+            assert "usage" in result["response"]["body"], result
+        elif result["status"] == "cancelled":
+            assert result["response"] is None and result["error"] is None, result
+        else:
+            assert result["response"] is None, result
+            assert result["error"] and result["error"].get("code"), f"result {index} without an error code: {result}"
+        if item is None or item["state"] == RequestState.UNSTARTED.value:  # never ran
+            assert NEVER_RUN[status] is not None, f"request {index} never ran in a {status} batch"
+            assert result["status"] == NEVER_RUN[status], (index, status, result)
+            expected_code = {"failed": "batch_failed", "expired": "batch_expired"}.get(status)
+            if expected_code:
+                assert result["error"]["code"] == expected_code, result
+            else:
+                assert result["error"] is None, result
+        elif item["state"] == RequestState.FAILED.value:
+            assert result["status"] == "failed", result
+        if status != "cancelled":
+            assert result["status"] != "cancelled"
+        if status != "expired":
+            assert result["status"] != "expired"
+        if stop is None:
+            assert result["status"] in ("completed", "failed"), result
+
+    # --- Counts ---------------------------------------------------------------------------------------
+    n_completed = sum(r["status"] == "completed" for r in results)
+    n_failed = sum(r["status"] in ("failed", "expired") for r in results)  # expired ones count as failed
+    counts = obj["request_counts"]
+    assert counts == {"total": total, "completed": n_completed, "failed": n_failed}, (counts, n_completed, n_failed)
+
+    # --- Usage and cost add up to the stored request records ----------------------------------------
+    input_tokens = output_tokens = 0
+    cost = 0.0
+    attempts = 0
+    for item in by_index.values():
+        attempts += item.get("attempt", 0)
+        if item["state"] != RequestState.COMPLETED.value:
+            continue  # failed attempts in these scenarios answer without usage
+        response = item.get("response")
+        if response is None:
+            response = json.loads(svc.blobs.get(item["response_object"]))
+        usage = response["body"]["usage"]
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+        completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
+        input_tokens += prompt
+        output_tokens += completion
+        cost += svc.catalog.get(item["model"]).cost_usd(prompt, completion)
+    assert obj["usage"]["input_tokens"] == input_tokens, (obj["usage"], input_tokens)
+    assert obj["usage"]["output_tokens"] == output_tokens, (obj["usage"], output_tokens)
+    assert obj["usage"]["total_tokens"] == input_tokens + output_tokens
+    assert _close(batch.get("cost_usd", 0), cost), (batch.get("cost_usd"), cost)
+    assert 0 <= obj["cost_unknown_attempts"] <= attempts, (obj["cost_unknown_attempts"], attempts)
+
+    # --- Slots all given back; nothing open ------------------------------------------------------------
+    assert batch.get("in_flight", 0) == 0, f"batch in_flight {batch.get('in_flight')}"
+    assert batch.get("open", 0) == 0, f"batch open {batch.get('open')}"
+    for model_id in batch["lanes"]:
+        budget = svc.table.get(*model_budget_key(model_id)) or {}
+        assert budget.get("in_flight", 0) == 0, f"model {model_id} in_flight {budget.get('in_flight')}"
+        lanes = list(svc.table.query_all("pk = :pk AND begins_with(sk, :l)",
+                                         {":pk": f"MODEL#{model_id}", ":l": "LANE#"}, consistent=True))
+        assert not [lane for lane in lanes if lane["batch_id"] == batch_id], f"lane of {model_id} left behind"
+    account = svc.table.get(*account_key(batch["account_id"]))
+    assert account.get("in_flight", 0) == 0, f"account in_flight {account.get('in_flight')}"
+
+    # --- Account counters: only unfinished batches count (all of an account's batches are final here) ---
+    owned = list(svc.table.query_all("owner_pk = :o AND begins_with(owner_sk, :b)",
+                                     {":o": f"ACCOUNT#{batch['account_id']}", ":b": "BATCH#"}, index="by_owner"))
+    owned = [svc.table.get(o["pk"], o["sk"]) for o in owned]
+    unfinished = [b for b in owned if b and b["status"] not in {s.value for s in FINAL_BATCH}]
+    assert account.get("unfinished_batches", 0) == len(unfinished), (account.get("unfinished_batches"), unfinished)
+    assert account.get("unfinished_requests", 0) == sum(b["total"] for b in unfinished), \
+        account.get("unfinished_requests")
+    if not unfinished:
+        assert account["unfinished_batches"] == 0 and account["unfinished_requests"] == 0
+
+    # --- The account's daily usage records charge each batch's known cost once ----------------------
+    usage_items = svc.table.query_all("pk = :pk AND begins_with(sk, :u)",
+                                      {":pk": f"ACCOUNT#{batch['account_id']}", ":u": "USAGE#"}, consistent=True)
+    charged = sum(float(u.get("cost_usd", 0)) for u in usage_items)
+    assert _close(charged, sum(float(b.get("cost_usd", 0)) for b in owned if b)), charged
+    return batch
