@@ -11,8 +11,8 @@ import time
 
 import httpx
 
-from bench.common import chat, command_line, create, local_stack, wait
 from batchinfer.layout import model_budget_key
+from bench.common import chat, command_line, create, local_stack, wait
 
 
 async def direct(url: str, bodies: list[dict], concurrency: int) -> float:
@@ -61,7 +61,8 @@ def main() -> None:
     achieved = n / wall
     print(f"throughput: {n} requests, L={latency}s, C={budget}: status={final['status']} "
           f"completed={final['request_counts']['completed']}")
-    print(f"  achieved {achieved:.2f} req/s; limit C/L = {limit:.2f} req/s; ratio {achieved / limit:.3f} (goal >= 0.95)")
+    print(f"  achieved {achieved:.2f} req/s; limit C/L = {limit:.2f} req/s; "
+          f"ratio {achieved / limit:.3f} (goal >= 0.95)")
     print(f"  wall {wall:.1f} s vs direct asyncio client {direct_wall:.1f} s: ratio {wall / direct_wall:.3f} "
           f"(goal <= 1.05)")
     print(f"  max in flight: budget counter {peak['in_flight']}, at the backend {stats['max_in_flight']} "

@@ -44,8 +44,9 @@ def lane_key(model_id: str, created_at: int, batch_id: str) -> tuple[str, str]:
     return f"MODEL#{model_id}", f"LANE#{created_at:012d}#{batch_id}"
 
 
-def owner_sort(created_at: int, batch_id: str) -> str:
-    return f"BATCH#{created_at:012d}#{batch_id}"
+def owner_sort(created_us: int, batch_id: str) -> str:
+    """Sort key of an account's batch list: creation time in microseconds, so newest first holds."""
+    return f"BATCH#{created_us:018d}#{batch_id}"
 
 
 def hash_api_key(raw: str) -> str:

@@ -108,15 +108,30 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
 
 
 def start(svc: Services, req: dict) -> dict:
-    """dispatched -> running: the worker is about to call the backend. Returns the new request."""
+    """dispatched -> running: the worker is about to call the backend. Returns the new request.
+
+    Fenced against its batch stopping: a request that has not started by the time its batch is cancelled,
+    failed or out of its window must not start, even if the worker checked a moment earlier."""
     now = svc.now()
-    return svc.table.update(
-        *request_key(req["batch_id"], req["index"]),
-        "SET #state = :running, attempt = attempt + :one, due_at = :lease, started_at = :now, #token = :newtoken",
-        vals={":running": RequestState.RUNNING.value, ":one": 1, ":lease": now + svc.settings.lease_seconds,
-              ":now": now, ":expect": RequestState.DISPATCHED.value, ":token": req["token"],
-              ":newtoken": new_token()},
-        condition="#state = :expect AND #token = :token", return_new=True)
+    t = svc.table
+    running = {**req, "state": RequestState.RUNNING.value, "attempt": int(req.get("attempt", 0)) + 1,
+               "due_at": now + svc.settings.lease_seconds, "started_at": now, "token": new_token()}
+    batch_condition = "attribute_not_exists(#stop) AND attribute_not_exists(deleting)"
+    batch_vals: dict = {}
+    if int(req.get("attempt", 0)) == 0:  # the window only stops requests from starting
+        batch_condition += " AND expires_at > :now"
+        batch_vals[":now"] = now
+    t.transact([
+        t.op_update(*request_key(req["batch_id"], req["index"]),
+                    "SET #state = :running, attempt = :attempt, due_at = :lease, started_at = :now, "
+                    "#token = :newtoken",
+                    vals={":running": running["state"], ":attempt": running["attempt"], ":lease": running["due_at"],
+                          ":now": now, ":expect": RequestState.DISPATCHED.value, ":token": req["token"],
+                          ":newtoken": running["token"]},
+                    condition="#state = :expect AND #token = :token"),
+        t.op_check(*batch_key(req["batch_id"]), batch_condition, vals=batch_vals or None),
+    ])
+    return running
 
 
 def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: int, account_cap: int) -> list[dict]:
@@ -142,7 +157,8 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
         "ADD in_flight :k, #open :k",
         vals={":new": lane_next + k, ":old": lane_next, ":running": "in_progress", ":now": now, ":k": k},
         names={"#m": model_id},
-        condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting)",
+        condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
+                  "AND expires_at > :now",
     )]
     ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap)
     requests = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 
 from ..domain import (
@@ -71,9 +72,12 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
     _check_idempotency_key(idem_key)
     try:
         payload = json.loads(raw) if raw.strip() else None
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "The body is not valid JSON.") from None
-    body_hash = hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    except RecursionError:
+        raise ApiError(400, "The body is nested too deeply.") from None
+    body_hash = hashlib.sha256(canonical.encode()).hexdigest()
     if idem_key:
         existing = _replay(svc, principal, idem_key, body_hash)
         if existing:
@@ -104,6 +108,8 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     s = svc.settings
     now = svc.now()
     batch_id = new_batch_id()
+    if len(batch.requests) > s.max_unfinished_requests:
+        raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
     # Bodies go to S3 as one object (one PUT, not one write per request); request state is created
     # only when a request is dispatched, so creating 50,000 requests stays far inside 30 s.
     lines, index, offset = [], [], 0
@@ -131,7 +137,9 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
         "lanes": {m: {"next": 0, "total": len(p)} for m, p in lanes.items()},
         "completed": 0, "failed": 0, "open": 0, "in_flight": 0, "input_tokens": 0, "output_tokens": 0,
         "cost_usd": 0.0, "cost_unknown_attempts": 0,
-        "owner_pk": f"ACCOUNT#{principal.account_id}", "owner_sk": owner_sort(now, batch_id),
+        "owner_pk": f"ACCOUNT#{principal.account_id}",
+        # Wall-clock microseconds, not the (injectable) service clock: only the order matters here.
+        "owner_sk": owner_sort(time.time_ns() // 1000, batch_id),
         "active_pk": ACTIVE, "active_sk": batch_id, "idempotency_key": idem_key,
     }
     ops = [
@@ -146,16 +154,15 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
                       "unfinished_requests <= :maxr)",
         ),
     ]
-    if total > s.max_unfinished_requests:
-        raise ConditionFailed("batch larger than the unfinished-request limit")
     for model_id in lanes:
         pk, sk = lane_key(model_id, now, batch_id)
         ops.append(svc.table.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "account_id": principal.account_id,
                                      "model": model_id}))
     if idem_key:
         pk, sk = idempotency_key(principal.account_id, idem_key)
+        # A record past its TTL may linger until DynamoDB deletes it; it no longer holds the key.
         ops.append(svc.table.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "body_hash": body_hash},
-                                    condition="attribute_not_exists(pk)"))
+                                    condition="attribute_not_exists(pk) OR #ttl <= :now", vals={":now": now}))
     try:
         svc.table.transact(ops)
     except ConditionFailed:

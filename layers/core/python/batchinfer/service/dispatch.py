@@ -88,15 +88,22 @@ class Dispatcher:
             except ConditionFailed:
                 # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
                 continue
+            except Throttled:
+                free = 0  # DynamoDB is busy: stop claiming this pass, but send what was claimed
+                break
             free -= 1
             accounts[req["account_id"]] -= 1
 
         if free > 0:
             dispatched += self._dispatch_lanes(model, free, cap, account_free, tier_cap, accounts)
         if dispatched:
-            failed = svc.queues.send(model.id, [queue_message(r) for r in dispatched])
-            if failed:  # their leases run out and the sweeper puts them back
-                log.warning("SQS refused %d messages for %s", len(failed), model.id)
+            try:
+                failed = svc.queues.send(model.id, [queue_message(r) for r in dispatched])
+            except Exception:  # the claims stand; their leases run out and the sweeper puts them back
+                log.exception("could not send %d messages for %s", len(dispatched), model.id)
+                failed = dispatched
+            if failed:
+                log.warning("SQS refused %d messages for %s; the lease recovers them", len(failed), model.id)
         return len(dispatched)
 
     def _dispatch_lanes(self, model: Model, free: int, cap: int, account_free, tier_cap, accounts) -> list[dict]:
@@ -126,14 +133,21 @@ class Dispatcher:
         for lane in order:
             k = shares.get(lane["batch_id"], 0)
             if k:
-                out += self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
+                try:
+                    out += self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
+                except Throttled:
+                    break  # DynamoDB is busy: send what was claimed, try the rest next pass
         return out
 
     def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int) -> list[dict]:
         svc = self.svc
         batch = svc.table.get(*batch_key(lane["batch_id"]))
-        if batch is None or batch.get("stop") or model.id not in batch.get("lanes", {}):
+        if batch is None or batch.get("stop") or batch.get("deleting") or model.id not in batch.get("lanes", {}):
+            # A lane left behind by a stopped or deleted batch: remove it so it takes no more turns.
+            svc.table.delete(lane["pk"], lane["sk"])
             return []
+        if svc.now() >= batch["expires_at"]:
+            return []  # the window has closed: the sweeper expires the batch
         state = batch["lanes"][model.id]
         lane_next = int(state["next"])
         k = min(k, int(state["total"]) - lane_next, 90)  # a transaction holds at most 100 items

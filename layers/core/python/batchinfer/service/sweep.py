@@ -23,7 +23,7 @@ from ..layout import (
 )
 from ..ledger import Settlement, settle
 from ..runtime import Services
-from ..storage.dynamo import ConditionFailed
+from ..storage.dynamo import ConditionFailed, Throttled
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,14 @@ def stop_batch(svc: Services, batch: dict, stop: Stop) -> bool:
     if stop is Stop.FAIL:
         sets.append("#error = :error")
         vals[":error"] = OWNER_UNAUTHORIZED
+    # The lanes go in the same transaction, so a stopped batch never keeps a turn at dispatch.
+    ops = [svc.table.op_update(*batch_key(batch["id"]), "SET " + ", ".join(sets), vals=vals,
+                               condition="attribute_not_exists(#stop) AND #status IN (:v, :p)")]
+    ops += [svc.table.op_delete(*lane_key(m, batch["created_at"], batch["id"])) for m in batch["lanes"]]
     try:
-        svc.table.update(*batch_key(batch["id"]), "SET " + ", ".join(sets), vals=vals,
-                         condition="attribute_not_exists(#stop) AND #status IN (:v, :p)")
+        svc.table.transact(ops)
     except ConditionFailed:
         return False
-    for model_id in batch["lanes"]:
-        svc.table.delete(*lane_key(model_id, batch["created_at"], batch["id"]))
     return True
 
 
@@ -89,26 +90,33 @@ def settle_batch(svc: Services, batch_id: str) -> dict | None:
     final = final_status(stop)
     never_started = batch["total"] - dispatched if counts_as_failed_unstarted(stop) else 0
     expires = now + svc.settings.batch_retention_seconds
+    vals = {":final": final.value, ":now": now, ":exp": expires, ":purge": PURGE_DUE, ":never": never_started,
+            ":old": batch["status"], ":zero": 0}
+    # The stop must still be the one this decision was made on (a revocation may have just landed).
+    if stop is None:
+        same_stop = "attribute_not_exists(#stop)"
+    else:
+        same_stop, vals[":stop"] = "#stop = :stop", stop.value
     ops = [
         svc.table.op_update(
             *batch_key(batch_id),
             f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
             "due_at = :exp ADD failed :never REMOVE active_pk, active_sk",
-            vals={":final": final.value, ":now": now, ":exp": expires, ":purge": PURGE_DUE, ":never": never_started,
-                  ":old": batch["status"], ":zero": 0},
-            condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting)"),
+            vals=vals,
+            condition=f"#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
+                      f"AND {same_stop}"),
         svc.table.op_update(*account_key(batch["account_id"]),
                             "ADD unfinished_batches :minus, unfinished_requests :minus_total",
                             vals={":minus": -1, ":minus_total": -batch["total"]}),
     ]
+    if batch.get("idempotency_key"):  # the key is remembered until a day after its batch ends
+        remember_until = now + svc.settings.idempotency_retention_seconds
+        ops.append(svc.table.op_update(*idempotency_key(batch["account_id"], batch["idempotency_key"]),
+                                       "SET #ttl = :ttl", vals={":ttl": remember_until}))
     try:
         svc.table.transact(ops)
     except ConditionFailed:
         return svc.table.get(*batch_key(batch_id))
-    if batch.get("idempotency_key"):
-        # The key is remembered until a day after its batch ends.
-        svc.table.update(*idempotency_key(batch["account_id"], batch["idempotency_key"]), "SET #ttl = :ttl",
-                         vals={":ttl": now + svc.settings.idempotency_retention_seconds})
     return svc.table.get(*batch_key(batch_id))
 
 
@@ -166,24 +174,27 @@ def recover_leases(svc: Services, limit: int = 100) -> int:
         try:
             settle(svc, req, outcome)
             recovered += 1
-        except ConditionFailed:
-            continue
+        except (ConditionFailed, Throttled):
+            continue  # moved on meanwhile, or DynamoDB is busy: the next pass looks again
     return recovered
 
 
 def sweep_once(svc: Services) -> dict:
     """One pass of the sweeper. Safe to run in several places at once: every change is conditional."""
     now = svc.now()
-    counts = {"recovered": recover_leases(svc), "settled": 0, "expired": 0, "purged": 0}
+    try:
+        recovered = recover_leases(svc)
+    except Throttled:
+        recovered = 0
+    counts = {"recovered": recovered, "settled": 0, "expired": 0, "purged": 0}
     for item in svc.table.query_all("active_pk = :a", {":a": "ACTIVE"}, index="by_active"):
-        batch = svc.table.get(*batch_key(item["id"]))
-        if batch is None or batch["status"] in FINAL_BATCH:
+        try:
+            counts_for = _sweep_batch(svc, item["id"], now)
+        except Throttled:
+            log.warning("throttled while sweeping batch %s; next pass", item["id"])
             continue
-        if not batch.get("stop") and now >= batch["expires_at"] and stop_batch(svc, batch, Stop.EXPIRE):
-            counts["expired"] += 1
-        after = settle_batch(svc, batch["id"])
-        if after and after["status"] in FINAL_BATCH:
-            counts["settled"] += 1
+        for name in counts_for:
+            counts[name] += 1
     due, _ = svc.table.query("due_pk = :d AND due_at <= :now", {":d": PURGE_DUE, ":now": now},
                              index="by_due", limit=50)
     for item in due:
@@ -192,6 +203,22 @@ def sweep_once(svc: Services) -> dict:
             try:
                 purge_batch(svc, batch)
                 counts["purged"] += 1
-            except ConditionFailed:
+            except (ConditionFailed, Throttled):
                 log.warning("batch %s could not be purged yet", batch["id"])
     return counts
+
+
+def _sweep_batch(svc: Services, batch_id: str, now: int) -> list[str]:
+    """Settle one unfinished batch; expire it if its window closed with requests not yet started."""
+    done: list[str] = []
+    after = settle_batch(svc, batch_id)
+    if after is None or after["status"] in FINAL_BATCH:
+        return ["settled"] if after else []
+    dispatched = sum(lane["next"] for lane in after["lanes"].values())
+    if not after.get("stop") and now >= after["expires_at"] and dispatched < after["total"]:
+        if stop_batch(svc, after, Stop.EXPIRE):
+            done.append("expired")
+        after = settle_batch(svc, batch_id)
+        if after and after["status"] in FINAL_BATCH:
+            done.append("settled")
+    return done

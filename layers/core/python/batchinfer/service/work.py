@@ -32,27 +32,42 @@ def backend_key(svc: Services, model: Model) -> str | None:
     return svc.env.get(backend.api_key_env) if backend.api_key_env else None
 
 
-def _precheck(svc: Services, req: dict, batch: dict) -> Settlement | None:
-    """Checks made before every attempt; a Settlement when the request must not run now."""
+def _stopped(svc: Services, batch: dict, stop: Stop) -> Stop:
+    """Stop the batch for this reason, or learn the reason another caller stopped it with first."""
+    if stop_batch(svc, batch, stop):
+        return stop
+    current = svc.table.get(*batch_key(batch["id"])) or {}
+    return Stop(current["stop"]) if current.get("stop") else stop
+
+
+def _precheck(svc: Services, req: dict, batch: dict) -> tuple[Settlement, Stop | None] | None:
+    """Checks made before every attempt: (what to record instead, the batch's stop) when the request must
+    not run now, or None when it may run."""
     now = svc.now()
+    never_ran = int(req.get("attempt", 0)) == 0
+
+    def not_run(stop: Stop) -> tuple[Settlement, Stop]:
+        # A request that never ran takes its batch's fate; one that ran before keeps its last error.
+        to = RequestState.UNSTARTED if never_ran else RequestState.FAILED
+        return Settlement(to=to, error=None if never_ran else req.get("error")), stop
+
     if batch.get("stop"):
-        return Settlement(to=RequestState.UNSTARTED if req.get("attempt", 0) == 0 else RequestState.FAILED,
-                          error=req.get("error"))
+        return not_run(Stop(batch["stop"]))
+    if never_ran and now >= batch["expires_at"]:  # the completion window stops requests from starting
+        return not_run(_stopped(svc, batch, Stop.EXPIRE))
     key_item = svc.table.get(*api_key_key(batch["key_hash"]))
     account = get_account(svc, batch["account_id"])
     if key_problem(svc, key_item, account):
-        stop_batch(svc, batch, Stop.FAIL)
-        return Settlement(to=RequestState.UNSTARTED if req.get("attempt", 0) == 0 else RequestState.FAILED,
-                          error=req.get("error"))
+        return not_run(_stopped(svc, batch, Stop.FAIL))
     if not account.get("batch_access"):
-        return Settlement(to=RequestState.WAITING, retry_at=now + ACCESS_RECHECK_SECONDS, error=req.get("error"))
+        return Settlement(to=RequestState.WAITING, retry_at=now + ACCESS_RECHECK_SECONDS, error=req.get("error")), None
     if quota_used_up(svc, account):
-        return Settlement(to=RequestState.WAITING, retry_at=next_utc_midnight(now), error=req.get("error"))
+        return Settlement(to=RequestState.WAITING, retry_at=next_utc_midnight(now), error=req.get("error")), None
     model = svc.catalog.lookup(req["model"])
     if model is None or model.backend is None or not may_use_model(account, req["model"]):
         return Settlement(to=RequestState.FAILED, error={
             "code": "model_not_found", "message": f"Model '{req['model']}' is gone, or this key may no longer use it.",
-            "status": 404})
+            "status": 404}), None
     return None
 
 
@@ -84,32 +99,58 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
     return Settlement(to=RequestState.FAILED, error=error, **common)
 
 
+def _settle_without_running(svc: Services, req: dict, message: dict) -> str:
+    """Record why a dispatched request did not run (its batch stopped, it must wait, ...)."""
+    for _ in range(3):
+        batch = svc.table.get(*batch_key(req["batch_id"]))
+        if batch is None:
+            return "stale"
+        early = _precheck(svc, req, batch)
+        if early is None:
+            return "may_run"
+        outcome, stop = early
+        try:
+            settle(svc, req, outcome, stop)
+            return outcome.to.value
+        except ConditionFailed:
+            req = svc.table.get(*request_key(req["batch_id"], req["index"]))
+            if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
+                return "stale"
+    return "stale"
+
+
+async def _attempt(model: Model, endpoint: str, body: dict, key: str | None, timeout: float) -> Attempt:
+    try:
+        return await openai_compat.call(model, endpoint, body, key, timeout)
+    except Exception as error:  # a bug or an odd answer must not strand the request until its lease ends
+        log.exception("backend call failed")
+        return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
+
+
 async def process(svc: Services, message: dict) -> str:
     """Run the request a queue message names. Returns what happened (for logs and tests)."""
     batch_id, index = message["batch_id"], int(message["index"])
     req = await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
     if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
         return "stale"  # a duplicate delivery, or the lease was recovered and the request moved on
-    batch = await asyncio.to_thread(svc.table.get, *batch_key(batch_id))
-    if batch is None:
-        return "stale"
-    early = await asyncio.to_thread(_precheck, svc, req, batch)
-    if early is not None:
-        stop = Stop(batch["stop"]) if batch.get("stop") else Stop.FAIL if early.to is RequestState.UNSTARTED else None
-        try:
-            await asyncio.to_thread(settle, svc, req, early, stop)
-        except ConditionFailed:
-            return "stale"
-        return early.to.value
+    decided = await asyncio.to_thread(_settle_without_running, svc, req, message)
+    if decided != "may_run":
+        return decided
     try:
         running = await asyncio.to_thread(start, svc, req)
     except ConditionFailed:
-        return "stale"
+        # The batch stopped (or its window closed) between the check and the start: record that instead.
+        current = await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
+        if not current or current["state"] != RequestState.DISPATCHED.value or current["token"] != message["token"]:
+            return "stale"
+        decided = await asyncio.to_thread(_settle_without_running, svc, current, message)
+        return "stale" if decided == "may_run" else decided
+    batch = await asyncio.to_thread(svc.table.get, *batch_key(batch_id))
     model = svc.catalog.get(req["model"])
     body = json.loads(await asyncio.to_thread(svc.blobs.get_range, requests_object(batch_id), req["offset"],
                                               req["length"]))["body"]
     key = await asyncio.to_thread(backend_key, svc, model)
-    attempt = await openai_compat.call(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
+    attempt = await _attempt(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
     outcome = _outcome(svc, running, batch_id, model, attempt)
     try:
         await asyncio.to_thread(settle, svc, running, outcome)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -68,18 +70,39 @@ def _names(names: dict | None, *expressions: str | None) -> dict | None:
     return found or None
 
 
+_BUSY_REASONS = ("ThrottlingError", "ProvisionedThroughputExceeded", "TransactionConflict", "RequestLimitExceeded")
+
+
 def _raise(error: ClientError) -> None:
     code = error.response.get("Error", {}).get("Code", "")
     if code == "ConditionalCheckFailedException":
         raise ConditionFailed(str(error)) from error
     if code == "TransactionCanceledException":
         reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
-        if any(r in ("ThrottlingError", "ProvisionedThroughputExceeded") for r in reasons):
+        if any(r == "ConditionalCheckFailed" for r in reasons):
+            raise ConditionFailed(str(error)) from error
+        if any(r in _BUSY_REASONS for r in reasons) or not reasons:
+            # Throttled, or another transaction touched one of the items at the same moment (hot counters):
+            # nothing was written, so the same transaction may simply be tried again.
             raise Throttled(str(error)) from error
         raise ConditionFailed(str(error)) from error
+    if code == "TransactionConflictException":
+        raise Throttled(str(error)) from error
     if code in ("ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"):
         raise Throttled(str(error)) from error
     raise error
+
+
+def _retrying(call, attempts: int = 6):
+    """Run a write, trying again (with jittered backoff) while DynamoDB says it is busy. A condition that
+    fails is an answer, not a busy signal, and is never retried here."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except Throttled:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(random.uniform(0, 0.05 * 2 ** attempt))
 
 
 class Table:
@@ -104,10 +127,13 @@ class Table:
             kwargs["ExpressionAttributeNames"] = names
         if vals:
             kwargs["ExpressionAttributeValues"] = values(vals)
-        try:
-            self.client.put_item(**kwargs)
-        except ClientError as error:
-            _raise(error)
+        def call() -> None:
+            try:
+                self.client.put_item(**kwargs)
+            except ClientError as error:
+                _raise(error)
+
+        _retrying(call)
 
     def update(self, pk: str, sk: str, expression: str, vals: dict | None = None, names: dict | None = None,
                condition: str | None = None, return_new: bool = False) -> dict | None:
@@ -121,10 +147,13 @@ class Table:
             kwargs["ConditionExpression"] = condition
         if return_new:
             kwargs["ReturnValues"] = "ALL_NEW"
-        try:
-            answer = self.client.update_item(**kwargs)
-        except ClientError as error:
-            _raise(error)
+        def call() -> dict:
+            try:
+                return self.client.update_item(**kwargs)
+            except ClientError as error:
+                _raise(error)
+
+        answer = _retrying(call)
         return deserialize(answer["Attributes"]) if return_new else None
 
     def delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None) -> None:
@@ -136,10 +165,13 @@ class Table:
             kwargs["ConditionExpression"] = condition
         if vals:
             kwargs["ExpressionAttributeValues"] = values(vals)
-        try:
-            self.client.delete_item(**kwargs)
-        except ClientError as error:
-            _raise(error)
+        def call() -> None:
+            try:
+                self.client.delete_item(**kwargs)
+            except ClientError as error:
+                _raise(error)
+
+        _retrying(call)
 
     # Transactions take ops built by the helpers below.
     def op_put(self, item: dict, condition: str | None = None, vals: dict | None = None) -> dict:
@@ -185,10 +217,13 @@ class Table:
         return {"ConditionCheck": op}
 
     def transact(self, ops: list[dict]) -> None:
-        try:
-            self.client.transact_write_items(TransactItems=ops)
-        except ClientError as error:
-            _raise(error)
+        def call() -> None:
+            try:
+                self.client.transact_write_items(TransactItems=ops)
+            except ClientError as error:
+                _raise(error)
+
+        _retrying(call)
 
     def query(self, key_condition: str, vals: dict, index: str | None = None, forward: bool = True,
               limit: int | None = None, start: dict | None = None, names: dict | None = None,
