@@ -29,13 +29,13 @@ def command_line(module: str) -> str:
 
 
 @contextmanager
-def local_stack(latency: float = 0.0, budget: int | None = None, pollers: int = 4, **settings):
+def local_stack(latency: float = 0.0, budget: int | None = None, pollers: int = 0, **settings):
     """The local stack as `make run` starts it, on free ports, with the catalog's budgets overridden."""
     state = Path(".local/bench")
     state.parent.mkdir(exist_ok=True)
     base = Settings(table_name="bench", bucket_name="bench", stage="bench", **settings)
-    svc, key, stop = start(base, free_port(), free_port(), SimConfig(latency_seconds=latency), pollers=pollers,
-                           state_dir=state)
+    svc, key, stop = start(base, free_port(), free_port(), SimConfig(latency_seconds=latency),
+                           pollers=pollers or budget or 0, state_dir=state)
     if budget is not None:
         for model in svc.catalog.runnable:
             model.batch_budget = budget

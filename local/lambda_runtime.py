@@ -91,7 +91,7 @@ def poll_once(sqs, queue_url: str, wait_seconds: int = 0, environment: str = "")
 class Loops:
     """Background threads: dispatcher and sweeper on their schedule, pollers per model queue."""
 
-    def __init__(self, sqs, queue_urls: dict[str, str], pollers_per_queue: int = 2,
+    def __init__(self, sqs, queue_urls: dict[str, str], pollers_per_queue: dict[str, int] | int = 2,
                  dispatch_seconds: float = 5.0, sweep_interval: float = 1.0) -> None:
         self.sqs = sqs
         self.queue_urls = queue_urls
@@ -121,8 +121,9 @@ class Loops:
             invoke("sweeper", {})
 
         targets = [(dispatch, 0.0), (sweep, self.sweep_interval)]
-        for q, url in enumerate(self.queue_urls.values()):
-            for p in range(self.pollers_per_queue):
+        for q, (model, url) in enumerate(self.queue_urls.items()):
+            count = self.pollers_per_queue if isinstance(self.pollers_per_queue, int) else self.pollers_per_queue[model]
+            for p in range(count):
                 env = f"_q{q}p{p}"  # one execution environment per poller
                 targets.append((lambda u=url, e=env: poll_once(self.sqs, u, wait_seconds=1, environment=e), 0.0))
         for step, pause in targets:

@@ -34,7 +34,7 @@ STATE = Path(".local")
 
 
 def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConfig | None = None,
-          pollers: int = 4, state_dir: Path = STATE):
+          pollers: int = 0, state_dir: Path = STATE):
     """Start every piece; returns (services, api key, stop function). Used by `make run` and e2e tests."""
     moto = MotoServer(moto_port).start()
     sim = UvicornThread(create_sim(sim_config), sim_port).start()
@@ -45,7 +45,7 @@ def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConf
     env = {**os.environ, "SIMULATED_BACKEND_URL": os.environ.get("SIMULATED_BACKEND_URL", sim.url)}
     probe = build_services(settings, env)
     urls = bootstrap.create_queues(sqs, settings.stage, [m.id for m in probe.catalog.runnable],
-                                   visibility_seconds=int(settings.backend_timeout_seconds * 2 + 30))
+                                   visibility_seconds=900)  # > a worker invocation (FakeContext: 300 s)
     settings = settings.model_copy(update={"model_queues": urls})
     svc = build_services(settings, env)
     use_services(svc)
@@ -56,7 +56,10 @@ def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConf
     (state_dir / "stack.json").write_text(json.dumps({
         "aws_endpoint_url": settings.aws_endpoint_url, "table_name": settings.table_name,
         "bucket_name": settings.bucket_name, "model_queues": urls, "stage": settings.stage}, indent=2))
-    loops = Loops(sqs, urls, pollers_per_queue=pollers)
+    # Like an event source mapping's MaximumConcurrency (the model's budget): as many concurrent worker
+    # invocations per queue as the model may have requests in flight, unless told otherwise.
+    per_queue = {m.id: pollers or max(2, m.batch_budget) for m in svc.catalog.runnable}
+    loops = Loops(sqs, urls, pollers_per_queue=per_queue)
     loops.start()
 
     def stop() -> None:

@@ -8,13 +8,14 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
-from batchinfer.service.work import process
+from batchinfer.service.work import process_and_pull
 
 processor = AsyncBatchProcessor(event_type=EventType.SQS)
+_seconds_left = {"value": 60.0}  # set per invocation from the Lambda context
 
 
 async def record_handler(record: SQSRecord) -> str:
-    outcome = await process(services(), json.loads(record.body))
+    outcome = await process_and_pull(services(), json.loads(record.body), _seconds_left["value"])
     if outcome in ("completed", "failed"):
         metrics.add_metric(name="RequestsCompleted", unit=MetricUnit.Count, value=1)
     if outcome in ("waiting", "failed"):  # a retry or a final failure: the backend (or a check) said no
@@ -26,6 +27,7 @@ async def record_handler(record: SQSRecord) -> str:
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict, context: object) -> dict:
+    _seconds_left["value"] = context.get_remaining_time_in_millis() / 1000
     records = event.get("Records") or []
     if records:  # one event source mapping per model queue: every record of a call names the same model
         metrics.add_dimension(name="model", value=json.loads(records[0]["body"]).get("model", "unknown"))

@@ -21,7 +21,7 @@ from batchinfer.service import accounts, batches, dispatch, work
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.dispatch import Dispatcher
 from batchinfer.service.sweep import sweep_once
-from batchinfer.service.work import process
+from batchinfer.service.work import process, process_and_pull
 from batchinfer.storage.dynamo import ConditionFailed
 from local.lambda_runtime import invoke, sqs_event
 from tests.helpers import chat_request, new_key
@@ -334,7 +334,11 @@ def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, m
 
 # --- 6: two dispatchers at once ----------------------------------------------------------------------
 
-def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control, monkeypatch):
+@pytest.mark.parametrize("pull", [False, True], ids=["queue-only", "workers-pull"])
+def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control, monkeypatch, pull):
+    """Two dispatchers race for the same lanes; with `pull`, workers also claim their next request
+    themselves (a third and fourth claimant). Nothing runs twice and no budget is passed."""
+    configure(svc, worker_pull=pull)
     budgets = {GLM: 5, QWEN: 5}
     tier_limit = svc.settings.tier_limits["free"]
     assert tier_limit == 8
@@ -382,7 +386,11 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
             time.sleep(0.05)
 
     async def run_all(messages: list[dict]) -> list:
-        return await asyncio.gather(*[process(svc, json.loads(m["Body"])) for m in messages], return_exceptions=True)
+        if pull:
+            runs = [process_and_pull(svc, json.loads(m["Body"]), 60.0) for m in messages]
+        else:
+            runs = [process(svc, json.loads(m["Body"])) for m in messages]
+        return await asyncio.gather(*runs, return_exceptions=True)
 
     def worker_loop(model: str) -> None:
         loop = asyncio.new_event_loop()  # one loop per worker, kept like a warm Lambda container keeps it
@@ -442,8 +450,11 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     sweep_once(svc)
 
     assert errors == []  # no ConditionFailed (or anything else) leaked out of a dispatcher or worker
-    assert lost["claim_from_lane"] > 0, "the two dispatchers never raced for a lane"
-    assert sorted(sent) == [(batch_id, i) for i in range(60)] and set(sent.values()) == {1}, sent
+    assert lost["claim_from_lane"] > 0, "the claimants never raced for a lane"
+    if pull:  # pulled requests never go through the queue; none may be sent twice either
+        assert set(sent.values()) <= {1} and len(sent) < 60, sent
+    else:
+        assert sorted(sent) == [(batch_id, i) for i in range(60)] and set(sent.values()) == {1}, sent
     assert get_batch(svc, batch_id)["status"] == "completed"
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     assert [r["attempt"] for r in stored_requests(svc, batch_id)] == [1] * 60

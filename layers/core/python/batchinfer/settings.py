@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     moto_port: int = 5000  # the local stack's moto server
     sim_port: int = 8100  # the local stack's simulated backend
     log_level: str = "WARNING"
-    local_pollers_per_queue: int = 4  # local stand-ins for an event source mapping's concurrent pollers
+    local_pollers_per_queue: int = 0  # local worker invocations per queue at once; 0: the model's budget
 
     batches_enabled: bool = True  # off: every batch route answers 404 "unavailable at the moment"
 
@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     inline_result_bytes: int = 32 * 1024  # larger results go to S3, a pointer stays in DynamoDB
     dispatcher_loop_seconds: float = 55.0  # how long one scheduled dispatcher invocation keeps refilling
     dispatcher_idle_sleep_seconds: float = 0.25
+    worker_pull: bool = True  # a worker that frees a slot claims the model's next request and runs it itself
     interactive_yield_per_request: int = 1  # batch slots given up per interactive request in flight
 
     @field_validator("tier_limits", mode="before")

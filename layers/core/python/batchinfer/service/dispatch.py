@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections import defaultdict
 
@@ -27,7 +28,9 @@ class Dispatcher:
 
     def __init__(self, svc: Services) -> None:
         self.svc = svc
-        self.turn: dict[str, int] = defaultdict(int)
+        # Whose turn it is, per model; a random start so that many short-lived dispatchers (workers pulling
+        # their next request) do not all favour the first lane.
+        self.turn: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
         self._lane_positions: dict[tuple[str, str], list[int]] = {}
         self._chunks: dict[tuple[str, int], list] = {}
 
@@ -53,12 +56,29 @@ class Dispatcher:
         return sent
 
     def dispatch_model(self, model: Model) -> int:
+        """Claim what the model has room for and send it to the model's queue."""
+        dispatched = self.claim(model)
+        if dispatched:
+            try:
+                failed = self.svc.queues.send(model.id, [queue_message(r) for r in dispatched])
+            except Exception:  # the claims stand; their leases run out and the sweeper puts them back
+                log.exception("could not send %d messages for %s", len(dispatched), model.id)
+                failed = dispatched
+            if failed:
+                log.warning("SQS refused %d messages for %s; the lease recovers them", len(failed), model.id)
+        return len(dispatched)
+
+    def claim(self, model: Model, limit: int | None = None) -> list[dict]:
+        """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
+        retries first, then batches in turn. Returns the dispatched request states (not yet sent)."""
         svc = self.svc
         budget_item = svc.table.get(*model_budget_key(model.id))
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
         free = cap - int((budget_item or {}).get("in_flight", 0))
+        if limit is not None:
+            free = min(free, limit)
         if free <= 0:
-            return 0
+            return []
         accounts: dict[str, int] = {}  # account id -> free account slots, read once per pass
         dispatched: list[dict] = []
 
@@ -66,12 +86,15 @@ class Dispatcher:
             if account_id not in accounts:
                 account = svc.table.get(*account_key(account_id)) or {}
                 limit = svc.settings.tier_limits.get(account.get("tier", "free"), 0)
+                limits[account_id] = limit
                 accounts[account_id] = limit - int(account.get("in_flight", 0))
             return accounts[account_id]
 
+        limits: dict[str, int] = {}  # account id -> its tier's limit, read with account_free
+
         def tier_cap(account_id: str) -> int:
-            account = svc.table.get(*account_key(account_id), consistent=False) or {}
-            return svc.settings.tier_limits.get(account.get("tier", "free"), 0)
+            account_free(account_id)
+            return limits[account_id]
 
         # Requests waiting for a retry go first: they have already waited their turn.
         waiting, _ = svc.table.query("due_pk = :d AND due_at <= :now", {":d": retry_due(model.id),
@@ -95,16 +118,11 @@ class Dispatcher:
             accounts[req["account_id"]] -= 1
 
         if free > 0:
-            dispatched += self._dispatch_lanes(model, free, cap, account_free, tier_cap, accounts)
-        if dispatched:
             try:
-                failed = svc.queues.send(model.id, [queue_message(r) for r in dispatched])
-            except Exception:  # the claims stand; their leases run out and the sweeper puts them back
-                log.exception("could not send %d messages for %s", len(dispatched), model.id)
-                failed = dispatched
-            if failed:
-                log.warning("SQS refused %d messages for %s; the lease recovers them", len(failed), model.id)
-        return len(dispatched)
+                dispatched += self._dispatch_lanes(model, free, cap, account_free, tier_cap, accounts)
+            except Throttled:
+                log.warning("throttled while claiming for %s", model.id)
+        return dispatched
 
     def _dispatch_lanes(self, model: Model, free: int, cap: int, account_free, tier_cap, accounts) -> list[dict]:
         svc = self.svc

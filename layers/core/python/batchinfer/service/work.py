@@ -6,16 +6,18 @@ import asyncio
 import json
 import logging
 import random
+import time
 
 from ..catalog import Model
 from ..domain import Attempt, RequestState, Stop, is_retryable, retry_delay
-from ..layout import api_key_key, batch_key, request_key, requests_object, result_object
-from ..ledger import Settlement, settle, start
+from ..layout import account_key, api_key_key, batch_key, request_key, requests_object, result_object, usage_key
+from ..ledger import Settlement, queue_message, settle, start
 from ..providers import openai_compat
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import secret_value
-from .accounts import get_account, key_problem, may_use_model, next_utc_midnight, quota_used_up
+from .accounts import key_problem, may_use_model, next_utc_midnight, utc_day
+from .dispatch import Dispatcher
 from .sweep import stop_batch
 
 log = logging.getLogger(__name__)
@@ -55,13 +57,16 @@ def _precheck(svc: Services, req: dict, batch: dict) -> tuple[Settlement, Stop |
         return not_run(Stop(batch["stop"]))
     if never_ran and now >= batch["expires_at"]:  # the completion window stops requests from starting
         return not_run(_stopped(svc, batch, Stop.EXPIRE))
-    key_item = svc.table.get(*api_key_key(batch["key_hash"]))
-    account = get_account(svc, batch["account_id"])
+    # The key, its account and today's spending in one round trip.
+    keys = [api_key_key(batch["key_hash"]), account_key(batch["account_id"]), usage_key(batch["account_id"],
+                                                                                      utc_day(now))]
+    found = svc.table.get_many(keys)
+    key_item, account, usage = (found.get(k) for k in keys)
     if key_problem(svc, key_item, account):
         return not_run(_stopped(svc, batch, Stop.FAIL))
     if not account.get("batch_access"):
         return Settlement(to=RequestState.WAITING, retry_at=now + ACCESS_RECHECK_SECONDS, error=req.get("error")), None
-    if quota_used_up(svc, account):
+    if float((usage or {}).get("cost_usd", 0)) >= float(account.get("daily_quota_usd", 0)):
         return Settlement(to=RequestState.WAITING, retry_at=next_utc_midnight(now), error=req.get("error")), None
     model = svc.catalog.lookup(req["model"])
     if model is None or model.backend is None or not may_use_model(account, req["model"]):
@@ -99,14 +104,17 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
     return Settlement(to=RequestState.FAILED, error=error, **common)
 
 
-def _settle_without_running(svc: Services, req: dict, message: dict) -> str:
-    """Record why a dispatched request did not run (its batch stopped, it must wait, ...)."""
+def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict | None = None) -> str:
+    """Record why a dispatched request did not run (its batch stopped, it must wait, ...). `seen` receives
+    the batch as read, for the caller to use if the request may run."""
     for _ in range(3):
         batch = svc.table.get(*batch_key(req["batch_id"]))
         if batch is None:
             return "stale"
         early = _precheck(svc, req, batch)
         if early is None:
+            if seen is not None:
+                seen.update(batch)
             return "may_run"
         outcome, stop = early
         try:
@@ -133,7 +141,8 @@ async def process(svc: Services, message: dict) -> str:
     req = await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
     if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
         return "stale"  # a duplicate delivery, or the lease was recovered and the request moved on
-    decided = await asyncio.to_thread(_settle_without_running, svc, req, message)
+    batch: dict = {}
+    decided = await asyncio.to_thread(_settle_without_running, svc, req, message, batch)
     if decided != "may_run":
         return decided
     try:
@@ -145,7 +154,6 @@ async def process(svc: Services, message: dict) -> str:
             return "stale"
         decided = await asyncio.to_thread(_settle_without_running, svc, current, message)
         return "stale" if decided == "may_run" else decided
-    batch = await asyncio.to_thread(svc.table.get, *batch_key(batch_id))
     model = svc.catalog.get(req["model"])
     body = json.loads(await asyncio.to_thread(svc.blobs.get_range, requests_object(batch_id), req["offset"],
                                               req["length"]))["body"]
@@ -160,3 +168,32 @@ async def process(svc: Services, message: dict) -> str:
         log.warning("request %s/%s lost its lease before its outcome was recorded", batch_id, index)
         return "lease_lost"
     return outcome.to.value
+
+
+_puller: Dispatcher | None = None
+
+
+def _claim_next(svc: Services, model_id: str) -> dict | None:
+    """The next due request of this model (batches in turn), claimed for this worker to run directly."""
+    global _puller
+    if _puller is None or _puller.svc is not svc:
+        _puller = Dispatcher(svc)
+    model = svc.catalog.lookup(model_id)
+    if model is None:
+        return None
+    claimed = _puller.claim(model, limit=1)
+    return claimed[0] if claimed else None
+
+
+async def process_and_pull(svc: Services, message: dict, seconds_left: float) -> str:
+    """Run the message's request, then keep the slot busy: while time is left, claim the model's next due
+    request and run it here, without a round trip through the dispatcher and the queue. A freed slot is
+    refilled as soon as it is freed, which is what keeps a backend at its budget."""
+    deadline = time.monotonic() + seconds_left - svc.settings.backend_timeout_seconds - 10
+    outcome = await process(svc, message)
+    while svc.settings.worker_pull and time.monotonic() < deadline:
+        claimed = await asyncio.to_thread(_claim_next, svc, message["model"])
+        if claimed is None:
+            break
+        await process(svc, queue_message(claimed))
+    return outcome

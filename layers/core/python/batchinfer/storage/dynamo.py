@@ -117,6 +117,19 @@ class Table:
         answer = self.client.get_item(TableName=self.name, Key=self.key(pk, sk), ConsistentRead=consistent)
         return deserialize(answer["Item"]) if "Item" in answer else None
 
+    def get_many(self, keys: list[tuple[str, str]], consistent: bool = True) -> dict[tuple[str, str], dict]:
+        """Several items in one round trip (BatchGetItem), by (pk, sk)."""
+        found: dict[tuple[str, str], dict] = {}
+        pending = {self.name: {"Keys": [self.key(pk, sk) for pk, sk in dict.fromkeys(keys)],
+                               "ConsistentRead": consistent}}
+        while pending:
+            answer = self.client.batch_get_item(RequestItems=pending)
+            for raw in answer.get("Responses", {}).get(self.name, []):
+                item = deserialize(raw)
+                found[(item["pk"], item["sk"])] = item
+            pending = answer.get("UnprocessedKeys") or {}
+        return found
+
     def put(self, item: dict, condition: str | None = None, names: dict | None = None,
             vals: dict | None = None) -> None:
         kwargs: dict[str, Any] = {"TableName": self.name, "Item": serialize(item)}
