@@ -26,7 +26,8 @@ SPEC_BASE = "https://freeinference.org/v1"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("stack") / ".local"
-    settings = Settings(table_name="e2e", bucket_name="e2e", stage="e2e")
+    # Every export goes through S3 and a presigned redirect, as large ones do on AWS.
+    settings = Settings(table_name="e2e", bucket_name="e2e", stage="e2e", export_redirect_bytes=1)
     svc, key, stop = start(settings, free_port(), free_port(), pollers=2, state_dir=state)
     api = UvicornThread(create_app(), free_port()).start()
     yield {"base": f"{api.url}/v1", "key": key, "svc": svc, "dir": state.parent}

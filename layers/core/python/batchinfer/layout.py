@@ -79,5 +79,9 @@ def result_object(batch_id: str, index: int) -> str:
     return f"batches/{batch_id}/results/{index:06d}.json"
 
 
+def export_object(batch_id: str) -> str:
+    return f"batches/{batch_id}/output.jsonl"
+
+
 def batch_prefix(batch_id: str) -> str:
     return f"batches/{batch_id}/"

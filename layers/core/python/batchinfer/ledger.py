@@ -41,6 +41,7 @@ class Settlement:
     cost_usd: float = 0.0
     cost_unknown: int = 0
     retry_at: int | None = None  # for WAITING
+    result_bytes: int = 0  # size of a stored result, so the export knows when to go through S3
     extra: dict = field(default_factory=dict)
 
 
@@ -91,7 +92,7 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
     elif outcome.to is RequestState.FAILED or (outcome.to is RequestState.UNSTARTED
                                                 and counts_as_failed_unstarted(stop)):
         adds["failed"] = 1
-    for name in ("input_tokens", "output_tokens", "cost_usd", "cost_unknown"):
+    for name in ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes"):
         value = getattr(outcome, name)
         if value:
             adds["cost_unknown_attempts" if name == "cost_unknown" else name] = value

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     lease_seconds: int = 300  # a dispatched or running request whose lease runs out is recovered
     retry_base_seconds: float = 1.0
     retry_max_seconds: float = 60.0
+    # Exports whose results add up to more than this are written to S3 when the batch ends and downloaded
+    # through a short-lived presigned URL (a Lambda answer carries at most 6 MB).
+    export_redirect_bytes: int = 4 * 1024 * 1024
     inline_result_bytes: int = 32 * 1024  # larger results go to S3, a pointer stays in DynamoDB
     dispatcher_loop_seconds: float = 55.0  # how long one scheduled dispatcher invocation keeps refilling
     dispatcher_idle_sleep_seconds: float = 0.25

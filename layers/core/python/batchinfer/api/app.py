@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ApiError
@@ -91,8 +91,12 @@ def create_app(get_services: Callable[[], Services] = services) -> FastAPI:
                 s: Services = Depends(svc)) -> dict:
         return batches.results_page(s, who, batch_id, limit, after)
 
-    @app.get("/v1/batches/{batch_id}/output.jsonl")
-    def output(batch_id: str, who: Principal = Depends(caller), s: Services = Depends(svc)) -> StreamingResponse:
+    @app.get("/v1/batches/{batch_id}/output.jsonl", response_model=None)
+    def output(batch_id: str, who: Principal = Depends(caller),
+               s: Services = Depends(svc)) -> StreamingResponse | RedirectResponse:
+        location = batches.export_location(s, who, batch_id)
+        if location:  # large exports: a short-lived presigned S3 URL (clients follow the redirect)
+            return RedirectResponse(location, status_code=302)
         lines = batches.export_lines(s, who, batch_id)
         return StreamingResponse(lines, media_type="application/jsonl",
                                  headers={"Content-Disposition": f'attachment; filename="{batch_id}.jsonl"'})

@@ -281,22 +281,32 @@ def results_page(svc: Services, principal: Principal, batch_id: str, limit: int,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
 
+def export_stream(svc: Services, batch: dict) -> Iterator[bytes]:
+    """Every result as a JSONL line, in submission order, a thousand at a time (memory stays flat)."""
+    for start in range(0, batch["total"], 1000):
+        chunk = []
+        for r in iter_results(svc, batch, start, min(batch["total"], start + 1000)):
+            line = {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": r["error"]}
+            chunk.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        yield b"".join(chunk)
+
+
 def export_lines(svc: Services, principal: Principal, batch_id: str) -> Iterator[bytes]:
     """output.jsonl: every result, one line each, in submission order; streamed a page at a time."""
     batch = owned_batch(svc, principal, batch_id)
     if batch["status"] not in FINAL_BATCH:
         raise ApiError(409, "The batch has not finished; output.jsonl is available once it reaches a final status.",
                        code="batch_not_finished")
+    return export_stream(svc, batch)
 
-    def lines() -> Iterator[bytes]:
-        for start in range(0, batch["total"], 1000):
-            chunk = []
-            for r in iter_results(svc, batch, start, min(batch["total"], start + 1000)):
-                line = {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": r["error"]}
-                chunk.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
-            yield b"".join(chunk)
 
-    return lines()
+def export_location(svc: Services, principal: Principal, batch_id: str) -> str | None:
+    """A short-lived URL of the export written when a large batch ended, or None to stream it instead."""
+    batch = owned_batch(svc, principal, batch_id)
+    if batch["status"] not in FINAL_BATCH:
+        raise ApiError(409, "The batch has not finished; output.jsonl is available once it reaches a final status.",
+                       code="batch_not_finished")
+    return svc.blobs.presigned_get(batch["export_object"]) if batch.get("export_object") else None
 
 
 # --- Cancel and delete -------------------------------------------------------------------------------

@@ -13,14 +13,9 @@ from ..layout import INDEX_CHUNK, account_key, batch_key, index_object, lane_obj
 from ..ledger import Position, claim_from_lane, claim_retry, queue_message
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
+from .capacity import effective_budget, probe_up
 
 log = logging.getLogger(__name__)
-
-
-def effective_budget(model: Model, budget_item: dict | None, yield_per_request: int) -> int:
-    """The model's batch budget now: it shrinks while interactive requests are in flight, to the floor."""
-    interactive = int((budget_item or {}).get("interactive", 0))
-    return max(min(model.batch_floor, model.batch_budget), model.batch_budget - interactive * yield_per_request)
 
 
 class Dispatcher:
@@ -73,6 +68,7 @@ class Dispatcher:
         retries first, then batches in turn. Returns the dispatched request states (not yet sent)."""
         svc = self.svc
         budget_item = svc.table.get(*model_budget_key(model.id))
+        probe_up(svc, model, budget_item)
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
         free = cap - int((budget_item or {}).get("in_flight", 0))
         if limit is not None:

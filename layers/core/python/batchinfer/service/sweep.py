@@ -18,6 +18,7 @@ from ..layout import (
     account_key,
     batch_key,
     batch_prefix,
+    export_object,
     idempotency_key,
     lane_key,
 )
@@ -88,10 +89,19 @@ def settle_batch(svc: Services, batch_id: str) -> dict | None:
             return batch
     now = svc.now()
     final = final_status(stop)
+    export = None
+    if batch.get("result_bytes", 0) > svc.settings.export_redirect_bytes:
+        # Too large for a Lambda answer: write output.jsonl to S3 now that no result can change.
+        from .batches import export_stream
+
+        export = export_object(batch_id)
+        svc.blobs.put_stream(export, export_stream(svc, batch), "application/jsonl")
     never_started = batch["total"] - dispatched if counts_as_failed_unstarted(stop) else 0
     expires = now + svc.settings.batch_retention_seconds
     vals = {":final": final.value, ":now": now, ":exp": expires, ":purge": PURGE_DUE, ":never": never_started,
             ":old": batch["status"], ":zero": 0}
+    if export:
+        vals[":export"] = export
     # The stop must still be the one this decision was made on (a revocation may have just landed).
     if stop is None:
         same_stop = "attribute_not_exists(#stop)"
@@ -101,7 +111,8 @@ def settle_batch(svc: Services, batch_id: str) -> dict | None:
         svc.table.op_update(
             *batch_key(batch_id),
             f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
-            "due_at = :exp ADD failed :never REMOVE active_pk, active_sk",
+            "due_at = :exp" + (", export_object = :export" if export else "")
+            + " ADD failed :never REMOVE active_pk, active_sk",
             vals=vals,
             condition=f"#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
                       f"AND {same_stop}"),

@@ -10,13 +10,23 @@ import time
 
 from ..catalog import Model
 from ..domain import Attempt, RequestState, Stop, is_retryable, retry_delay
-from ..layout import account_key, api_key_key, batch_key, request_key, requests_object, result_object, usage_key
+from ..layout import (
+    account_key,
+    api_key_key,
+    batch_key,
+    model_budget_key,
+    request_key,
+    requests_object,
+    result_object,
+    usage_key,
+)
 from ..ledger import Settlement, queue_message, settle, start
 from ..providers import openai_compat
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import secret_value
 from .accounts import key_problem, may_use_model, next_utc_midnight, utc_day
+from .capacity import backend_throttled
 from .dispatch import Dispatcher
 from .sweep import stop_batch
 
@@ -93,8 +103,8 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
         if len(raw) > s.inline_result_bytes:  # a DynamoDB item holds at most 400 KB: large results go to S3
             key = result_object(batch_id, req["index"])
             svc.blobs.put(key, raw, "application/json")
-            return Settlement(to=RequestState.COMPLETED, response_object=key, **common)
-        return Settlement(to=RequestState.COMPLETED, response=response, **common)
+            return Settlement(to=RequestState.COMPLETED, response_object=key, result_bytes=len(raw), **common)
+        return Settlement(to=RequestState.COMPLETED, response=response, result_bytes=len(raw), **common)
     error = attempt.error()
     if is_retryable(attempt.status_code) and req["attempt"] < s.max_attempts:
         delay = retry_delay(req["attempt"], s.retry_base_seconds, s.retry_max_seconds, random.Random())
@@ -159,6 +169,9 @@ async def process(svc: Services, message: dict) -> str:
                                               req["length"]))["body"]
     key = await asyncio.to_thread(backend_key, svc, model)
     attempt = await _attempt(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
+    if attempt.status_code == 429:  # the backend is past its capacity: batch work backs off
+        budget = await asyncio.to_thread(svc.table.get, *model_budget_key(model.id), False)
+        await asyncio.to_thread(backend_throttled, svc, model, int((budget or {}).get("in_flight", 1)))
     outcome = _outcome(svc, running, batch_id, model, attempt)
     try:
         await asyncio.to_thread(settle, svc, running, outcome)

@@ -12,7 +12,8 @@ from ..settings import Settings
 
 @lru_cache(maxsize=8)
 def client(service: str, endpoint_url: str | None, region: str):
-    config = Config(retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=64)
+    config = Config(retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=64,
+                    signature_version="s3v4" if service == "s3" else None)  # SigV4 presigned URLs
     return boto3.session.Session().client(service, endpoint_url=endpoint_url, region_name=region, config=config)
 
 

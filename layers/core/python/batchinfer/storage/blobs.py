@@ -40,6 +40,30 @@ class Blobs:
                 deleted += len(keys)
         return deleted
 
+    def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str, part_bytes: int = 8 << 20) -> int:
+        """Upload an object of any size from an iterator, one part in memory at a time. Returns its size."""
+        upload = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type)
+        parts, buffer, size = [], bytearray(), 0
+        try:
+            for chunk in chunks:
+                buffer += chunk
+                size += len(chunk)
+                if len(buffer) >= part_bytes:
+                    parts.append(self._part(key, upload["UploadId"], len(parts) + 1, bytes(buffer)))
+                    buffer.clear()
+            if buffer or not parts:
+                parts.append(self._part(key, upload["UploadId"], len(parts) + 1, bytes(buffer)))
+            self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
+                                              MultipartUpload={"Parts": parts})
+        except Exception:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"])
+            raise
+        return size
+
+    def _part(self, key: str, upload_id: str, number: int, data: bytes) -> dict:
+        answer = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data)
+        return {"ETag": answer["ETag"], "PartNumber": number}
+
     def presigned_get(self, key: str, seconds: int = 300) -> str:
         return self.s3.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": key},
                                               ExpiresIn=seconds)

@@ -1,0 +1,64 @@
+"""How many batch requests a model may have in flight right now.
+
+Three things shape it: the catalog's batch budget; interactive traffic on the model (the interactive
+endpoints add to `interactive` while their requests run, and batch work gives way down to the model's
+floor); and the backend itself: 429s halve the adaptive cap, and it probes back up one slot per quiet
+second (additive increase, multiplicative decrease, as TCP does).
+"""
+
+from __future__ import annotations
+
+from ..catalog import Model
+from ..layout import model_budget_key
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+
+PROBE_AFTER_SECONDS = 2  # no 429 for this long: the adaptive cap may grow again, one slot a second
+
+
+def effective_budget(model: Model, budget_item: dict | None, yield_per_request: int) -> int:
+    """The batch requests the model may have in flight now."""
+    item = budget_item or {}
+    floor = min(model.batch_floor, model.batch_budget)
+    interactive = int(item.get("interactive", 0))
+    cap = model.batch_budget - interactive * yield_per_request
+    if "adaptive_cap" in item:
+        cap = min(cap, int(item["adaptive_cap"]))
+    return max(floor, cap)
+
+
+def track_interactive(svc: Services, model_id: str, delta: int) -> None:
+    """An interactive request started (+1) or ended (-1) on the model; batch work makes way for it."""
+    svc.table.update(*model_budget_key(model_id), "ADD interactive :d", vals={":d": delta})
+
+
+def backend_throttled(svc: Services, model: Model, in_flight: int) -> None:
+    """The backend answered 429: halve the adaptive cap (not below the floor), at most once a second."""
+    now = svc.now()
+    cap = max(min(model.batch_floor, model.batch_budget), in_flight // 2)
+    try:
+        svc.table.update(*model_budget_key(model.id), "SET adaptive_cap = :cap, throttled_at = :now",
+                         vals={":cap": cap, ":now": now},
+                         condition="attribute_not_exists(throttled_at) OR throttled_at < :now")
+    except ConditionFailed:
+        pass  # another worker already backed off this second
+
+
+def probe_up(svc: Services, model: Model, budget_item: dict | None) -> None:
+    """After a quiet spell, give the adaptive cap one more slot (once a second across all dispatchers)."""
+    item = budget_item or {}
+    if "adaptive_cap" not in item:
+        return
+    now = svc.now()
+    if now - int(item.get("throttled_at", 0)) < PROBE_AFTER_SECONDS or now <= int(item.get("probed_at", 0)):
+        return
+    try:
+        if int(item["adaptive_cap"]) + 1 >= model.batch_budget:
+            svc.table.update(*model_budget_key(model.id), "REMOVE adaptive_cap SET probed_at = :now",
+                             vals={":now": now, ":old": item["adaptive_cap"]}, condition="adaptive_cap = :old")
+        else:
+            svc.table.update(*model_budget_key(model.id), "SET adaptive_cap = :new, probed_at = :now",
+                             vals={":new": int(item["adaptive_cap"]) + 1, ":now": now, ":old": item["adaptive_cap"]},
+                             condition="adaptive_cap = :old")
+    except ConditionFailed:
+        pass
