@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODELS_FILE = str(Path(__file__).with_name("models.yaml"))
 
@@ -50,8 +51,10 @@ class Settings(BaseSettings):
     max_result_bytes: int = 4 * 1024 * 1024
     max_unfinished_batches: int = 10
     max_unfinished_requests: int = 100_000
-    tier_limits: dict[str, int] = Field(default_factory=lambda: {"free": 8, "pro": 16, "internal": 64})
-    batch_access_tiers: list[str] = Field(default_factory=lambda: ["internal"])  # new accounts' default
+    # NoDecode: these also take the plain forms "free=8,pro=16" and "pro,internal", parsed below.
+    tier_limits: Annotated[dict[str, int], NoDecode] = Field(
+        default_factory=lambda: {"free": 8, "pro": 16, "internal": 64})
+    batch_access_tiers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["internal"])
 
     # Running requests.
     max_attempts: int = 8
@@ -83,6 +86,8 @@ class Settings(BaseSettings):
     def _parse_list(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip().startswith("["):
             return [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, str):
+            return json.loads(value)
         return value
 
 
