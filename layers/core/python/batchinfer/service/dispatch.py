@@ -28,6 +28,7 @@ class Dispatcher:
         self.turn: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
         self._lane_positions: dict[tuple[str, str], list[int]] = {}
         self._chunks: dict[tuple[str, int], list] = {}
+        self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
 
     def run(self, seconds: float) -> int:
         """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
@@ -67,6 +68,7 @@ class Dispatcher:
         """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
         retries first, then batches in turn. Returns the dispatched request states (not yet sent)."""
         svc = self.svc
+        self.batches_seen = {}
         budget_item = svc.table.get(*model_budget_key(model.id))
         probe_up(svc, model, budget_item)
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
@@ -156,6 +158,8 @@ class Dispatcher:
     def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int) -> list[dict]:
         svc = self.svc
         batch = svc.table.get(*batch_key(lane["batch_id"]))
+        if batch is not None:
+            self.batches_seen[batch["id"]] = batch
         if batch is None or batch.get("stop") or batch.get("deleting") or model.id not in batch.get("lanes", {}):
             # A lane left behind by a stopped or deleted batch: remove it so it takes no more turns.
             svc.table.delete(lane["pk"], lane["sk"])

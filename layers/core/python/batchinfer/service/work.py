@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import random
+import threading
 import time
 
 from ..catalog import Model
@@ -116,9 +117,10 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
 
 def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict | None = None) -> str:
     """Record why a dispatched request did not run (its batch stopped, it must wait, ...). `seen` receives
-    the batch as read, for the caller to use if the request may run."""
-    for _ in range(3):
-        batch = svc.table.get(*batch_key(req["batch_id"]))
+    the batch as read, for the caller to use if the request may run; if it already holds the batch (read
+    a moment ago by the claim), the first check uses that copy: start() is fenced against a stop anyway."""
+    for attempt in range(3):
+        batch = dict(seen) if seen and attempt == 0 else svc.table.get(*batch_key(req["batch_id"]))
         if batch is None:
             return "stale"
         early = _precheck(svc, req, batch)
@@ -145,13 +147,14 @@ async def _attempt(model: Model, endpoint: str, body: dict, key: str | None, tim
         return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
 
 
-async def process(svc: Services, message: dict) -> str:
-    """Run the request a queue message names. Returns what happened (for logs and tests)."""
+async def process(svc: Services, message: dict, claimed: dict | None = None, batch: dict | None = None) -> str:
+    """Run the request a queue message names (or one this worker just `claimed`, with its `batch` as the
+    claim read it). Returns what happened (for logs and tests)."""
     batch_id, index = message["batch_id"], int(message["index"])
-    req = await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
+    req = claimed or await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
     if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
         return "stale"  # a duplicate delivery, or the lease was recovered and the request moved on
-    batch: dict = {}
+    batch = dict(batch or {})
     decided = await asyncio.to_thread(_settle_without_running, svc, req, message, batch)
     if decided != "may_run":
         return decided
@@ -183,19 +186,22 @@ async def process(svc: Services, message: dict) -> str:
     return outcome.to.value
 
 
-_puller: Dispatcher | None = None
+_pullers = threading.local()  # one Dispatcher per thread: its caches and turn are not shared
 
 
-def _claim_next(svc: Services, model_id: str) -> dict | None:
-    """The next due request of this model (batches in turn), claimed for this worker to run directly."""
-    global _puller
-    if _puller is None or _puller.svc is not svc:
-        _puller = Dispatcher(svc)
+def _claim_next(svc: Services, model_id: str) -> tuple[dict, dict | None] | None:
+    """The next due request of this model (batches in turn), claimed for this worker to run directly, with
+    its batch as the claim read it (None for a retry)."""
+    puller = getattr(_pullers, "dispatcher", None)
+    if puller is None or puller.svc is not svc:
+        puller = _pullers.dispatcher = Dispatcher(svc)
     model = svc.catalog.lookup(model_id)
     if model is None:
         return None
-    claimed = _puller.claim(model, limit=1)
-    return claimed[0] if claimed else None
+    claimed = puller.claim(model, limit=1)
+    if not claimed:
+        return None
+    return claimed[0], puller.batches_seen.get(claimed[0]["batch_id"])
 
 
 async def process_and_pull(svc: Services, message: dict, seconds_left: float) -> str:
@@ -205,8 +211,9 @@ async def process_and_pull(svc: Services, message: dict, seconds_left: float) ->
     deadline = time.monotonic() + seconds_left - svc.settings.backend_timeout_seconds - 10
     outcome = await process(svc, message)
     while svc.settings.worker_pull and time.monotonic() < deadline:
-        claimed = await asyncio.to_thread(_claim_next, svc, message["model"])
-        if claimed is None:
+        pulled = await asyncio.to_thread(_claim_next, svc, message["model"])
+        if pulled is None:
             break
-        await process(svc, queue_message(claimed))
+        claimed, batch = pulled
+        await process(svc, queue_message(claimed), claimed=claimed, batch=batch)
     return outcome

@@ -1,0 +1,330 @@
+"""Count the AWS calls of the process running the local stack, with what AWS would bill for each.
+
+Every boto3 client of the stack (API, dispatcher, worker, sweeper all run in this process) gets botocore
+event hooks; each call is recorded with a label saying who made it: the Lambda function the local
+runtime is running in this thread or task (`local.lambda_runtime.invoke` is wrapped), `esm` for the
+event source mapping's own receive/delete calls (`poll_once` is wrapped), `bench` for the benchmark's
+own calls (set with `LABEL.set("bench")`), `api` for the rest made in the API's threads (AnyIO's thread
+pool under uvicorn), `other` for anything else (an invocation already running when recording began).
+
+DynamoDB units are estimated the way AWS bills them: a write costs 1 WRU per started KB of the larger of
+the old and new item (2x in a transaction; a ConditionCheck is a write; a failed conditional write still
+costs); a read 1 RRU per started 4 KB (half for eventually consistent reads). Item sizes are taken from
+the items this process writes and reads (an update is estimated at max(item as last seen, key + values
+written)). Every write to an item that is in a global secondary index (all three project ALL) also
+writes the index: one index write per index it is in, two when its index key changes; these are
+counted apart (`gsi_wru`), at 1x.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import math
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from batchinfer.storage.bootstrap import GSIS
+
+LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("aws_label", default=None)
+GSI_KEYS = {name: (h[0], r[0]) for name, (h, r) in GSIS.items()}
+KEY_ATTRS = {a for pair in GSI_KEYS.values() for a in pair}
+
+# AWS list prices, us-east-1, on-demand (USD).
+PRICE = {"wru": 0.625e-6, "rru": 0.125e-6, "sqs": 0.40e-6, "s3_put": 0.005e-3, "s3_get": 0.0004e-3,
+         "lambda": 0.20e-6}
+S3_PUT_CLASS = {"PutObject", "CopyObject", "ListObjectsV2", "ListObjects", "CreateMultipartUpload",
+                "UploadPart", "CompleteMultipartUpload", "CreateBucket"}
+S3_FREE = {"DeleteObject", "DeleteObjects"}
+
+
+def value_size(v: dict) -> int:
+    """Size of one DynamoDB-typed value, as DynamoDB counts it (approximately)."""
+    (t, x), = v.items()
+    if t == "S":
+        return len(x.encode())
+    if t == "N":
+        return len(x.strip("-").replace(".", "").lstrip("0")) // 2 + 1
+    if t == "B":
+        return len(x)
+    if t in ("BOOL", "NULL"):
+        return 1
+    if t == "M":
+        return 3 + sum(len(k.encode()) + value_size(e) + 1 for k, e in x.items())
+    if t == "L":
+        return 3 + sum(value_size(e) + 1 for e in x)
+    return sum(len(str(e)) for e in x)  # sets
+
+
+def item_size(item: dict) -> int:
+    return sum(len(k.encode()) + value_size(v) for k, v in item.items())
+
+
+def item_key(item: dict) -> tuple[str, str]:
+    return item["pk"]["S"], item["sk"]["S"]
+
+
+def kind(key: tuple[str, str]) -> str:
+    pk, sk = key
+    if pk.startswith("BATCH#"):
+        return "request" if sk.startswith("REQ#") else "batch"
+    if pk.startswith("MODEL#"):
+        return "lane" if sk.startswith("LANE#") else "model budget"
+    if pk.startswith("ACCOUNT#"):
+        return {"ACCOUNT": "account", "USAGE": "usage", "IDEM": "idempotency"}.get(sk.split("#")[0], sk)
+    return "api key" if pk.startswith("KEY#") else pk.split("#")[0]
+
+
+_CLAUSE = re.compile(r"\b(SET|ADD|REMOVE|DELETE)\b")
+_ASSIGNED = re.compile(r"(?:^|,)\s*([#\w]+)[\w.#\[\]]*\s*=")
+
+
+def _touched(expression: str, names: dict) -> tuple[set[str], set[str]]:
+    """Top-level attributes an update expression sets (or adds) and removes."""
+    parts = _CLAUSE.split(expression)
+    sets, removes = set(), set()
+    for verb, body in zip(parts[1::2], parts[2::2], strict=False):
+        if verb == "SET":
+            found = _ASSIGNED.findall(body)
+        else:
+            found = [p.strip().split(" ")[0].split(".")[0] for p in body.split(",") if p.strip()]
+        found = {names.get(n, n) for n in found}
+        (removes if verb in ("REMOVE", "DELETE") else sets).update(found)
+    return sets, removes
+
+
+@dataclass
+class Call:
+    label: str
+    service: str
+    operation: str
+    ok: bool
+    units: float = 1.0  # billed requests (SQS 64 KB chunks; S3 requests; DynamoDB: 1 per call)
+    wru: float = 0.0
+    gsi_wru: float = 0.0
+    rru: float = 0.0
+    writes: list = field(default_factory=list)  # (operation, item kind, wru, gsi_wru)
+
+
+class Recorder:
+    """Hooks on the stack's clients; `calls` and `invocations` grow as the stack runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.invocations: list[tuple[str, float]] = []  # (function, seconds)
+        self.empty_receives = 0
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._keys: dict[tuple[str, str], set[str]] = {}  # GSI key attributes an item has
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls, self.invocations, self.empty_receives = [], [], 0
+
+    # --- hooks -----------------------------------------------------------------------------------------
+    def install(self, *clients) -> None:
+        for c in clients:
+            c.meta.events.register("before-parameter-build", self._params)
+            c.meta.events.register("after-call", self._after)
+
+    def uninstall(self, *clients) -> None:
+        for c in clients:
+            c.meta.events.unregister("before-parameter-build", self._params)
+            c.meta.events.unregister("after-call", self._after)
+
+    @staticmethod
+    def _params(params, context, **_) -> None:
+        context["bench_params"] = params
+
+    def _after(self, http_response, parsed, model, context, **_) -> None:
+        service = model.service_model.service_name
+        op = model.name
+        params = context.get("bench_params", {})
+        label = LABEL.get() or ("api" if threading.current_thread().name.startswith("AnyIO") else "other")
+        call = Call(label, service, op, ok=http_response.status_code < 300)
+        try:
+            if service == "dynamodb":
+                self._dynamodb(call, op, params, parsed)
+            elif service == "sqs":
+                self._sqs(call, op, params, parsed)
+            elif service == "s3":
+                call.units = 0 if op in S3_FREE else 1
+        except Exception as error:  # a counting bug must not break the stack
+            call.operation += f" (uncounted: {type(error).__name__})"
+        self.calls.append(call)
+
+    def _sqs(self, call: Call, op: str, params: dict, parsed: dict) -> None:
+        if op == "SendMessageBatch":
+            size = sum(len(e["MessageBody"].encode()) for e in params["Entries"])
+        elif op == "SendMessage":
+            size = len(params["MessageBody"].encode())
+        elif op == "ReceiveMessage":
+            messages = parsed.get("Messages", [])
+            size = sum(len(m["Body"].encode()) for m in messages)
+            if not messages:
+                call.operation = "ReceiveMessage (empty)"
+        else:
+            size = 0
+        call.units = max(1, math.ceil(size / 65536))
+
+    # --- DynamoDB units ---------------------------------------------------------------------------------
+    def _learn(self, item: dict) -> None:
+        key = item_key(item)
+        self._sizes[key] = item_size(item)
+        self._keys[key] = {a for a in KEY_ATTRS if a in item}
+
+    def _write(self, call: Call, op: str, key: tuple, new_size: int, after: set[str], changed: set[str],
+               factor: int) -> None:
+        before = self._keys.get(key, set())
+        size = max(self._sizes.get(key, 0), new_size)
+        wru = factor * max(1, math.ceil(size / 1024))
+        gsi = 0
+        if call.ok:  # a write that lost its condition writes no index
+            for h, r in GSI_KEYS.values():
+                was, now = {h, r} <= before, {h, r} <= after
+                gsi += (2 if was and now and {h, r} & changed else 1) if (was or now) else 0
+            gsi *= max(1, math.ceil(new_size / 1024))
+            self._keys[key] = after
+            self._sizes[key] = new_size
+        call.wru += wru
+        call.gsi_wru += gsi
+        call.writes.append((op, kind(key), wru, gsi))
+
+    def _write_op(self, call: Call, op: str, p: dict, factor: int) -> None:
+        if op == "Put":
+            item = p["Item"]
+            self._write(call, op, item_key(item), item_size(item), {a for a in KEY_ATTRS if a in item},
+                        set(item), factor)
+        elif op == "Update":
+            key = item_key(p["Key"])
+            sets, removes = _touched(p["UpdateExpression"], p.get("ExpressionAttributeNames") or {})
+            new = item_size(p["Key"]) + sum(value_size(v) for v in (p.get("ExpressionAttributeValues") or {}).values())
+            new = max(new, self._sizes.get(key, 0))
+            after = (self._keys.get(key, set()) | (sets & KEY_ATTRS)) - removes
+            self._write(call, op, key, new, after, sets | removes, factor)
+        elif op == "Delete":
+            self._write(call, op, item_key(p["Key"]), 0, set(), set(KEY_ATTRS), factor)
+        elif op == "ConditionCheck":
+            key = item_key(p["Key"])
+            call.wru += factor * max(1, math.ceil(self._sizes.get(key, 0) / 1024))
+            call.writes.append((op, kind(key), factor * max(1, math.ceil(self._sizes.get(key, 0) / 1024)), 0))
+
+    def _dynamodb(self, call: Call, op: str, params: dict, parsed: dict) -> None:
+        with self._lock:
+            if op == "TransactWriteItems":
+                for entry in params["TransactItems"]:
+                    (kind_, p), = entry.items()
+                    self._write_op(call, kind_, p, 2)
+            elif op in ("PutItem", "UpdateItem", "DeleteItem"):
+                self._write_op(call, op.removesuffix("Item"), params, 1)
+            elif op == "BatchWriteItem":
+                for requests in params["RequestItems"].values():
+                    for r in requests:
+                        if "PutRequest" in r:
+                            self._write_op(call, "Put", r["PutRequest"], 1)
+                        else:
+                            self._write_op(call, "Delete", r["DeleteRequest"], 1)
+            elif op == "GetItem":
+                item = parsed.get("Item")
+                if item:
+                    self._learn(item)
+                call.rru = self._read_units(item_size(item) if item else 0, params.get("ConsistentRead"))
+            elif op == "BatchGetItem":
+                for table, items in parsed.get("Responses", {}).items():
+                    consistent = params["RequestItems"][table].get("ConsistentRead")
+                    for item in items:
+                        self._learn(item)
+                    requested = len(params["RequestItems"][table]["Keys"])
+                    call.rru += sum(self._read_units(item_size(i), consistent) for i in items)
+                    call.rru += (requested - len(items)) * self._read_units(0, consistent)
+            elif op in ("Query", "Scan"):
+                items = parsed.get("Items", [])
+                if "IndexName" not in params:
+                    for item in items:
+                        self._learn(item)
+                call.rru = self._read_units(sum(item_size(i) for i in items), params.get("ConsistentRead"))
+
+    @staticmethod
+    def _read_units(size: int, consistent: bool | None) -> float:
+        units = max(1, math.ceil(size / 4096))
+        return units if consistent else units / 2
+
+
+@contextmanager
+def recording(svc, settle: bool = True):
+    """Record every AWS call and Lambda invocation of the local stack while the block runs. With `settle`,
+    first wait until the dispatcher and sweeper have been invoked afresh (under the wrapper), so that no
+    invocation begun before recording is running unlabelled."""
+    from local import lambda_runtime
+
+    clients = (svc.table.client, svc.blobs.s3, svc.queues.sqs)
+    recorder = Recorder()
+    recorder.install(*clients)
+    invoke, poll_once = lambda_runtime.invoke, lambda_runtime.poll_once
+
+    fresh = {"dispatcher": threading.Event(), "sweeper": threading.Event()}
+
+    def counted_invoke(function: str, event: dict, environment: str = "") -> dict:
+        if function in fresh:
+            fresh[function].set()
+        token = LABEL.set(function)
+        started = time.monotonic()
+        try:
+            return invoke(function, event, environment)
+        finally:
+            recorder.invocations.append((function, time.monotonic() - started))
+            LABEL.reset(token)
+
+    def counted_poll(*args, **kwargs) -> int:
+        token = LABEL.set("esm")
+        try:
+            return poll_once(*args, **kwargs)
+        finally:
+            LABEL.reset(token)
+
+    lambda_runtime.invoke, lambda_runtime.poll_once = counted_invoke, counted_poll
+    try:
+        if settle:
+            for event in fresh.values():
+                event.wait(timeout=30)
+            time.sleep(1.5)  # a poller's long poll (1 s) begun before
+            recorder.reset()
+        yield recorder
+    finally:
+        lambda_runtime.invoke, lambda_runtime.poll_once = invoke, poll_once
+        recorder.uninstall(*clients)
+
+
+# --- Summaries -----------------------------------------------------------------------------------------
+
+def by_operation(calls: list[Call], labels: set[str] | None = None) -> Counter:
+    """Calls counted by (service, operation)."""
+    return Counter((c.service, c.operation) for c in calls if labels is None or c.label in labels)
+
+
+def describe(counts: Counter) -> str:
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for (service, op), n in sorted(counts.items()):
+        grouped[service].append(f"{op} {n}")
+    return "; ".join(f"{s}: " + ", ".join(ops) for s, ops in grouped.items()) or "none"
+
+
+def usd(calls: list[Call], invocations: int) -> dict[str, float]:
+    """What AWS would charge for these calls (request charges only), by service."""
+    out = {"dynamodb": 0.0, "sqs": 0.0, "s3": 0.0, "lambda": invocations * PRICE["lambda"]}
+    for c in calls:
+        if c.service == "dynamodb":
+            out["dynamodb"] += (c.wru + c.gsi_wru) * PRICE["wru"] + c.rru * PRICE["rru"]
+        elif c.service == "sqs":
+            out["sqs"] += c.units * PRICE["sqs"]
+        elif c.service == "s3":
+            out["s3"] += c.units * PRICE["s3_put" if c.operation in S3_PUT_CLASS else "s3_get"]
+    return out
+
+
+def dumps(counts: Counter) -> str:
+    return json.dumps({f"{s}.{o}": n for (s, o), n in sorted(counts.items())})
