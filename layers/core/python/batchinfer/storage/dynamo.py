@@ -105,6 +105,22 @@ def _retrying(call, attempts: int = 6):
             time.sleep(random.uniform(0, 0.05 * 2 ** attempt))
 
 
+def _expressions(expression: str | None = None, condition: str | None = None, names: dict | None = None,
+                 vals: dict | None = None) -> dict[str, Any]:
+    """The expression parameters of one write, with `#word` names filled in."""
+    out: dict[str, Any] = {}
+    if expression:
+        out["UpdateExpression"] = expression
+    if condition:
+        out["ConditionExpression"] = condition
+    names = _names(names, expression, condition)
+    if names:
+        out["ExpressionAttributeNames"] = names
+    if vals:
+        out["ExpressionAttributeValues"] = values(vals)
+    return out
+
+
 class Table:
     def __init__(self, ddb_client, name: str) -> None:
         self.client = ddb_client
@@ -112,6 +128,16 @@ class Table:
 
     def key(self, pk: str, sk: str) -> dict:
         return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+    def _write(self, operation: str, **kwargs: Any) -> dict:
+        """One write, tried again while DynamoDB is busy; a lost condition raises ConditionFailed."""
+        def call() -> dict:
+            try:
+                return getattr(self.client, operation)(**kwargs)
+            except ClientError as error:
+                _raise(error)
+
+        return _retrying(call)
 
     def get(self, pk: str, sk: str, consistent: bool = True) -> dict | None:
         answer = self.client.get_item(TableName=self.name, Key=self.key(pk, sk), ConsistentRead=consistent)
@@ -132,111 +158,40 @@ class Table:
 
     def put(self, item: dict, condition: str | None = None, names: dict | None = None,
             vals: dict | None = None) -> None:
-        kwargs: dict[str, Any] = {"TableName": self.name, "Item": serialize(item)}
-        names = _names(names, condition)
-        if condition:
-            kwargs["ConditionExpression"] = condition
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        if vals:
-            kwargs["ExpressionAttributeValues"] = values(vals)
-        def call() -> None:
-            try:
-                self.client.put_item(**kwargs)
-            except ClientError as error:
-                _raise(error)
-
-        _retrying(call)
+        self._write("put_item", TableName=self.name, Item=serialize(item),
+                    **_expressions(condition=condition, names=names, vals=vals))
 
     def update(self, pk: str, sk: str, expression: str, vals: dict | None = None, names: dict | None = None,
                condition: str | None = None, return_new: bool = False) -> dict | None:
-        kwargs: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk), "UpdateExpression": expression}
-        names = _names(names, expression, condition)
-        if vals:
-            kwargs["ExpressionAttributeValues"] = values(vals)
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        if condition:
-            kwargs["ConditionExpression"] = condition
-        if return_new:
-            kwargs["ReturnValues"] = "ALL_NEW"
-        def call() -> dict:
-            try:
-                return self.client.update_item(**kwargs)
-            except ClientError as error:
-                _raise(error)
-
-        answer = _retrying(call)
+        extra = {"ReturnValues": "ALL_NEW"} if return_new else {}
+        answer = self._write("update_item", TableName=self.name, Key=self.key(pk, sk), **extra,
+                             **_expressions(expression, condition, names, vals))
         return deserialize(answer["Attributes"]) if return_new else None
 
     def delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None) -> None:
-        kwargs: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk)}
-        names = _names(None, condition)
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        if condition:
-            kwargs["ConditionExpression"] = condition
-        if vals:
-            kwargs["ExpressionAttributeValues"] = values(vals)
-        def call() -> None:
-            try:
-                self.client.delete_item(**kwargs)
-            except ClientError as error:
-                _raise(error)
-
-        _retrying(call)
+        self._write("delete_item", TableName=self.name, Key=self.key(pk, sk),
+                    **_expressions(condition=condition, vals=vals))
 
     # Transactions take ops built by the helpers below.
     def op_put(self, item: dict, condition: str | None = None, vals: dict | None = None) -> dict:
-        op: dict[str, Any] = {"TableName": self.name, "Item": serialize(item)}
-        names = _names(None, condition)
-        if names:
-            op["ExpressionAttributeNames"] = names
-        if condition:
-            op["ConditionExpression"] = condition
-        if vals:
-            op["ExpressionAttributeValues"] = values(vals)
-        return {"Put": op}
+        return {"Put": {"TableName": self.name, "Item": serialize(item),
+                        **_expressions(condition=condition, vals=vals)}}
 
     def op_update(self, pk: str, sk: str, expression: str, vals: dict | None = None, names: dict | None = None,
                   condition: str | None = None) -> dict:
-        op: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk), "UpdateExpression": expression}
-        names = _names(names, expression, condition)
-        if vals:
-            op["ExpressionAttributeValues"] = values(vals)
-        if names:
-            op["ExpressionAttributeNames"] = names
-        if condition:
-            op["ConditionExpression"] = condition
-        return {"Update": op}
+        return {"Update": {"TableName": self.name, "Key": self.key(pk, sk),
+                           **_expressions(expression, condition, names, vals)}}
 
     def op_delete(self, pk: str, sk: str, condition: str | None = None) -> dict:
-        op: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk)}
-        names = _names(None, condition)
-        if names:
-            op["ExpressionAttributeNames"] = names
-        if condition:
-            op["ConditionExpression"] = condition
-        return {"Delete": op}
+        return {"Delete": {"TableName": self.name, "Key": self.key(pk, sk), **_expressions(condition=condition)}}
 
     def op_check(self, pk: str, sk: str, condition: str, vals: dict | None = None,
                  names: dict | None = None) -> dict:
-        op: dict[str, Any] = {"TableName": self.name, "Key": self.key(pk, sk), "ConditionExpression": condition}
-        names = _names(names, condition)
-        if vals:
-            op["ExpressionAttributeValues"] = values(vals)
-        if names:
-            op["ExpressionAttributeNames"] = names
-        return {"ConditionCheck": op}
+        return {"ConditionCheck": {"TableName": self.name, "Key": self.key(pk, sk),
+                                   **_expressions(condition=condition, names=names, vals=vals)}}
 
     def transact(self, ops: list[dict]) -> None:
-        def call() -> None:
-            try:
-                self.client.transact_write_items(TransactItems=ops)
-            except ClientError as error:
-                _raise(error)
-
-        _retrying(call)
+        self._write("transact_write_items", TransactItems=ops)
 
     def query(self, key_condition: str, vals: dict, index: str | None = None, forward: bool = True,
               limit: int | None = None, start: dict | None = None, names: dict | None = None,
