@@ -827,7 +827,9 @@ def start_one_running(svc, sim_control, model: str = GLM) -> tuple[threading.Thr
 
 
 def test_completion_window_closing_expires_unstarted_requests(svc, sim_control):
-    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    # x-0's retry must not fall due while the test runs (the clock moves with real time too).
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600, retry_base_seconds=60,
+              retry_max_seconds=120)
     set_budgets(svc, {GLM: 3})
     _, key = new_key(svc)
     who = authenticate(svc, key)

@@ -45,12 +45,25 @@ class Settlement:
     extra: dict = field(default_factory=dict)
 
 
+def _model_ops(svc: Services, req: dict, held: bool, outcome: RequestState) -> list[dict]:
+    """The model's counters this change moves: the slot it gives back, and `waiting` (how many requests
+    wait for a retry, so that dispatchers only look for due retries when there are any)."""
+    adds: dict[str, int] = {}
+    if held:
+        adds["in_flight"] = -1
+    waiting_now = req["state"] == RequestState.WAITING.value
+    if outcome is RequestState.WAITING and not waiting_now:
+        adds["waiting"] = 1
+    elif waiting_now and outcome is not RequestState.WAITING:
+        adds["waiting"] = -1
+    if not adds:
+        return []
+    return [svc.table.op_update(*model_budget_key(req["model"]), "ADD " + ", ".join(f"{k} :{k}" for k in adds),
+                                vals={f":{k}": v for k, v in adds.items()})]
+
+
 def _release_ops(svc: Services, req: dict) -> list[dict]:
-    t = svc.table
-    return [
-        t.op_update(*model_budget_key(req["model"]), "ADD in_flight :m", vals={":m": -1}),
-        t.op_update(*account_key(req["account_id"]), "ADD in_flight :m", vals={":m": -1}),
-    ]
+    return [svc.table.op_update(*account_key(req["account_id"]), "ADD in_flight :m", vals={":m": -1})]
 
 
 def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = None) -> None:
@@ -100,6 +113,7 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
         ops.append(t.op_update(*batch_key(req["batch_id"]),
                                "ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in adds),
                                vals={f":{k.lstrip('#')}": v for k, v in adds.items()}))
+    ops += _model_ops(svc, req, held, outcome.to)
     if held:
         ops += _release_ops(svc, req)
     if outcome.cost_usd:
@@ -135,11 +149,15 @@ def start(svc: Services, req: dict) -> dict:
     return running
 
 
-def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: int, account_cap: int) -> list[dict]:
+def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: int, account_cap: int,
+              from_waiting: bool = False) -> list[dict]:
     t = svc.table
+    vals = {":k": k, ":cap": model_cap - k}
+    if from_waiting:
+        vals[":w"] = -k
     return [
-        t.op_update(*model_budget_key(model_id), "ADD in_flight :k", vals={":k": k, ":cap": model_cap - k},
-                    condition="attribute_not_exists(in_flight) OR in_flight <= :cap"),
+        t.op_update(*model_budget_key(model_id), "ADD in_flight :k" + (", waiting :w" if from_waiting else ""),
+                    vals=vals, condition="attribute_not_exists(in_flight) OR in_flight <= :cap"),
         t.op_update(*account_key(account_id), "ADD in_flight :k", vals={":k": k, ":cap": account_cap - k},
                     condition="attribute_not_exists(in_flight) OR in_flight <= :cap"),
     ]
@@ -192,7 +210,7 @@ def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int) -> d
         t.op_update(*batch_key(req["batch_id"]), "ADD in_flight :one", vals={":one": 1},
                     condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)"),
     ]
-    ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap)
+    ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap, from_waiting=True)
     t.transact(ops)
     return {**req, "state": RequestState.DISPATCHED.value, "token": token}
 

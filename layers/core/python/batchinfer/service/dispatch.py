@@ -94,10 +94,12 @@ class Dispatcher:
             account_free(account_id)
             return limits[account_id]
 
-        # Requests waiting for a retry go first: they have already waited their turn.
-        waiting, _ = svc.table.query("due_pk = :d AND due_at <= :now", {":d": retry_due(model.id),
-                                                                       ":now": svc.now()},
-                                     index="by_due", limit=free)
+        # Requests waiting for a retry go first: they have already waited their turn. The model's
+        # `waiting` count says whether there are any, so an idle retry set costs no index query.
+        waiting: list[dict] = []
+        if int((budget_item or {}).get("waiting", 0)) > 0:
+            waiting, _ = svc.table.query("due_pk = :d AND due_at <= :now",
+                                         {":d": retry_due(model.id), ":now": svc.now()}, index="by_due", limit=free)
         for stale in waiting:
             if free <= 0:
                 break
