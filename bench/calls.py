@@ -103,6 +103,7 @@ class Call:
     service: str
     operation: str
     ok: bool
+    seconds: float = 0.0  # waiting on the moto server: request sent until response read (not parsed)
     units: float = 1.0  # billed requests (SQS 64 KB chunks; S3 requests; DynamoDB: 1 per call)
     wru: float = 0.0
     gsi_wru: float = 0.0
@@ -120,6 +121,7 @@ class Recorder:
         self._sizes: dict[tuple[str, str], int] = {}
         self._keys: dict[tuple[str, str], set[str]] = {}  # GSI key attributes an item has
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def reset(self) -> None:
         with self._lock:
@@ -129,23 +131,44 @@ class Recorder:
     def install(self, *clients) -> None:
         for c in clients:
             c.meta.events.register("before-parameter-build", self._params)
+            c.meta.events.register("before-call", self._stamp)
+            c.meta.events.register("before-send", self._sending)
+            c.meta.events.register("before-parse", self._received)
             c.meta.events.register("after-call", self._after)
 
     def uninstall(self, *clients) -> None:
         for c in clients:
             c.meta.events.unregister("before-parameter-build", self._params)
+            c.meta.events.unregister("before-call", self._stamp)
+            c.meta.events.unregister("before-send", self._sending)
+            c.meta.events.unregister("before-parse", self._received)
             c.meta.events.unregister("after-call", self._after)
 
     @staticmethod
     def _params(params, context, **_) -> None:
         context["bench_params"] = params
 
+    def _stamp(self, **_) -> None:
+        self._local.waited = 0.0
+
+    def _sending(self, **_) -> None:
+        self._local.sent = time.perf_counter()
+
+    def _received(self, **_) -> None:
+        sent = getattr(self._local, "sent", None)  # None: the call began before recording did
+        if sent is not None:
+            self._local.waited = getattr(self._local, "waited", 0.0) + time.perf_counter() - sent
+            self._local.sent = None
+
     def _after(self, http_response, parsed, model, context, **_) -> None:
         service = model.service_model.service_name
         op = model.name
-        params = context.get("bench_params", {})
+        params = context.get("bench_params")
+        if params is None:  # the call began before recording did
+            return
         label = LABEL.get() or ("api" if threading.current_thread().name.startswith("AnyIO") else "other")
-        call = Call(label, service, op, ok=http_response.status_code < 300)
+        call = Call(label, service, op, ok=http_response.status_code < 300,
+                    seconds=getattr(self._local, "waited", 0.0))
         try:
             if service == "dynamodb":
                 self._dynamodb(call, op, params, parsed)
@@ -297,6 +320,21 @@ def recording(svc, settle: bool = True):
     finally:
         lambda_runtime.invoke, lambda_runtime.poll_once = invoke, poll_once
         recorder.uninstall(*clients)
+
+
+def moto_cpu_seconds() -> float:
+    """CPU seconds used so far by the moto server (a child process of this one), or 0 if not found."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            if int(stat[1]) == os.getpid() and b"moto_server" in open(f"/proc/{pid}/cmdline", "rb").read():
+                return (int(stat[11]) + int(stat[12])) / tick
+        except OSError:
+            continue
+    return 0.0
 
 
 # --- Summaries -----------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
+
+Names: throughput ingest export cost fairness yield (all of them by default). `--quick` runs small sizes
+(a few minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import re
+import sys
+import time
+from contextlib import redirect_stdout
+
+# name: (module, quick arguments)
+BENCHMARKS = {
+    "throughput": ("bench.throughput", ["--requests", "200"]),
+    "ingest": ("bench.ingest", ["--requests", "10000", "--runs", "2"]),
+    "export": ("bench.export", ["--requests", "2000", "--runs", "2"]),
+    "cost": ("bench.cost", ["--requests", "96", "--runs", "1"]),
+    "fairness": ("bench.fairness", ["--scale", "0.2", "--runs", "1"]),
+    "yield": ("bench.interactive_yield", ["--cycles", "2"]),
+}
+
+
+class Tee(io.StringIO):
+    def write(self, text: str) -> int:
+        sys.__stdout__.write(text)
+        sys.__stdout__.flush()
+        return super().write(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", metavar="name", help="benchmarks to run: " + ", ".join(BENCHMARKS))
+    parser.add_argument("--quick", action="store_true", help="small sizes")
+    args = parser.parse_args()
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    verdicts, failed = [], []
+    for name in args.names or list(BENCHMARKS):
+        module, quick = BENCHMARKS[name]
+        sys.argv = [module, *(quick if args.quick else [])]
+        started = time.monotonic()
+        out = Tee()
+        try:
+            with redirect_stdout(out):
+                importlib.import_module(module).main()
+        except Exception as error:  # one benchmark failing does not stop the others
+            print(f"{name}: FAILED: {type(error).__name__}: {error}")
+            failed.append(name)
+            continue
+        goals = [line.strip() for line in out.getvalue().splitlines() if re.search(r"goal", line)]
+        verdicts.append((name, time.monotonic() - started, goals))
+        print()
+    print("summary" + (" (--quick: small sizes)" if args.quick else ""))
+    for name, seconds, goals in verdicts:
+        print(f"  {name} ({seconds:.0f} s)")
+        for goal in goals:
+            print(f"    {goal}")
+    for name in failed:
+        print(f"  {name}: FAILED")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
