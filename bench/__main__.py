@@ -21,7 +21,7 @@ BENCHMARKS = {
     "export": ("bench.export", ["--requests", "2000", "--runs", "2"]),
     "cost": ("bench.cost", ["--requests", "96", "--runs", "1"]),
     "fairness": ("bench.fairness", ["--scale", "0.2", "--runs", "1"]),
-    "yield": ("bench.interactive_yield", ["--cycles", "2"]),
+    "yield": ("bench.interactive_yield", ["--cycles", "3"]),
 }
 
 
