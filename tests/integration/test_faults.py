@@ -804,7 +804,10 @@ def test_noisy_backend_every_request_ends_and_adds_up(svc, sim_control, monkeypa
         if item["state"] == "failed":  # only retryable errors happen here: they fail after every attempt
             assert item["attempt"] == 8 and result["error"]["code"] in ("rate_limited", "upstream_error", "timeout")
     stats = sim_stats(sim_control, settle=True)
-    assert stats["total_requests"] == sum(r["attempt"] for r in stored)
+    attempts = sum(r["attempt"] for r in stored)
+    # Every answered attempt reached the backend and nothing else did; an attempt that timed out on a busy
+    # machine may have given up before its request arrived.
+    assert attempts - len(unanswered) <= stats["total_requests"] <= attempts
     assert sum(r["attempt"] > 1 for r in stored) >= 5, "the faults should have forced retries"
     timed_out = stats["total_requests"] - sum(stats["by_status"].get(code, 0) for code in ("200", "429", "500"))
     assert final["cost_unknown_attempts"] == len(unanswered) >= timed_out > 0, (final, stats)
