@@ -33,7 +33,8 @@ class Tee(io.StringIO):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", metavar="name", help="benchmarks to run: " + ", ".join(BENCHMARKS))
     parser.add_argument("--quick", action="store_true", help="small sizes")
     args = parser.parse_args()

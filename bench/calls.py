@@ -12,7 +12,7 @@ the old and new item (2x in a transaction; a ConditionCheck is a write; a failed
 costs); a read 1 RRU per started 4 KB (half for eventually consistent reads). Item sizes are taken from
 the items this process writes and reads (an update is estimated at max(item as last seen, key + values
 written)). Every write to an item that is in a global secondary index (all three project ALL) also
-writes the index: one index write per index it is in, two when its index key changes; these are
+writes the index: one index write per index it is in, two (delete + put) when its index key changes; these are
 counted apart (`gsi_wru`), at 1x.
 """
 
@@ -117,7 +117,6 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.invocations: list[tuple[str, float]] = []  # (function, seconds)
-        self.empty_receives = 0
         self._sizes: dict[tuple[str, str], int] = {}
         self._keys: dict[tuple[str, str], set[str]] = {}  # GSI key attributes an item has
         self._lock = threading.Lock()
@@ -125,7 +124,7 @@ class Recorder:
 
     def reset(self) -> None:
         with self._lock:
-            self.calls, self.invocations, self.empty_receives = [], [], 0
+            self.calls, self.invocations = [], []
 
     # --- hooks -----------------------------------------------------------------------------------------
     def install(self, *clients) -> None:
@@ -202,15 +201,17 @@ class Recorder:
 
     def _write(self, call: Call, op: str, key: tuple, new_size: int, after: set[str], changed: set[str],
                factor: int) -> None:
-        before = self._keys.get(key, set())
-        size = max(self._sizes.get(key, 0), new_size)
-        wru = factor * max(1, math.ceil(size / 1024))
+        before, old = self._keys.get(key, set()), self._sizes.get(key, new_size)
+        wru = factor * max(1, math.ceil(max(old, new_size) / 1024))
+        old_units, new_units = max(1, math.ceil(old / 1024)), max(1, math.ceil(new_size / 1024))
         gsi = 0
         if call.ok:  # a write that lost its condition writes no index
             for h, r in GSI_KEYS.values():
                 was, now = {h, r} <= before, {h, r} <= after
-                gsi += (2 if was and now and {h, r} & changed else 1) if (was or now) else 0
-            gsi *= max(1, math.ceil(new_size / 1024))
+                if was and now:  # a new index key: the old entry is deleted and a new one put
+                    gsi += old_units + new_units if {h, r} & changed else max(old_units, new_units)
+                else:
+                    gsi += old_units if was else new_units if now else 0
             self._keys[key] = after
             self._sizes[key] = new_size
         call.wru += wru
