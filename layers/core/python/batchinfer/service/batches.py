@@ -35,7 +35,7 @@ from ..layout import (
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from .accounts import Principal, quota_used_up
-from .validation import CHAT, ValidatedBatch, validate_inline_batch
+from .validation import ValidatedBatch, validate_inline_batch
 
 ACTIVE = "ACTIVE"
 
@@ -335,7 +335,3 @@ def delete_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
         raise ApiError(409, "A request of this batch is still running. Cancel the batch, wait for its running "
                             "requests to finish, then delete it.", code="batch_running") from None
     return {"id": batch_id, "object": "batch.deleted", "deleted": True}
-
-
-__all__ = ["CHAT", "batch_object", "cancel_batch", "create_batch", "delete_batch", "export_lines",
-           "list_batches", "owned_batch", "results_page"]
