@@ -152,6 +152,9 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
     assert 0 <= obj["cost_unknown_attempts"] <= attempts, (obj["cost_unknown_attempts"], attempts)
 
     # --- Slots all given back; nothing open ------------------------------------------------------------
+    groups = list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": f"BATCH#{batch_id}", ":g": "GRP#"},
+                                      consistent=True))
+    assert not groups, f"groups left behind: {[g['sk'] for g in groups]}"
     assert batch.get("in_flight", 0) == 0, f"batch in_flight {batch.get('in_flight')}"
     assert batch.get("open", 0) == 0, f"batch open {batch.get('open')}"
     for model_id in batch["lanes"]:

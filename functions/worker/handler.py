@@ -16,11 +16,11 @@ _seconds_left = {"value": 60.0}  # set per invocation from the Lambda context
 
 async def record_handler(record: SQSRecord) -> str:
     outcome = await process_and_pull(services(), json.loads(record.body), _seconds_left["value"])
-    if outcome in ("completed", "failed"):
-        metrics.add_metric(name="RequestsCompleted", unit=MetricUnit.Count, value=1)
-    if outcome in ("waiting", "failed"):  # a retry or a final failure: the backend (or a check) said no
-        metrics.add_metric(name="BackendErrors", unit=MetricUnit.Count, value=1)
-    return outcome
+    if ended := outcome["completed"] + outcome["failed"]:
+        metrics.add_metric(name="RequestsCompleted", unit=MetricUnit.Count, value=ended)
+    if refused := outcome["waiting"] + outcome["failed"]:  # retries and final failures: the backend said no
+        metrics.add_metric(name="BackendErrors", unit=MetricUnit.Count, value=refused)
+    return json.dumps(outcome)
 
 
 @logger.inject_lambda_context

@@ -808,8 +808,11 @@ def test_cancel_and_delete_while_a_request_is_running(api, svc):
     _, key = new_key(svc)
     batch = api.created(key, [req("a"), req("b")])
     bid = batch["id"]
-    Dispatcher(svc).pass_once()
-    running = ledger.start(svc, svc.table.get(*request_key(bid, 0)))  # a worker is calling the backend
+    dispatcher = Dispatcher(svc)
+    model = svc.catalog.get("glm-5.3-flash")
+    first, second = (dispatcher.claim(model, limit=1)[0] for _ in range(2))  # two groups of one request
+    svc.queues.send(model.id, [ledger.queue_message(second)])
+    running = ledger.start_group(svc, first)  # a worker is calling the backend for "a"
     assert [r["status"] for r in ok(api.results(key, bid))["data"]] == ["running", "queued"]
     error(api("DELETE", f"/v1/batches/{bid}", key), 409, "still running", code="batch_running")
     cancelling = ok(api("POST", f"/v1/batches/{bid}/cancel", key))
@@ -818,9 +821,11 @@ def test_cancel_and_delete_while_a_request_is_running(api, svc):
     error(api("GET", f"/v1/batches/{bid}/output.jsonl", key), 409)
     assert ok(api("GET", f"/v1/batches/{bid}", key))["status"] == "cancelling"
     # The running request finishes and keeps its result; the other one never starts.
-    ledger.settle(svc, running, ledger.Settlement(
-        to=ledger.RequestState.COMPLETED, input_tokens=3, output_tokens=4,
-        response={"status_code": 200, "request_id": "req_x", "body": {"object": "chat.completion"}}))
+    outcome = ledger.Settlement(to=ledger.RequestState.COMPLETED, input_tokens=3, output_tokens=4,
+                                response={"status_code": 200, "request_id": "req_x", "body": {"object": "chat.completion"}})
+    item = ledger.position_item(svc, running, running["positions"][0], outcome, attempt=1)
+    ledger.record_position(svc, item)
+    ledger.close_group(svc, running, [item])
     step(svc)
     sweep_once(svc)
     final = ok(api("GET", f"/v1/batches/{bid}", key))

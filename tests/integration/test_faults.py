@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from batchinfer.catalog import Catalog
 from batchinfer.layout import account_key, batch_key, model_budget_key
+from batchinfer.ledger import queue_message
 from batchinfer.providers import openai_compat
 from batchinfer.service import accounts, batches, dispatch, work
 from batchinfer.service.accounts import authenticate
@@ -263,9 +264,9 @@ def test_duplicate_deliveries_run_a_request_once(svc, sim_control):
     who = authenticate(svc, key)
     requests = [chat_request(f"d-{i}", f"duplicate me {i}") for i in range(3)]
     batch_id = submit(svc, who, requests)
-    assert Dispatcher(svc).pass_once() == 3
+    assert dispatch_in_groups(svc, GLM, [1, 2]) == [1, 2]
     messages = receive(svc, GLM)
-    assert len(messages) == 3
+    assert len(messages) == 2  # one message per group
     # SQS hands out a second copy of every message (at-least-once delivery) ...
     for m in messages:
         svc.queues.sqs.send_message(QueueUrl=svc.queues.urls[GLM], MessageBody=m["Body"])
@@ -296,29 +297,30 @@ def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, m
     requests = [chat_request("dies", "the worker dies after this answer"), chat_request("fine", "all good")]
     batch_id = submit(svc, who, requests)
 
-    real_settle = work.settle
+    real_record = work.record_position
     died = []
 
-    def dying_settle(svc_, req, outcome, stop=None):
-        if req["custom_id"] == "dies" and req["state"] == "running" and not died:
-            died.append(outcome.to.value)
+    def dying_record(svc_, item):
+        if item["custom_id"] == "dies" and not died:
+            died.append(item["state"])
             raise RuntimeError("worker process died")  # the backend answered; the outcome is never written
-        return real_settle(svc_, req, outcome, stop)
+        return real_record(svc_, item)
 
-    monkeypatch.setattr(work, "settle", dying_settle)
+    monkeypatch.setattr(work, "record_position", dying_record)
     assert Dispatcher(svc).pass_once() == 2
     messages = receive(svc, GLM)
+    assert len(messages) == 1  # both requests in one group
     report = run_messages(svc, GLM, messages)
-    dying_message = next(m["MessageId"] for m in messages if json.loads(m["Body"])["index"] == 0)
     assert died == ["completed"]
-    assert report["failed"] == [dying_message]  # the record is reported failed and stays on the queue
+    assert report["failed"] == [messages[0]["MessageId"]]  # the record is reported failed and stays on the queue
     stored = requests_by_custom_id(svc, batch_id)
-    assert stored["dies"]["state"] == "running" and stored["dies"]["attempt"] == 1
-    assert stored["fine"]["state"] == "completed"
+    assert "dies" not in stored and stored["fine"]["state"] == "completed"
+    assert results_by_custom_id(svc, who, batch_id)["dies"]["status"] == "running"
 
-    # Before its lease runs out nothing touches it; the batch waits.
+    # Before its lease runs out nothing touches it (the redelivered message is stale); the batch waits.
     sweep_once(svc)
-    assert requests_by_custom_id(svc, batch_id)["dies"]["state"] == "running"
+    run_queued(svc)
+    assert results_by_custom_id(svc, who, batch_id)["dies"]["status"] == "running"
     assert get_batch(svc, batch_id)["status"] == "in_progress"
 
     svc.clock.advance(61)
@@ -328,8 +330,40 @@ def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, m
     assert_ledger_consistent(svc, batch_id, who, ["dies", "fine"])
     stored = requests_by_custom_id(svc, batch_id)
     assert stored["dies"]["state"] == "completed" and stored["dies"]["attempt"] == 2
+    assert stored["fine"]["attempt"] == 1
     assert final["cost_unknown_attempts"] == 1  # the lost first answer may have been billed by the backend
     assert sim_stats(sim_control)["total_requests"] == 3
+
+
+def test_worker_dying_after_recording_every_outcome_counts_them_once(svc, sim_control, monkeypatch):
+    """Every outcome of the group was written, then the worker died before closing the group: the sweeper
+    counts the outcomes from their items when the lease runs out, and nothing runs again."""
+    configure(svc, lease_seconds=60)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"o-{i}", f"outcome {i}" + (" [[sim:flaky:1:500]]" if i == 1 else "")) for i in range(3)]
+    batch_id = submit(svc, who, requests)
+
+    def dying_close(*args, **kwargs):
+        raise RuntimeError("worker process died")
+
+    monkeypatch.setattr(work, "close_group", dying_close)
+    assert Dispatcher(svc).pass_once() == 3
+    report = run_messages(svc, GLM, receive(svc, GLM))
+    assert report["failed"]
+    monkeypatch.undo()
+    stored = requests_by_custom_id(svc, batch_id)
+    assert {c: r["state"] for c, r in stored.items()} == {"o-0": "completed", "o-1": "waiting", "o-2": "completed"}
+    assert get_batch(svc, batch_id)["completed"] == 0  # not counted yet: the group still holds its slots
+
+    svc.clock.advance(61)
+    final = pump(svc, batch_id, clock_step=2)
+
+    assert final["status"] == "completed" and final["completed"] == 3 and final["failed"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert final["cost_unknown_attempts"] == 0  # every attempt's outcome was recorded
+    assert [r["attempt"] for r in stored_requests(svc, batch_id)] == [1, 2, 1]
+    assert sim_stats(sim_control)["total_requests"] == 4
 
 
 # --- 6: two dispatchers at once ----------------------------------------------------------------------
@@ -355,19 +389,25 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
 
     def counting_send(model, messages):
         with sent_lock:
-            sent.update((m["batch_id"], m["index"]) for m in messages)
+            sent.update((m["batch_id"], m.get("index", m.get("group"))) for m in messages)
         return real_send(model, messages)
 
     monkeypatch.setattr(svc.queues, "send", counting_send)
     lost: Counter = Counter()  # claims that lost a conditional write to the other dispatcher (or a budget)
 
+    claimed: Counter = Counter()  # request index -> times claimed for a first attempt
+
     def watched(claim):
         def call(*args, **kwargs):
             try:
-                return claim(*args, **kwargs)
+                units = claim(*args, **kwargs)
             except ConditionFailed:
                 lost[claim.__name__] += 1
                 raise
+            if claim.__name__ == "claim_from_lane":
+                with sent_lock:
+                    claimed.update(p[0] for group in units for p in group["positions"])
+            return units
         return call
 
     monkeypatch.setattr(dispatch, "claim_from_lane", watched(dispatch.claim_from_lane))
@@ -451,10 +491,10 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
 
     assert errors == []  # no ConditionFailed (or anything else) leaked out of a dispatcher or worker
     assert lost["claim_from_lane"] > 0, "the claimants never raced for a lane"
-    if pull:  # pulled requests never go through the queue; none may be sent twice either
-        assert set(sent.values()) <= {1} and len(sent) < 60, sent
-    else:
-        assert sorted(sent) == [(batch_id, i) for i in range(60)] and set(sent.values()) == {1}, sent
+    assert sorted(claimed) == list(range(60)) and set(claimed.values()) == {1}, claimed
+    assert set(sent.values()) == {1}, sent  # no group was sent twice
+    if pull:  # pulled groups never go through the queue
+        assert len(sent) < len(claimed), sent
     assert get_batch(svc, batch_id)["status"] == "completed"
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     assert [r["attempt"] for r in stored_requests(svc, batch_id)] == [1] * 60
@@ -623,7 +663,7 @@ def test_throttled_writes_do_not_break_the_ledger(svc, sim_control):
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request(f"t-{i}", f"throttle {i}" + (" [[sim:flaky:1:500]]" if i % 5 == 0 else ""),
-                             model=GLM if i % 3 else QWEN) for i in range(15)]
+                             model=GLM if i % 3 else QWEN) for i in range(30)]
     batch_id = submit(svc, who, requests)
     throttling = Throttling(svc.table.client)
     svc.table.client = throttling
@@ -673,9 +713,14 @@ class ThrottleOnce:
 
 
 def _claims(name: str, kwargs: dict) -> bool:
-    """A dispatcher's claim on a lane: a transaction that creates request items."""
+    """A dispatcher's claim on a lane: a transaction that creates groups."""
     return name == "transact_write_items" and any(op.get("Put", {}).get("Item", {}).get("sk", {}).get("S", "")
-                                                  .startswith("REQ#") for op in kwargs["TransactItems"])
+                                                  .startswith("GRP#") for op in kwargs["TransactItems"])
+
+
+def live_groups(svc, batch_id: str) -> list[dict]:
+    return list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": f"BATCH#{batch_id}", ":g": "GRP#"},
+                                    consistent=True))
 
 
 def queued_messages(svc, model: str) -> int:
@@ -698,8 +743,8 @@ def test_throttled_claim_does_not_strand_requests_claimed_before_it(svc, sim_con
     Dispatcher(svc).pass_once()  # Throttled is caught inside pass_once
     svc.table.client = real
     assert gate.fired
-    dispatched = [r for b in (first, second) for r in stored_requests(svc, b) if r["state"] == "dispatched"]
-    assert len(dispatched) == 3  # one lane was claimed: its requests hold slots
+    dispatched = [g for b in (first, second) for g in live_groups(svc, b) if g["state"] == "dispatched"]
+    assert sum(len(g["positions"]) for g in dispatched) == 3  # one lane was claimed: its requests hold slots
     stranded = len(dispatched) - queued_messages(svc, GLM)
 
     # The ledger still recovers them, one lease later.
@@ -711,9 +756,9 @@ def test_throttled_claim_does_not_strand_requests_claimed_before_it(svc, sim_con
 
 
 def _records_outcome(name: str, kwargs: dict) -> bool:
-    """The worker's write of an attempt's outcome: the transaction moving a request out of `running`."""
+    """The worker's write of a group's outcome: the transaction ending a `running` group."""
     return name == "transact_write_items" and any(
-        op.get("Update", {}).get("ExpressionAttributeValues", {}).get(":expect") == {"S": "running"}
+        op.get("Delete", {}).get("ExpressionAttributeValues", {}).get(":s") == {"S": "running"}
         for op in kwargs["TransactItems"])
 
 
@@ -815,11 +860,24 @@ def test_noisy_backend_every_request_ends_and_adds_up(svc, sim_control, monkeypa
 
 # --- 10: expiry and cancellation ----------------------------------------------------------------------
 
+def dispatch_in_groups(svc, model: str, sizes: list[int]) -> list[int]:
+    """Claim and send the model's next requests as groups of these sizes (a dispatcher pass would make one
+    group of them all); returns the sizes claimed."""
+    dispatcher = Dispatcher(svc)
+    claimed = []
+    for size in sizes:
+        units = dispatcher.claim(svc.catalog.get(model), limit=size)
+        assert not svc.queues.send(model, [queue_message(u) for u in units])
+        claimed.append(sum(len(u.get("positions", [u])) for u in units))
+    return claimed
+
+
 def start_one_running(svc, sim_control, model: str = GLM) -> tuple[threading.Thread, int]:
-    """Receive one queued message and run it in a worker thread until the backend holds it."""
+    """Receive one queued message (a group of one) and run it in a worker thread until the backend holds it."""
     messages = receive(svc, model, n=1)
     assert len(messages) == 1
-    index = json.loads(messages[0]["Body"])["index"]
+    body = json.loads(messages[0]["Body"])
+    index = body.get("index", body.get("group"))
     thread = threading.Thread(target=run_messages, args=(svc, model, messages))
     thread.start()
     deadline = time.monotonic() + 5
@@ -842,7 +900,7 @@ def test_completion_window_closing_expires_unstarted_requests(svc, sim_control):
     dispatcher = Dispatcher(svc)
     assert dispatcher.pass_once() == 3
     run_queued(svc)  # x-0 failed once and waits for its retry; x-1, x-2 completed
-    assert dispatcher.pass_once() == 3  # x-3..x-5 on the queue; x-0 not due yet
+    assert dispatch_in_groups(svc, GLM, [1, 1, 1]) == [1, 1, 1]  # x-3..x-5 on the queue; x-0 not due yet
     sim_config(sim_control, latency_seconds=0.5)
     running, running_index = start_one_running(svc, sim_control)
 
@@ -879,7 +937,7 @@ def test_cancel_while_requests_are_queued_and_running(svc, sim_control):
     dispatcher = Dispatcher(svc)
     dispatcher.pass_once()
     run_queued(svc)  # k-0..k-2 completed
-    assert dispatcher.pass_once() == 3
+    assert dispatch_in_groups(svc, GLM, [1, 1, 1]) == [1, 1, 1]
     sim_config(sim_control, latency_seconds=0.5)
     running, running_index = start_one_running(svc, sim_control)
 

@@ -31,6 +31,11 @@ def request_key(batch_id: str, index: int) -> tuple[str, str]:
     return f"BATCH#{batch_id}", f"REQ#{index:06d}"
 
 
+def group_key(batch_id: str, first_index: int) -> tuple[str, str]:
+    """A group: requests of one batch dispatched together, under one lease (named by its first request)."""
+    return f"BATCH#{batch_id}", f"GRP#{first_index:06d}"
+
+
 def request_sk(index: int) -> str:
     return f"REQ#{index:06d}"
 

@@ -4,6 +4,11 @@ Each write is one DynamoDB transaction fenced by the request's current state and
 SQS delivery, a worker that lost its lease or a second dispatcher loses the condition instead of
 recording an outcome twice. Slots (model and account `in_flight`) are taken and given back in the same
 transactions, so budgets can never drift from the requests that hold them.
+
+First attempts travel in groups (a lease over up to GROUP_MAX requests of one batch): the claim, the start
+and the outcome of a group are one transaction each whatever its size, and each member's result is one
+plain conditional put, so a request costs a few write units rather than one transaction per change.
+Retries travel alone, request by request.
 """
 
 from __future__ import annotations
@@ -11,11 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, unstarted_error
-from .layout import LEASE_DUE, account_key, batch_key, lane_key, model_budget_key, request_key, retry_due, usage_key
+from .layout import (
+    LEASE_DUE,
+    account_key,
+    batch_key,
+    group_key,
+    lane_key,
+    model_budget_key,
+    request_key,
+    retry_due,
+    usage_key,
+)
 from .runtime import Services
 from .service.accounts import utc_day
 
 SLOT_HOLDERS = (RequestState.DISPATCHED, RequestState.RUNNING)
+GROUP_MAX = 25  # requests per group (the outcome transaction of a group that never ran writes each of them)
 
 
 @dataclass
@@ -45,32 +61,63 @@ class Settlement:
     extra: dict = field(default_factory=dict)
 
 
-def _model_ops(svc: Services, req: dict, held: bool, outcome: RequestState) -> list[dict]:
-    """The model's counters this change moves: the slot it gives back, and `waiting` (how many requests
-    wait for a retry, so that dispatchers only look for due retries when there are any)."""
-    adds: dict[str, int] = {}
-    if held:
-        adds["in_flight"] = -1
-    waiting_now = req["state"] == RequestState.WAITING.value
-    if outcome is RequestState.WAITING and not waiting_now:
-        adds["waiting"] = 1
-    elif waiting_now and outcome is not RequestState.WAITING:
-        adds["waiting"] = -1
-    if not adds:
-        return []
-    return [svc.table.op_update(*model_budget_key(req["model"]), "ADD " + ", ".join(f"{k} :{k}" for k in adds),
-                                vals={f":{k}": v for k, v in adds.items()})]
+@dataclass
+class Moves:
+    """The counters a set of request state changes moves, summed so that one transaction writes them."""
 
+    batch: dict[str, float] = field(default_factory=dict)
+    model: dict[str, int] = field(default_factory=dict)
+    account_in_flight: int = 0
+    cost_usd: float = 0.0
 
-def _release_ops(svc: Services, req: dict) -> list[dict]:
-    return [svc.table.op_update(*account_key(req["account_id"]), "ADD in_flight :m", vals={":m": -1})]
+    def add(self, was: RequestState, outcome: Settlement, stop: Stop | None) -> None:
+        def bump(counters: dict, name: str, by: float) -> None:
+            counters[name] = counters.get(name, 0) + by
+
+        if was in SLOT_HOLDERS:  # the slot goes back
+            bump(self.batch, "in_flight", -1)
+            bump(self.model, "in_flight", -1)
+            self.account_in_flight -= 1
+        if outcome.to in (RequestState.COMPLETED, RequestState.FAILED, RequestState.UNSTARTED):
+            bump(self.batch, "#open", -1)
+        if outcome.to is RequestState.COMPLETED:
+            bump(self.batch, "completed", 1)
+        elif outcome.to is RequestState.FAILED or (outcome.to is RequestState.UNSTARTED
+                                                    and counts_as_failed_unstarted(stop)):
+            bump(self.batch, "failed", 1)
+        for name in ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes"):
+            value = getattr(outcome, name)
+            if value:
+                bump(self.batch, "cost_unknown_attempts" if name == "cost_unknown" else name, value)
+        self.cost_usd += outcome.cost_usd
+        # `waiting` counts requests waiting for a retry, so that dispatchers only look for due retries
+        # when there are any.
+        if outcome.to is RequestState.WAITING and was is not RequestState.WAITING:
+            bump(self.model, "waiting", 1)
+        elif was is RequestState.WAITING and outcome.to is not RequestState.WAITING:
+            bump(self.model, "waiting", -1)
+
+    def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str) -> list[dict]:
+        t = svc.table
+        ops = []
+        for key, adds in ((batch_key(batch_id), self.batch), (model_budget_key(model_id), self.model)):
+            adds = {k: v for k, v in adds.items() if v}
+            if adds:
+                ops.append(t.op_update(*key, "ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in adds),
+                                       vals={f":{k.lstrip('#')}": v for k, v in adds.items()}))
+        if self.account_in_flight:
+            ops.append(t.op_update(*account_key(account_id), "ADD in_flight :m", vals={":m": self.account_in_flight}))
+        if self.cost_usd:
+            now = svc.now()
+            ops.append(t.op_update(*usage_key(account_id, utc_day(now)), "ADD cost_usd :c SET #ttl = :ttl",
+                                   vals={":c": self.cost_usd, ":ttl": now + 3 * 86400}))
+        return ops
 
 
 def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = None) -> None:
     """Move a request from its current state (and token) to `outcome.to`, with every counter it moves."""
     now = svc.now()
     t = svc.table
-    held = RequestState(req["state"]) in SLOT_HOLDERS
     sets = ["#state = :to", "updated_at = :now", "#token = :newtoken"]
     vals: dict = {":to": outcome.to.value, ":now": now, ":expect": req["state"], ":token": req["token"],
                   ":newtoken": new_token()}
@@ -93,33 +140,9 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
     expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     ops = [t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
                        names={"#state": "state"}, condition="#state = :expect AND #token = :token")]
-
-    adds: dict[str, float] = {}
-    if held:
-        adds["in_flight"] = -1
-    final = outcome.to in (RequestState.COMPLETED, RequestState.FAILED, RequestState.UNSTARTED)
-    if final:
-        adds["#open"] = -1
-    if outcome.to is RequestState.COMPLETED:
-        adds["completed"] = 1
-    elif outcome.to is RequestState.FAILED or (outcome.to is RequestState.UNSTARTED
-                                                and counts_as_failed_unstarted(stop)):
-        adds["failed"] = 1
-    for name in ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes"):
-        value = getattr(outcome, name)
-        if value:
-            adds["cost_unknown_attempts" if name == "cost_unknown" else name] = value
-    if adds:
-        ops.append(t.op_update(*batch_key(req["batch_id"]),
-                               "ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in adds),
-                               vals={f":{k.lstrip('#')}": v for k, v in adds.items()}))
-    ops += _model_ops(svc, req, held, outcome.to)
-    if held:
-        ops += _release_ops(svc, req)
-    if outcome.cost_usd:
-        ops.append(t.op_update(*usage_key(req["account_id"], utc_day(now)), "ADD cost_usd :c SET #ttl = :ttl",
-                               vals={":c": outcome.cost_usd, ":ttl": now + 3 * 86400}))
-    t.transact(ops)
+    moves = Moves()
+    moves.add(RequestState(req["state"]), outcome, stop)
+    t.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"]))
 
 
 def start(svc: Services, req: dict) -> dict:
@@ -165,7 +188,10 @@ def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: 
 
 def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
                     model_cap: int, account_cap: int) -> list[dict]:
-    """Dispatch the lane's next positions: take slots, advance the lane, create their request states."""
+    """Dispatch the lane's next positions as groups: take their slots, advance the lane, create the groups.
+
+    A group is one lease over up to GROUP_MAX requests: one item, one queue message, one start and one
+    outcome transaction for all of them. Request items are written only when a request has an outcome."""
     now = svc.now()
     t = svc.table
     k = len(positions)
@@ -180,19 +206,94 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
                   "AND expires_at > :now",
     )]
     ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap)
-    requests = []
-    for p in positions:
-        pk, sk = request_key(batch["id"], p.index)
-        req = {"pk": pk, "sk": sk, "batch_id": batch["id"], "index": p.index, "custom_id": p.custom_id,
-               "model": model_id, "account_id": batch["account_id"], "offset": p.offset, "length": p.length,
-               "state": RequestState.DISPATCHED.value, "token": new_token(), "attempt": 0,
-               "due_pk": LEASE_DUE, "due_at": now + svc.settings.lease_seconds, "created_at": now}
-        requests.append(req)
-        ops.append(t.op_put(req, condition="attribute_not_exists(pk)"))
+    groups = []
+    for at in range(0, k, GROUP_MAX):
+        members = positions[at:at + GROUP_MAX]
+        pk, sk = group_key(batch["id"], members[0].index)
+        group = {"pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
+                 "first": members[0].index, "positions": [[p.index, p.custom_id, p.offset, p.length] for p in members],
+                 "state": RequestState.DISPATCHED.value, "token": new_token(), "due_pk": LEASE_DUE,
+                 "due_at": now + svc.settings.lease_seconds, "created_at": now}
+        groups.append(group)
+        ops.append(t.op_put(group, condition="attribute_not_exists(pk)"))
     if lane_next + k >= lane["total"]:
         ops.append(t.op_delete(*lane_key(model_id, batch["created_at"], batch["id"])))
     t.transact(ops)
-    return requests
+    return groups
+
+
+def start_group(svc: Services, group: dict) -> dict:
+    """dispatched -> running for a whole group, fenced against its batch stopping (see `start`)."""
+    now = svc.now()
+    t = svc.table
+    running = {**group, "state": RequestState.RUNNING.value, "due_at": now + svc.settings.lease_seconds,
+               "started_at": now, "token": new_token()}
+    t.transact([
+        t.op_update(group["pk"], group["sk"],
+                    "SET #state = :running, due_at = :lease, started_at = :now, #token = :newtoken",
+                    vals={":running": running["state"], ":lease": running["due_at"], ":now": now,
+                          ":expect": RequestState.DISPATCHED.value, ":token": group["token"],
+                          ":newtoken": running["token"]},
+                    condition="#state = :expect AND #token = :token"),
+        t.op_check(*batch_key(group["batch_id"]),
+                   "attribute_not_exists(#stop) AND attribute_not_exists(deleting) AND expires_at > :now",
+                   vals={":now": now}),
+    ])
+    return running
+
+
+def position_item(svc: Services, group: dict, position: list, outcome: Settlement, attempt: int,
+                  stop: Stop | None = None, token: str | None = None) -> dict:
+    """The request item a group member's outcome creates. `tally` keeps what the outcome adds to the
+    counters, so that a group whose worker died after writing it is counted from its items, once."""
+    index, custom_id, offset, length = position
+    now = svc.now()
+    pk, sk = request_key(group["batch_id"], index)
+    item = {"pk": pk, "sk": sk, "batch_id": group["batch_id"], "index": index, "custom_id": custom_id,
+            "model": group["model"], "account_id": group["account_id"], "offset": offset, "length": length,
+            "state": outcome.to.value, "token": token or new_token(), "attempt": attempt, "created_at": now,
+            "updated_at": now, "group_token": group["token"]}
+    error = unstarted_error(stop) if outcome.to is RequestState.UNSTARTED else outcome.error
+    for name, value in (("error", error), ("response", outcome.response),
+                        ("response_object", outcome.response_object)):
+        if value is not None:
+            item[name] = value
+    if outcome.to is RequestState.WAITING:
+        item["due_pk"], item["due_at"] = retry_due(group["model"]), outcome.retry_at or now
+    tally = {name: getattr(outcome, name) for name in TALLIED if getattr(outcome, name)}
+    item["tally"] = {"to": outcome.to.value, **({"stop": stop.value} if stop else {}), **tally}
+    return item
+
+
+TALLIED = ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes")
+
+
+def tallied(item: dict) -> tuple[Settlement, Stop | None]:
+    """The outcome a group member's item recorded (see `position_item`)."""
+    tally = item["tally"]
+    stop = Stop(tally["stop"]) if tally.get("stop") else None
+    return Settlement(to=RequestState(tally["to"]), **{k: tally[k] for k in TALLIED if k in tally}), stop
+
+
+def record_position(svc: Services, item: dict) -> None:
+    """Write one group member's outcome. Raises ConditionFailed if the group's lease was recovered first."""
+    svc.table.put(item, condition="attribute_not_exists(pk)")
+
+
+def close_group(svc: Services, group: dict, items: list[dict]) -> None:
+    """End a group: give its slots back and add its members' outcomes to the counters, in one transaction
+    fenced by the group's token. `items` are its members' request items; those not yet written (`new`)
+    are written by this same transaction."""
+    t = svc.table
+    ops = [t.op_delete(group["pk"], group["sk"], condition="#state = :s AND #token = :t",
+                       vals={":s": group["state"], ":t": group["token"]})]
+    moves = Moves()
+    for item in items:
+        outcome, stop = tallied(item)
+        moves.add(RequestState(group["state"]), outcome, stop)
+        if item.pop("new", False):
+            ops.append(t.op_put(item, condition="attribute_not_exists(pk)"))
+    t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"]))
 
 
 def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int) -> dict:
@@ -215,5 +316,8 @@ def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int) -> d
     return {**req, "state": RequestState.DISPATCHED.value, "token": token}
 
 
-def queue_message(req: dict) -> dict:
-    return {k: req[k] for k in ("batch_id", "index", "token", "model")}
+def queue_message(unit: dict) -> dict:
+    """The queue message for a dispatched group, or for one request dispatched again for a retry."""
+    if "positions" in unit:
+        return {"batch_id": unit["batch_id"], "group": unit["first"], "token": unit["token"], "model": unit["model"]}
+    return {k: unit[k] for k in ("batch_id", "index", "token", "model")}

@@ -260,6 +260,12 @@ def iter_results(svc: Services, batch: dict, start: int, end: int) -> Iterator[d
             "pk = :pk AND sk BETWEEN :a AND :b",
             {":pk": batch["pk"], ":a": request_sk(start), ":b": request_sk(end - 1)}, consistent=True)
     }
+    if batch.get("in_flight", 0) > 0:  # members of groups under way have no item yet: they read as running
+        for group in svc.table.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": batch["pk"], ":g": "GRP#"},
+                                         consistent=True):
+            for position in group["positions"]:
+                if start <= position[0] < end and position[0] not in stored:
+                    stored[position[0]] = {"state": group["state"]}
     for offset, entry in enumerate(entries):
         index = start + offset
         yield _result(svc, batch, index, entry[0], stored.get(index))

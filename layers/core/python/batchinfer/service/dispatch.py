@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from ..catalog import Model
 from ..layout import INDEX_CHUNK, account_key, batch_key, index_object, lane_object, model_budget_key, retry_due
-from ..ledger import Position, claim_from_lane, claim_retry, queue_message
+from ..ledger import GROUP_MAX, Position, claim_from_lane, claim_retry, queue_message
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from .capacity import effective_budget, probe_up
@@ -62,11 +62,12 @@ class Dispatcher:
                 failed = dispatched
             if failed:
                 log.warning("SQS refused %d messages for %s; the lease recovers them", len(failed), model.id)
-        return len(dispatched)
+        return sum(len(unit.get("positions", [unit])) for unit in dispatched)
 
     def claim(self, model: Model, limit: int | None = None) -> list[dict]:
         """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
-        retries first, then batches in turn. Returns the dispatched request states (not yet sent)."""
+        retries first, then batches in turn. Returns what was dispatched (not yet sent): retried requests,
+        and groups of first attempts."""
         svc = self.svc
         self.batches_seen = {}
         budget_item = svc.table.get(*model_budget_key(model.id))
@@ -170,7 +171,7 @@ class Dispatcher:
             return []  # the window has closed: the sweeper expires the batch
         state = batch["lanes"][model.id]
         lane_next = int(state["next"])
-        k = min(k, int(state["total"]) - lane_next, 90)  # a transaction holds at most 100 items
+        k = min(k, int(state["total"]) - lane_next, 10 * GROUP_MAX)  # a transaction holds at most 100 items
         if k <= 0:
             return []
         positions = self._positions(batch, model.id, lane_next, k)

@@ -21,8 +21,9 @@ from ..layout import (
     export_object,
     idempotency_key,
     lane_key,
+    request_key,
 )
-from ..ledger import Settlement, settle
+from ..ledger import Settlement, close_group, position_item, settle
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 
@@ -162,8 +163,35 @@ def purge_batch(svc: Services, batch: dict) -> None:
     svc.table.delete(*batch_key(batch["id"]))
 
 
+LOST = {"code": "timeout", "message": "The worker running this request stopped before it answered."}
+
+
+def _recover_group(svc: Services, group: dict) -> None:
+    """A group whose lease ran out. Members whose outcome was written are counted from their items; the
+    others wait to run again, alone. If the group had started, those may have run: their cost is unknown
+    and they used up an attempt."""
+    now = svc.now()
+    started = group["state"] == RequestState.RUNNING.value
+    keys = [request_key(group["batch_id"], p[0]) for p in group["positions"]]
+    found = svc.table.get_many(keys) if started else {}
+    items = []
+    for key, position in zip(keys, group["positions"], strict=True):
+        item = found.get(key)
+        if item is not None and item.get("group_token") == group["token"]:
+            items.append(item)
+            continue
+        if not started:
+            outcome, attempt = Settlement(to=RequestState.WAITING, retry_at=now), 0
+        elif svc.settings.max_attempts <= 1:
+            outcome, attempt = Settlement(to=RequestState.FAILED, error=LOST, cost_unknown=1), 1
+        else:
+            outcome, attempt = Settlement(to=RequestState.WAITING, error=LOST, cost_unknown=1, retry_at=now), 1
+        items.append({**position_item(svc, group, position, outcome, attempt), "new": True})
+    close_group(svc, group, items)
+
+
 def recover_leases(svc: Services, limit: int = 100) -> int:
-    """Requests whose lease ran out: the message was lost or the worker died. Put them back to wait."""
+    """Requests (and groups) whose lease ran out: the message was lost or the worker died. Put them back."""
     now = svc.now()
     items, _ = svc.table.query("due_pk = :d AND due_at <= :now", {":d": LEASE_DUE, ":now": now},
                                index="by_due", limit=limit)
@@ -172,13 +200,19 @@ def recover_leases(svc: Services, limit: int = 100) -> int:
         req = svc.table.get(stale["pk"], stale["sk"])
         if not req or req.get("due_pk") != LEASE_DUE or req["due_at"] > now:
             continue
+        if "positions" in req:
+            try:
+                _recover_group(svc, req)
+                recovered += len(req["positions"])
+            except (ConditionFailed, Throttled):
+                pass  # ended or written meanwhile, or DynamoDB is busy: the next pass looks again
+            continue
         if req["state"] == RequestState.RUNNING.value:
             # The backend may have run it: its cost is unknown, and it used up an attempt.
-            lost = {"code": "timeout", "message": "The worker running this request stopped before it answered."}
             if req.get("attempt", 0) >= svc.settings.max_attempts:
-                outcome = Settlement(to=RequestState.FAILED, error=req.get("error") or lost, cost_unknown=1)
+                outcome = Settlement(to=RequestState.FAILED, error=req.get("error") or LOST, cost_unknown=1)
             else:
-                outcome = Settlement(to=RequestState.WAITING, error=req.get("error") or lost, cost_unknown=1,
+                outcome = Settlement(to=RequestState.WAITING, error=req.get("error") or LOST, cost_unknown=1,
                                      retry_at=now)
         else:
             outcome = Settlement(to=RequestState.WAITING, retry_at=now)

@@ -1,4 +1,5 @@
-"""The worker: runs one dispatched request on its backend and records the outcome exactly once."""
+"""The worker: runs dispatched requests (a group at once, or one retry) on their backend and records each
+outcome exactly once."""
 
 from __future__ import annotations
 
@@ -8,20 +9,31 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 
 from ..catalog import Model
-from ..domain import Attempt, RequestState, Stop, is_retryable, retry_delay
+from ..domain import Attempt, RequestState, Stop, is_retryable, new_token, retry_delay
 from ..layout import (
     account_key,
     api_key_key,
     batch_key,
+    group_key,
     model_budget_key,
     request_key,
     requests_object,
     result_object,
     usage_key,
 )
-from ..ledger import Settlement, queue_message, settle, start
+from ..ledger import (
+    Settlement,
+    close_group,
+    position_item,
+    queue_message,
+    record_position,
+    settle,
+    start,
+    start_group,
+)
 from ..providers import openai_compat
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
@@ -147,9 +159,16 @@ async def _attempt(model: Model, endpoint: str, body: dict, key: str | None, tim
         return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
 
 
-async def process(svc: Services, message: dict, claimed: dict | None = None, batch: dict | None = None) -> str:
-    """Run the request a queue message names (or one this worker just `claimed`, with its `batch` as the
-    claim read it). Returns what happened (for logs and tests)."""
+async def process(svc: Services, message: dict, claimed: dict | None = None, batch: dict | None = None) -> Counter:
+    """Run what a queue message names: a group of first attempts, or one request's retry (or a group or
+    request this worker just `claimed`, with its `batch` as the claim read it). Returns how many requests
+    ended how (for metrics, logs and tests)."""
+    if "group" in message:
+        return await process_group(svc, message, claimed, batch)
+    return Counter([await _process_request(svc, message, claimed, batch)])
+
+
+async def _process_request(svc: Services, message: dict, claimed: dict | None, batch: dict | None) -> str:
     batch_id, index = message["batch_id"], int(message["index"])
     req = claimed or await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
     if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
@@ -172,9 +191,8 @@ async def process(svc: Services, message: dict, claimed: dict | None = None, bat
                                               req["length"]))["body"]
     key = await asyncio.to_thread(backend_key, svc, model)
     attempt = await _attempt(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
-    if attempt.status_code == 429:  # the backend is past its capacity: batch work backs off
-        budget = await asyncio.to_thread(svc.table.get, *model_budget_key(model.id), False)
-        await asyncio.to_thread(backend_throttled, svc, model, int((budget or {}).get("in_flight", 1)))
+    if attempt.status_code == 429:
+        await asyncio.to_thread(_backend_said_429, svc, model)
     outcome = _outcome(svc, running, batch_id, model, attempt)
     try:
         await asyncio.to_thread(settle, svc, running, outcome)
@@ -186,34 +204,121 @@ async def process(svc: Services, message: dict, claimed: dict | None = None, bat
     return outcome.to.value
 
 
+def _backend_said_429(svc: Services, model: Model) -> None:
+    """The backend is past its capacity: batch work on it backs off."""
+    budget = svc.table.get(*model_budget_key(model.id), False)
+    backend_throttled(svc, model, int((budget or {}).get("in_flight", 1)))
+
+
+def _close_without_running(svc: Services, group: dict, batch: dict | None) -> Counter:
+    """A group that must not run now (its batch stopped, its owner lost access, ...): every member gets the
+    same outcome, written with the group's end in one transaction. Retried on a fresh read if the batch
+    changed meanwhile."""
+    for _ in range(3):
+        batch = batch or svc.table.get(*batch_key(group["batch_id"]))
+        if batch is None:
+            return Counter(stale=1)
+        early = _precheck(svc, {"attempt": 0, "model": group["model"]}, batch)
+        if early is None:
+            return Counter()  # it may run after all
+        outcome, stop = early
+        items = [{**position_item(svc, group, p, outcome, attempt=0, stop=stop), "new": True}
+                 for p in group["positions"]]
+        try:
+            close_group(svc, group, items)
+            return Counter({outcome.to.value: len(items)})
+        except ConditionFailed:
+            current = svc.table.get(group["pk"], group["sk"])
+            if not current or current["token"] != group["token"]:
+                return Counter(stale=1)
+            batch = None
+    return Counter(stale=1)
+
+
+def _bodies(svc: Services, group: dict) -> list[dict]:
+    """The members' request bodies: one ranged read when they lie close together in the batch's file."""
+    positions = group["positions"]
+    low = min(p[2] for p in positions)
+    high = max(p[2] + p[3] for p in positions)
+    key = requests_object(group["batch_id"])
+    if high - low <= 4 * sum(p[3] for p in positions):
+        span = svc.blobs.get_range(key, low, high - low)
+        return [json.loads(span[p[2] - low:p[2] - low + p[3]])["body"] for p in positions]
+    return [json.loads(svc.blobs.get_range(key, p[2], p[3]))["body"] for p in positions]
+
+
+async def process_group(svc: Services, message: dict, claimed: dict | None = None,
+                        batch: dict | None = None) -> Counter:
+    """Run a group's requests at once (its slots are already taken), write each outcome as it comes, then
+    close the group. A duplicate delivery or a recovered lease loses a condition and records nothing."""
+    pk, sk = group_key(message["batch_id"], int(message["group"]))
+    group = claimed or await asyncio.to_thread(svc.table.get, pk, sk)
+    if not group or group["state"] != RequestState.DISPATCHED.value or group["token"] != message["token"]:
+        return Counter(stale=1)
+    batch = dict(batch) if batch else await asyncio.to_thread(svc.table.get, *batch_key(message["batch_id"]))
+    decided = await asyncio.to_thread(_close_without_running, svc, group, batch)
+    if decided:
+        return decided
+    try:
+        running = await asyncio.to_thread(start_group, svc, group)
+    except ConditionFailed:  # the batch stopped (or its window closed) since the check: record that instead
+        return await asyncio.to_thread(_close_without_running, svc, group, None) or Counter(stale=1)
+    model = svc.catalog.get(group["model"])
+    bodies = await asyncio.to_thread(_bodies, svc, running)
+    key = await asyncio.to_thread(backend_key, svc, model)
+
+    async def run(position: list, body: dict) -> tuple[Attempt, dict | None]:
+        attempt = await _attempt(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
+        token = new_token()
+        outcome = await asyncio.to_thread(_outcome, svc, {"index": position[0], "attempt": 1, "token": token},
+                                          running["batch_id"], model, attempt)
+        item = position_item(svc, running, position, outcome, attempt=1, token=token)
+        try:
+            await asyncio.to_thread(record_position, svc, item)
+        except ConditionFailed:
+            return attempt, None  # the lease ran out and the sweeper recovered this request first
+        return attempt, item
+
+    ran = await asyncio.gather(*(run(p, b) for p, b in zip(running["positions"], bodies, strict=True)))
+    if any(attempt.status_code == 429 for attempt, _ in ran):
+        await asyncio.to_thread(_backend_said_429, svc, model)
+    items = [item for _, item in ran if item is not None]
+    if len(items) < len(ran):
+        log.warning("group %s/%s lost its lease before all its outcomes were recorded", pk, sk)
+        return Counter(lease_lost=len(ran))
+    try:
+        await asyncio.to_thread(close_group, svc, running, items)
+    except ConditionFailed:  # recovered meanwhile: the sweeper counted these outcomes from their items
+        return Counter(lease_lost=len(ran))
+    return Counter(item["state"] for item in items)
+
+
 _pullers = threading.local()  # one Dispatcher per thread: its caches and turn are not shared
 
 
-def _claim_next(svc: Services, model_id: str) -> tuple[dict, dict | None] | None:
-    """The next due request of this model (batches in turn), claimed for this worker to run directly, with
-    its batch as the claim read it (None for a retry)."""
+def _claim_next(svc: Services, model_id: str, limit: int) -> list[tuple[dict, dict | None]]:
+    """The model's next due work (retries first, then batches in turn), claimed for this worker to run
+    directly, each with its batch as the claim read it (None for a retry)."""
     puller = getattr(_pullers, "dispatcher", None)
     if puller is None or puller.svc is not svc:
         puller = _pullers.dispatcher = Dispatcher(svc)
     model = svc.catalog.lookup(model_id)
     if model is None:
-        return None
-    claimed = puller.claim(model, limit=1)
-    if not claimed:
-        return None
-    return claimed[0], puller.batches_seen.get(claimed[0]["batch_id"])
+        return []
+    return [(unit, puller.batches_seen.get(unit["batch_id"])) for unit in puller.claim(model, limit=limit)]
 
 
-async def process_and_pull(svc: Services, message: dict, seconds_left: float) -> str:
-    """Run the message's request, then keep the slot busy: while time is left, claim the model's next due
-    request and run it here, without a round trip through the dispatcher and the queue. A freed slot is
+async def process_and_pull(svc: Services, message: dict, seconds_left: float) -> Counter:
+    """Run the message's work, then keep its slots busy: while time is left, claim the model's next due
+    work and run it here, without a round trip through the dispatcher and the queue. A freed slot is
     refilled as soon as it is freed, which is what keeps a backend at its budget."""
     deadline = time.monotonic() + seconds_left - svc.settings.backend_timeout_seconds - 10
     outcome = await process(svc, message)
     while svc.settings.worker_pull and time.monotonic() < deadline:
-        pulled = await asyncio.to_thread(_claim_next, svc, message["model"])
-        if pulled is None:
+        pulled = await asyncio.to_thread(_claim_next, svc, message["model"], svc.settings.worker_pull_limit)
+        if not pulled:
             break
-        claimed, batch = pulled
-        await process(svc, queue_message(claimed), claimed=claimed, batch=batch)
+        for done in await asyncio.gather(*(process(svc, queue_message(unit), claimed=unit, batch=batch)
+                                           for unit, batch in pulled)):
+            outcome.update(done)
     return outcome

@@ -182,8 +182,9 @@ class Table:
         return {"Update": {"TableName": self.name, "Key": self.key(pk, sk),
                            **_expressions(expression, condition, names, vals)}}
 
-    def op_delete(self, pk: str, sk: str, condition: str | None = None) -> dict:
-        return {"Delete": {"TableName": self.name, "Key": self.key(pk, sk), **_expressions(condition=condition)}}
+    def op_delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None) -> dict:
+        return {"Delete": {"TableName": self.name, "Key": self.key(pk, sk),
+                           **_expressions(condition=condition, vals=vals)}}
 
     def op_check(self, pk: str, sk: str, condition: str, vals: dict | None = None,
                  names: dict | None = None) -> dict:
