@@ -11,7 +11,7 @@ import time
 import pytest
 
 from batchinfer import ledger
-from batchinfer.layout import batch_key, hash_api_key, request_key
+from batchinfer.layout import batch_key, hash_api_key
 from batchinfer.service import accounts
 from batchinfer.service.dispatch import Dispatcher
 from batchinfer.service.sweep import sweep_once
@@ -821,8 +821,8 @@ def test_cancel_and_delete_while_a_request_is_running(api, svc):
     error(api("GET", f"/v1/batches/{bid}/output.jsonl", key), 409)
     assert ok(api("GET", f"/v1/batches/{bid}", key))["status"] == "cancelling"
     # The running request finishes and keeps its result; the other one never starts.
-    outcome = ledger.Settlement(to=ledger.RequestState.COMPLETED, input_tokens=3, output_tokens=4,
-                                response={"status_code": 200, "request_id": "req_x", "body": {"object": "chat.completion"}})
+    answer = {"status_code": 200, "request_id": "req_x", "body": {"object": "chat.completion"}}
+    outcome = ledger.Settlement(to=ledger.RequestState.COMPLETED, input_tokens=3, output_tokens=4, response=answer)
     item = ledger.position_item(svc, running, running["positions"][0], outcome, attempt=1)
     ledger.record_position(svc, item)
     ledger.close_group(svc, running, [item])
