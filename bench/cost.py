@@ -51,7 +51,7 @@ def one_batch(svc, session, base: str, rec, n: int, prompt: str, latency: float)
         answer.raise_for_status()
         assert sum(chunk.count(b"\n") for chunk in answer.iter_content(1 << 20)) == n
     token = LABEL.set("sweeper")  # as the sweeper will when the batch's retention ends
-    purge_batch(svc, svc.table.get(*batch_key(batch["id"])))
+    purge_batch(svc, svc.table.get(*batch_key(batch["id"])), retention_ended=True)
     LABEL.reset(token)
     time.sleep(0.5)  # let the last invocations end and be recorded
     calls: list[Call] = [c for c in rec.calls if c.label != "bench"]

@@ -15,6 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from batchinfer.catalog import Catalog
+from batchinfer.errors import ApiError
 from batchinfer.layout import account_key, batch_key, model_budget_key
 from batchinfer.ledger import queue_message
 from batchinfer.providers import openai_compat
@@ -1058,3 +1059,45 @@ def test_revocation_racing_a_cancel_does_not_count_a_cancelled_request_as_failed
     assert sim_stats(sim_control)["total_requests"] == 0
     assert_ledger_consistent(svc, batch_id, who)
     assert final["completed"] == 0 and final["failed"] == 0
+
+
+# --- 12: retention --------------------------------------------------------------------------------------
+
+def _objects(svc, batch_id: str) -> list[str]:
+    listed = svc.blobs.s3.list_objects_v2(Bucket=svc.blobs.bucket, Prefix=f"batches/{batch_id}/")
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def test_retention_end_removes_the_batch_and_leaves_its_request_items_to_ttl(svc, sim_control):
+    """When a finished batch's retention ends, the sweeper deletes the batch record and its objects; its
+    request items, unreachable from then on, carry a TTL a little later (DynamoDB deletes them for free)."""
+    configure(svc, batch_retention_seconds=3600)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request(f"r-{i}", f"retain {i}") for i in range(3)])
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and _objects(svc, batch_id)
+    items = stored_requests(svc, batch_id)
+    assert len(items) == 3
+    for item in items:  # after the results go, and at most a day plus the window later
+        assert final["results_expires_at"] < item["ttl"] <= final["expires_at"] + 3600 + 86400
+
+    svc.clock.advance(3599)
+    sweep_once(svc)
+    assert get_batch(svc, batch_id) is not None  # not before its retention ends
+    svc.clock.advance(2)
+    assert sweep_once(svc)["purged"] == 1
+    assert get_batch(svc, batch_id) is None and _objects(svc, batch_id) == []
+    with pytest.raises(ApiError) as gone:
+        batches.results_page(svc, who, batch_id, 10, None)
+    assert gone.value.status == 404
+
+
+def test_deleting_a_batch_deletes_its_request_items_at_once(svc, sim_control):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request(f"d-{i}", f"delete {i}") for i in range(3)])
+    pump(svc, batch_id)
+    assert len(stored_requests(svc, batch_id)) == 3
+    assert batches.delete_batch(svc, who, batch_id)["deleted"] is True
+    assert stored_requests(svc, batch_id) == [] and _objects(svc, batch_id) == []

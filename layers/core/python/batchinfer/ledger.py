@@ -213,13 +213,21 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
         group = {"pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
                  "first": members[0].index, "positions": [[p.index, p.custom_id, p.offset, p.length] for p in members],
                  "state": RequestState.DISPATCHED.value, "token": new_token(), "due_pk": LEASE_DUE,
-                 "due_at": now + svc.settings.lease_seconds, "created_at": now}
+                 "due_at": now + svc.settings.lease_seconds, "created_at": now, "item_ttl": _items_ttl(svc, batch)}
         groups.append(group)
         ops.append(t.op_put(group, condition="attribute_not_exists(pk)"))
     if lane_next + k >= lane["total"]:
         ops.append(t.op_delete(*lane_key(model_id, batch["created_at"], batch["id"])))
     t.transact(ops)
     return groups
+
+
+def _items_ttl(svc: Services, batch: dict) -> int:
+    """When DynamoDB may delete the batch's request items on its own (TTL deletes cost nothing). The batch
+    and its results go from the API when its retention ends (the sweeper's purge); a batch ends at most
+    about an hour after its window closes (retries of requests that had started), so a day after the
+    window plus the retention is always later."""
+    return int(batch["expires_at"]) + svc.settings.batch_retention_seconds + 86400
 
 
 def start_group(svc: Services, group: dict) -> dict:
@@ -253,6 +261,8 @@ def position_item(svc: Services, group: dict, position: list, outcome: Settlemen
             "model": group["model"], "account_id": group["account_id"], "offset": offset, "length": length,
             "state": outcome.to.value, "token": token or new_token(), "attempt": attempt, "created_at": now,
             "updated_at": now, "group_token": group["token"]}
+    if group.get("item_ttl"):
+        item["ttl"] = group["item_ttl"]
     error = unstarted_error(stop) if outcome.to is RequestState.UNSTARTED else outcome.error
     for name, value in (("error", error), ("response", outcome.response),
                         ("response_object", outcome.response_object)):

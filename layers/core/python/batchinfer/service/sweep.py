@@ -132,9 +132,13 @@ def settle_batch(svc: Services, batch_id: str) -> dict | None:
     return svc.table.get(*batch_key(batch_id))
 
 
-def purge_batch(svc: Services, batch: dict) -> None:
+def purge_batch(svc: Services, batch: dict, retention_ended: bool = False) -> None:
     """Delete a batch with its requests and results (by the user, or when its retention ends).
-    Raises ConditionFailed while one of its requests holds a slot."""
+    Raises ConditionFailed while one of its requests holds a slot.
+
+    When the retention ends, the request items are left to their TTL (see ledger._items_ttl): they cannot be
+    reached once the batch item is gone, and a TTL delete costs no write units where deleting them here
+    would cost one per request."""
     now = svc.now()
     unfinished = batch["status"] not in FINAL_BATCH
     ops = [svc.table.op_update(
@@ -148,9 +152,10 @@ def purge_batch(svc: Services, batch: dict) -> None:
     svc.table.transact(ops)
     for model_id in batch["lanes"]:
         svc.table.delete(*lane_key(model_id, batch["created_at"], batch["id"]))
-    keys = [(i["pk"], i["sk"]) for i in svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
-                                                           {":pk": batch["pk"], ":r": "REQ#"}, consistent=True)]
-    svc.table.delete_many(keys)
+    if not retention_ended:
+        keys = [(i["pk"], i["sk"]) for i in svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
+                                                               {":pk": batch["pk"], ":r": "REQ#"}, consistent=True)]
+        svc.table.delete_many(keys)
     svc.blobs.delete_prefix(batch_prefix(batch["id"]))
     if batch.get("idempotency_key"):
         try:
@@ -246,7 +251,7 @@ def sweep_once(svc: Services) -> dict:
         batch = svc.table.get(item["pk"], item["sk"])
         if batch:
             try:
-                purge_batch(svc, batch)
+                purge_batch(svc, batch, retention_ended=True)
                 counts["purged"] += 1
             except (ConditionFailed, Throttled):
                 log.warning("batch %s could not be purged yet", batch["id"])
