@@ -173,25 +173,34 @@ def start(svc: Services, req: dict) -> dict:
 
 
 def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: int, account_cap: int,
-              from_waiting: bool = False) -> list[dict]:
+              from_waiting: bool = False, interactive_seen: int | None = None) -> list[dict]:
+    """Take k slots of the model and of the account, within their caps. `interactive_seen` is the model's
+    interactive count the cap was computed from: if interactive load has grown since, the claim fails
+    rather than start batch work on a cap that is already too high."""
     t = svc.table
     vals = {":k": k, ":cap": model_cap - k}
+    condition = "(attribute_not_exists(in_flight) OR in_flight <= :cap)"
+    if interactive_seen is not None:
+        vals[":seen"] = interactive_seen
+        condition += " AND (attribute_not_exists(interactive) OR interactive <= :seen)"
     if from_waiting:
         vals[":w"] = -k
     return [
         t.op_update(*model_budget_key(model_id), "ADD in_flight :k" + (", waiting :w" if from_waiting else ""),
-                    vals=vals, condition="attribute_not_exists(in_flight) OR in_flight <= :cap"),
+                    vals=vals, condition=condition),
         t.op_update(*account_key(account_id), "ADD in_flight :k", vals={":k": k, ":cap": account_cap - k},
                     condition="attribute_not_exists(in_flight) OR in_flight <= :cap"),
     ]
 
 
 def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
-                    model_cap: int, account_cap: int) -> list[dict]:
+                    model_cap: int, account_cap: int, interactive_seen: int | None = None,
+                    running: bool = False) -> list[dict]:
     """Dispatch the lane's next positions as groups: take their slots, advance the lane, create the groups.
 
     A group is one lease over up to GROUP_MAX requests: one item, one queue message, one start and one
-    outcome transaction for all of them. Request items are written only when a request has an outcome."""
+    outcome transaction for all of them. Request items are written only when a request has an outcome.
+    `running`: the claimant runs the groups itself at once, so they start now (no separate start)."""
     now = svc.now()
     t = svc.table
     k = len(positions)
@@ -205,14 +214,16 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
         condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
                   "AND expires_at > :now",
     )]
-    ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap)
+    ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap,
+                     interactive_seen=interactive_seen)
     groups = []
     for at in range(0, k, GROUP_MAX):
         members = positions[at:at + GROUP_MAX]
         pk, sk = group_key(batch["id"], members[0].index)
         group = {"pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
                  "first": members[0].index, "positions": [[p.index, p.custom_id, p.offset, p.length] for p in members],
-                 "state": RequestState.DISPATCHED.value, "token": new_token(), "due_pk": LEASE_DUE,
+                 "state": (RequestState.RUNNING if running else RequestState.DISPATCHED).value,
+                 "token": new_token(), "due_pk": LEASE_DUE,
                  "due_at": now + svc.settings.lease_seconds, "created_at": now, "item_ttl": _items_ttl(svc, batch)}
         groups.append(group)
         ops.append(t.op_put(group, condition="attribute_not_exists(pk)"))
@@ -306,7 +317,8 @@ def close_group(svc: Services, group: dict, items: list[dict]) -> None:
     t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"]))
 
 
-def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int) -> dict:
+def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int,
+                interactive_seen: int | None = None) -> dict:
     """waiting -> dispatched: a request whose wait is over takes a slot again."""
     now = svc.now()
     t = svc.table
@@ -321,7 +333,8 @@ def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int) -> d
         t.op_update(*batch_key(req["batch_id"]), "ADD in_flight :one", vals={":one": 1},
                     condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)"),
     ]
-    ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap, from_waiting=True)
+    ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap, from_waiting=True,
+                     interactive_seen=interactive_seen)
     t.transact(ops)
     return {**req, "state": RequestState.DISPATCHED.value, "token": token}
 

@@ -21,14 +21,18 @@ log = logging.getLogger(__name__)
 class Dispatcher:
     """Keeps a little state between passes inside one invocation: whose turn it is, lane positions."""
 
-    def __init__(self, svc: Services) -> None:
+    def __init__(self, svc: Services, runs_what_it_claims: bool = False) -> None:
         self.svc = svc
+        # A worker pulling work runs it at once: its groups are claimed already running (one transaction
+        # fewer per group; the claim is fenced against a stopped batch as a start is).
+        self.runs_what_it_claims = runs_what_it_claims
         # Whose turn it is, per model; a random start so that many short-lived dispatchers (workers pulling
         # their next request) do not all favour the first lane.
         self.turn: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
         self._lane_positions: dict[tuple[str, str], list[int]] = {}
         self._chunks: dict[tuple[str, int], list] = {}
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
+        self.interactive_seen = 0  # the model's interactive count the last claim's cap was computed from
 
     def run(self, seconds: float) -> int:
         """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
@@ -73,6 +77,7 @@ class Dispatcher:
         budget_item = svc.table.get(*model_budget_key(model.id))
         probe_up(svc, model, budget_item)
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+        self.interactive_seen = int((budget_item or {}).get("interactive", 0))
         free = cap - int((budget_item or {}).get("in_flight", 0))
         if limit is not None:
             free = min(free, limit)
@@ -108,7 +113,8 @@ class Dispatcher:
             if not req or req.get("state") != "waiting" or account_free(req["account_id"]) <= 0:
                 continue
             try:
-                dispatched.append(claim_retry(svc, req, cap, tier_cap(req["account_id"])))
+                dispatched.append(claim_retry(svc, req, cap, tier_cap(req["account_id"]),
+                                              interactive_seen=self.interactive_seen))
             except ConditionFailed:
                 # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
                 continue
@@ -176,7 +182,8 @@ class Dispatcher:
             return []
         positions = self._positions(batch, model.id, lane_next, k)
         try:
-            return claim_from_lane(svc, batch, model.id, positions, lane_next, cap, account_cap)
+            return claim_from_lane(svc, batch, model.id, positions, lane_next, cap, account_cap,
+                                   interactive_seen=self.interactive_seen, running=self.runs_what_it_claims)
         except ConditionFailed:
             return []  # another dispatcher advanced the lane or took the slots; next pass
 

@@ -253,16 +253,21 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
     close the group. A duplicate delivery or a recovered lease loses a condition and records nothing."""
     pk, sk = group_key(message["batch_id"], int(message["group"]))
     group = claimed or await asyncio.to_thread(svc.table.get, pk, sk)
-    if not group or group["state"] != RequestState.DISPATCHED.value or group["token"] != message["token"]:
+    # A group this worker claimed to run itself was claimed running; one from the queue must be dispatched.
+    expected = RequestState.RUNNING if claimed and claimed["state"] == RequestState.RUNNING else RequestState.DISPATCHED
+    if not group or group["state"] != expected.value or group["token"] != message["token"]:
         return Counter(stale=1)
     batch = dict(batch) if batch else await asyncio.to_thread(svc.table.get, *batch_key(message["batch_id"]))
     decided = await asyncio.to_thread(_close_without_running, svc, group, batch)
     if decided:
         return decided
-    try:
-        running = await asyncio.to_thread(start_group, svc, group)
-    except ConditionFailed:  # the batch stopped (or its window closed) since the check: record that instead
-        return await asyncio.to_thread(_close_without_running, svc, group, None) or Counter(stale=1)
+    if expected is RequestState.RUNNING:
+        running = group
+    else:
+        try:
+            running = await asyncio.to_thread(start_group, svc, group)
+        except ConditionFailed:  # the batch stopped (or its window closed) since the check: record that instead
+            return await asyncio.to_thread(_close_without_running, svc, group, None) or Counter(stale=1)
     model = svc.catalog.get(group["model"])
     bodies = await asyncio.to_thread(_bodies, svc, running)
     key = await asyncio.to_thread(backend_key, svc, model)
@@ -279,7 +284,11 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
             return attempt, None  # the lease ran out and the sweeper recovered this request first
         return attempt, item
 
-    ran = await asyncio.gather(*(run(p, b) for p, b in zip(running["positions"], bodies, strict=True)))
+    ran = await asyncio.gather(*(run(p, b) for p, b in zip(running["positions"], bodies, strict=True)),
+                               return_exceptions=True)
+    for failure in ran:  # the others' outcomes are written; the lease recovers the rest of the group
+        if isinstance(failure, BaseException):
+            raise failure
     if any(attempt.status_code == 429 for attempt, _ in ran):
         await asyncio.to_thread(_backend_said_429, svc, model)
     items = [item for _, item in ran if item is not None]
@@ -301,7 +310,7 @@ def _claim_next(svc: Services, model_id: str, limit: int) -> list[tuple[dict, di
     directly, each with its batch as the claim read it (None for a retry)."""
     puller = getattr(_pullers, "dispatcher", None)
     if puller is None or puller.svc is not svc:
-        puller = _pullers.dispatcher = Dispatcher(svc)
+        puller = _pullers.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
     model = svc.catalog.lookup(model_id)
     if model is None:
         return []
