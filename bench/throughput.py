@@ -49,10 +49,11 @@ def main() -> None:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         httpx.post(f"{sim_url}/_sim/stats/reset")
-        started = time.monotonic()
+        started, started_epoch = time.monotonic(), time.time()
         batch = create(session, base, reqs)
         final = wait(session, base, batch["id"])
         wall = time.monotonic() - started
+        ended_epoch = time.time()
         done.set()
         stats = httpx.get(f"{sim_url}/_sim/stats").json()
         bodies = [dict(r["body"], model="glm-5.3-flash") for r in reqs]
@@ -67,6 +68,15 @@ def main() -> None:
           f"(goal <= 1.05)")
     print(f"  max in flight: budget counter {peak['in_flight']}, at the backend {stats['max_in_flight']} "
           f"(budget {budget})")
+    # Where the time goes: how full the backend was kept between its first call and its last answer (slots
+    # refilled late), and the time before the first call and after the last answer (create, first dispatch,
+    # final status and the poll that sees it).
+    span = stats["last_ended_at"] - stats["first_started_at"]
+    occupancy = stats["busy_seconds"] / (budget * span)
+    before, after = stats["first_started_at"] - started_epoch, ended_epoch - stats["last_ended_at"]
+    print(f"  the backend was kept at {occupancy:.3f} of its budget from its first call to its last answer "
+          f"({span:.1f} s); {before:.1f} s before the first call, {after:.1f} s after the last answer; a slot "
+          f"waits ~{latency * (1 / occupancy - 1) * 1000:.0f} ms to be refilled per {latency:.0f} s request")
     print(f"  reproduce: {command_line('bench.throughput')}")
 
 

@@ -19,7 +19,8 @@ Markers inside message content:
                                          (429, 500 or timeout), later ones succeed
 Control API:
   GET/PUT /_sim/config      read / update any subset of the SimConfig fields (seed re-seeds)
-  GET /_sim/stats           total_requests, by_status, by_path, in_flight, max_in_flight
+  GET /_sim/stats           total_requests, by_status, by_path, in_flight, max_in_flight, busy_seconds (the sum
+                            of every request's time in flight), first_started_at, last_ended_at (epoch seconds)
   POST /_sim/stats/reset    reset the counters and the flaky-attempt memory
 Run: python -m local.simulated_backend --host 127.0.0.1 --port 8100 [--latency 0.0] [--rate-429 0]
      [--rate-500 0] [--rate-timeout 0] [--timeout-sleep 30] [--seed 0]   (defaults from SIM_* env vars)
@@ -245,11 +246,15 @@ class _SimState:
         self.by_path: Counter[str] = Counter()
         self.max_in_flight = self.in_flight
         self.flaky: dict[str, int] = {}
+        self.busy_seconds = 0.0
+        self.first_started_at: float | None = None
+        self.last_ended_at: float | None = None
 
     def stats(self) -> dict[str, Any]:
         return {"total_requests": self.total, "by_status": dict(sorted(self.by_status.items())),
                 "by_path": dict(sorted(self.by_path.items())), "in_flight": self.in_flight,
-                "max_in_flight": self.max_in_flight}
+                "max_in_flight": self.max_in_flight, "busy_seconds": round(self.busy_seconds, 6),
+                "first_started_at": self.first_started_at, "last_ended_at": self.last_ended_at}
 
 
 def _error_response(err: SimError, flavour: str) -> JSONResponse:
@@ -312,6 +317,9 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
         state.by_path[request.url.path] += 1
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        started = time.time()
+        if state.first_started_at is None:
+            state.first_started_at = started
         status = 499  # recorded as such if the request is cancelled (client went away)
         try:
             response = await handle(request)
@@ -320,6 +328,8 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
         finally:
             state.in_flight -= 1
             state.by_status[str(status)] += 1
+            state.last_ended_at = time.time()
+            state.busy_seconds += state.last_ended_at - started
 
     return endpoint
 

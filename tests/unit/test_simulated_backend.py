@@ -256,8 +256,19 @@ def test_stats_counters(client: TestClient) -> None:
     assert stats["by_status"] == {"200": 2, "400": 1}
     assert stats["by_path"] == {CHAT: 2, "/v1/embeddings": 1}
     assert stats["in_flight"] == 0 and stats["max_in_flight"] == 1
+    assert 0 < stats["busy_seconds"] <= stats["last_ended_at"] - stats["first_started_at"] + 0.5
     reset = client.post("/_sim/stats/reset").json()
-    assert reset == {"total_requests": 0, "by_status": {}, "by_path": {}, "in_flight": 0, "max_in_flight": 0}
+    assert reset == {"total_requests": 0, "by_status": {}, "by_path": {}, "in_flight": 0, "max_in_flight": 0,
+                     "busy_seconds": 0.0, "first_started_at": None, "last_ended_at": None}
+
+
+def test_stats_busy_seconds_add_up_the_time_requests_spend_in_flight(client: TestClient) -> None:
+    client.put("/_sim/config", json={"latency_seconds": 0.2})
+    for _ in range(2):
+        client.post(CHAT, json=chat_body())
+    stats = client.get("/_sim/stats").json()
+    assert 0.4 <= stats["busy_seconds"] < 0.6
+    assert stats["last_ended_at"] - stats["first_started_at"] >= 0.4
 
 
 def test_concurrent_requests_max_in_flight() -> None:
