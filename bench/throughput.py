@@ -12,7 +12,7 @@ import time
 import httpx
 
 from batchinfer.layout import model_budget_key
-from bench.common import chat, command_line, create, local_stack, wait
+from bench.common import chat, command_line, create, local_stack, median, wait
 
 
 async def direct(url: str, bodies: list[dict], concurrency: int) -> float:
@@ -27,56 +27,74 @@ async def direct(url: str, bodies: list[dict], concurrency: int) -> float:
         return time.monotonic() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--latency", type=float, default=2.0)
-    parser.add_argument("--budget", type=int, default=16)
-    args = parser.parse_args()
-    n, latency, budget = args.requests, args.latency, args.budget
-    with local_stack(latency=latency, budget=budget) as (svc, session, base):
-        sim_url = svc.catalog.get("glm-5.3-flash").backend.base_url.removesuffix("/v1")
-        reqs = [chat(f"t-{i}", f"throughput probe {i}") for i in range(n)]
-        peak = {"in_flight": 0}
-        done = threading.Event()
+def one_run(svc, session, base: str, n: int, budget: int, run: int) -> dict:
+    sim_url = svc.catalog.get("glm-5.3-flash").backend.base_url.removesuffix("/v1")
+    reqs = [chat(f"t{run}-{i}", f"throughput probe {run} {i}") for i in range(n)]
+    peak = {"in_flight": 0}
+    done = threading.Event()
 
-        def sample() -> None:
-            while not done.is_set():
-                item = svc.table.get(*model_budget_key("glm-5.3-flash"), consistent=False) or {}
-                peak["in_flight"] = max(peak["in_flight"], int(item.get("in_flight", 0)))
-                time.sleep(0.2)
+    def sample() -> None:
+        while not done.is_set():
+            item = svc.table.get(*model_budget_key("glm-5.3-flash"), consistent=False) or {}
+            peak["in_flight"] = max(peak["in_flight"], int(item.get("in_flight", 0)))
+            time.sleep(0.2)
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        httpx.post(f"{sim_url}/_sim/stats/reset")
-        started, started_epoch = time.monotonic(), time.time()
-        batch = create(session, base, reqs)
-        final = wait(session, base, batch["id"])
-        wall = time.monotonic() - started
-        ended_epoch = time.time()
-        done.set()
-        stats = httpx.get(f"{sim_url}/_sim/stats").json()
-        bodies = [dict(r["body"], model="glm-5.3-flash") for r in reqs]
-        direct_wall = asyncio.run(direct(f"{sim_url}/v1/chat/completions", bodies, budget))
-    limit = budget / latency
-    achieved = n / wall
-    print(f"throughput: {n} requests, L={latency}s, C={budget}: status={final['status']} "
-          f"completed={final['request_counts']['completed']}")
-    print(f"  achieved {achieved:.2f} req/s; limit C/L = {limit:.2f} req/s; "
-          f"ratio {achieved / limit:.3f} (goal >= 0.95)")
-    print(f"  wall {wall:.1f} s vs direct asyncio client {direct_wall:.1f} s: ratio {wall / direct_wall:.3f} "
-          f"(goal <= 1.05)")
-    print(f"  max in flight: budget counter {peak['in_flight']}, at the backend {stats['max_in_flight']} "
-          f"(budget {budget})")
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    httpx.post(f"{sim_url}/_sim/stats/reset")
+    started, started_epoch = time.monotonic(), time.time()
+    batch = create(session, base, reqs)
+    final = wait(session, base, batch["id"])
+    wall = time.monotonic() - started
+    ended_epoch = time.time()
+    done.set()
+    stats = httpx.get(f"{sim_url}/_sim/stats").json()
+    bodies = [dict(r["body"], model="glm-5.3-flash") for r in reqs]
+    direct_wall = asyncio.run(direct(f"{sim_url}/v1/chat/completions", bodies, budget))
     # Where the time goes: how full the backend was kept between its first call and its last answer (slots
     # refilled late), and the time before the first call and after the last answer (create, first dispatch,
     # final status and the poll that sees it).
     span = stats["last_ended_at"] - stats["first_started_at"]
-    occupancy = stats["busy_seconds"] / (budget * span)
-    before, after = stats["first_started_at"] - started_epoch, ended_epoch - stats["last_ended_at"]
-    print(f"  the backend was kept at {occupancy:.3f} of its budget from its first call to its last answer "
-          f"({span:.1f} s); {before:.1f} s before the first call, {after:.1f} s after the last answer; a slot "
-          f"waits ~{latency * (1 / occupancy - 1) * 1000:.0f} ms to be refilled per {latency:.0f} s request")
+    return {"final": final, "wall": wall, "direct": direct_wall, "peak_counter": peak["in_flight"],
+            "peak_backend": stats["max_in_flight"], "occupancy": stats["busy_seconds"] / (budget * span),
+            "span": span, "before": stats["first_started_at"] - started_epoch,
+            "after": ended_epoch - stats["last_ended_at"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    n, latency, budget = args.requests, args.latency, args.budget
+    with local_stack(latency=latency, budget=budget) as (svc, session, base):
+        runs = [one_run(svc, session, base, n, budget, i) for i in range(args.runs)]
+    limit = budget / latency
+
+    def med(key: str) -> float:
+        return median([r[key] for r in runs])
+
+    def each(values: list[float], fmt: str = ".3f") -> str:
+        return "[" + ", ".join(format(v, fmt) for v in values) + "]"
+
+    ratios = [n / r["wall"] / limit for r in runs]
+    walls = [r["wall"] / r["direct"] for r in runs]
+    print(f"throughput: {n} requests, L={latency}s, C={budget}; {args.runs} runs: statuses "
+          f"{sorted({r['final']['status'] for r in runs})}, completed "
+          f"{[r['final']['request_counts']['completed'] for r in runs]}")
+    print(f"  achieved {n / med('wall'):.2f} req/s (median); limit C/L = {limit:.2f} req/s; "
+          f"ratio median {median(ratios):.3f} {each(ratios)} (goal >= 0.95)")
+    print(f"  wall {med('wall'):.1f} s vs direct asyncio client {med('direct'):.1f} s: ratio median "
+          f"{median(walls):.3f} {each(walls)} (goal <= 1.05)")
+    print(f"  max in flight: budget counter {max(r['peak_counter'] for r in runs)}, at the backend "
+          f"{max(r['peak_backend'] for r in runs)} (budget {budget})")
+    occupancy = med("occupancy")
+    print(f"  the backend was kept at {occupancy:.3f} of its budget (median {each([r['occupancy'] for r in runs])}) "
+          f"from its first call to its last answer ({med('span'):.1f} s); {med('before'):.1f} s before the first "
+          f"call, {med('after'):.1f} s after the last answer; a freed slot waits ~"
+          f"{latency * (1 / occupancy - 1) * 1000:.0f} ms to be refilled per {latency:g} s request")
     print(f"  reproduce: {command_line('bench.throughput')}")
 
 
