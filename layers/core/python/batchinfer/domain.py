@@ -62,7 +62,9 @@ def final_status(stop: Stop | None) -> BatchStatus:
 
 
 class RequestState(StrEnum):
-    """Stored state of one request. Requests not yet dispatched have no stored state at all."""
+    """State of one request. Requests not yet dispatched have no stored state at all; first attempts hold
+    DISPATCHED and RUNNING as members of a group (one item for the group), and get an item of their own
+    when their outcome is written; retries hold every state in their own item."""
 
     DISPATCHED = "dispatched"  # holds a slot, on its model's queue
     RUNNING = "running"  # holds a slot, a worker is calling the backend

@@ -18,7 +18,9 @@ def client_for_loop() -> httpx.AsyncClient:
     client = _clients.get(id(loop))
     if client is None or client.is_closed:
         _clients.clear()
-        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
+        # Budgets bound how many calls run at once (an invocation runs up to 10 records of up to 25 requests
+        # each, plus what it pulls); the pool must never be what makes a call wait while it holds a slot.
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=100))
         _clients[id(loop)] = client
     return client
 
