@@ -111,7 +111,7 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     if len(batch.requests) > s.max_unfinished_requests:
         raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
     # Bodies go to S3 as one object (one PUT, not one write per request); request state is created
-    # only when a request is dispatched, so creating 50,000 requests stays far inside 30 s.
+    # only when requests are dispatched, so creating 50,000 requests stays far inside 30 s.
     lines, index, offset = [], [], 0
     for req in batch.requests:
         line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
