@@ -16,7 +16,7 @@ from contextlib import redirect_stdout
 
 # name: (module, quick arguments)
 BENCHMARKS = {
-    "throughput": ("bench.throughput", ["--requests", "200"]),
+    "throughput": ("bench.throughput", ["--requests", "200", "--runs", "1"]),
     "ingest": ("bench.ingest", ["--requests", "10000", "--runs", "2"]),
     "export": ("bench.export", ["--requests", "2000", "--runs", "2"]),
     "cost": ("bench.cost", ["--requests", "96", "--runs", "1"]),
