@@ -127,21 +127,19 @@ class Recorder:
             self.calls, self.invocations = [], []
 
     # --- hooks -----------------------------------------------------------------------------------------
+    def _hooks(self) -> list[tuple[str, object]]:
+        return [("before-parameter-build", self._params), ("before-call", self._stamp),
+                ("before-send", self._sending), ("before-parse", self._received), ("after-call", self._after)]
+
     def install(self, *clients) -> None:
         for c in clients:
-            c.meta.events.register("before-parameter-build", self._params)
-            c.meta.events.register("before-call", self._stamp)
-            c.meta.events.register("before-send", self._sending)
-            c.meta.events.register("before-parse", self._received)
-            c.meta.events.register("after-call", self._after)
+            for event, hook in self._hooks():
+                c.meta.events.register(event, hook)
 
     def uninstall(self, *clients) -> None:
         for c in clients:
-            c.meta.events.unregister("before-parameter-build", self._params)
-            c.meta.events.unregister("before-call", self._stamp)
-            c.meta.events.unregister("before-send", self._sending)
-            c.meta.events.unregister("before-parse", self._received)
-            c.meta.events.unregister("after-call", self._after)
+            for event, hook in self._hooks():
+                c.meta.events.unregister(event, hook)
 
     @staticmethod
     def _params(params, context, **_) -> None:

@@ -61,6 +61,10 @@ class Settlement:
     extra: dict = field(default_factory=dict)
 
 
+# The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
+TALLIED = ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes")
+
+
 @dataclass
 class Moves:
     """The counters a set of request state changes moves, summed so that one transaction writes them."""
@@ -85,7 +89,7 @@ class Moves:
         elif outcome.to is RequestState.FAILED or (outcome.to is RequestState.UNSTARTED
                                                     and counts_as_failed_unstarted(stop)):
             bump(self.batch, "failed", 1)
-        for name in ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes"):
+        for name in TALLIED:
             value = getattr(outcome, name)
             if value:
                 bump(self.batch, "cost_unknown_attempts" if name == "cost_unknown" else name, value)
@@ -154,11 +158,6 @@ def start(svc: Services, req: dict) -> dict:
     t = svc.table
     running = {**req, "state": RequestState.RUNNING.value, "attempt": int(req.get("attempt", 0)) + 1,
                "due_at": now + svc.settings.lease_seconds, "started_at": now, "token": new_token()}
-    batch_condition = "attribute_not_exists(#stop) AND attribute_not_exists(deleting)"
-    batch_vals: dict = {}
-    if int(req.get("attempt", 0)) == 0:  # the window only stops requests from starting
-        batch_condition += " AND expires_at > :now"
-        batch_vals[":now"] = now
     t.transact([
         t.op_update(*request_key(req["batch_id"], req["index"]),
                     "SET #state = :running, attempt = :attempt, due_at = :lease, started_at = :now, "
@@ -167,9 +166,18 @@ def start(svc: Services, req: dict) -> dict:
                           ":now": now, ":expect": RequestState.DISPATCHED.value, ":token": req["token"],
                           ":newtoken": running["token"]},
                     condition="#state = :expect AND #token = :token"),
-        t.op_check(*batch_key(req["batch_id"]), batch_condition, vals=batch_vals or None),
+        _batch_may_start(svc, req["batch_id"], now, first_attempt=int(req.get("attempt", 0)) == 0),
     ])
     return running
+
+
+def _batch_may_start(svc: Services, batch_id: str, now: int, first_attempt: bool) -> dict:
+    """The check a start makes on its batch: not stopped, not being deleted, and for a first attempt the
+    window still open (the window only stops requests from starting)."""
+    if first_attempt:
+        return svc.table.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists("
+                                  "deleting) AND expires_at > :now", vals={":now": now})
+    return svc.table.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
 
 
 def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: int, account_cap: int,
@@ -254,9 +262,7 @@ def start_group(svc: Services, group: dict) -> dict:
                           ":expect": RequestState.DISPATCHED.value, ":token": group["token"],
                           ":newtoken": running["token"]},
                     condition="#state = :expect AND #token = :token"),
-        t.op_check(*batch_key(group["batch_id"]),
-                   "attribute_not_exists(#stop) AND attribute_not_exists(deleting) AND expires_at > :now",
-                   vals={":now": now}),
+        _batch_may_start(svc, group["batch_id"], now, first_attempt=True),
     ])
     return running
 
@@ -281,12 +287,9 @@ def position_item(svc: Services, group: dict, position: list, outcome: Settlemen
             item[name] = value
     if outcome.to is RequestState.WAITING:
         item["due_pk"], item["due_at"] = retry_due(group["model"]), outcome.retry_at or now
-    tally = {name: getattr(outcome, name) for name in TALLIED if getattr(outcome, name)}
+    tally = {name: value for name in TALLIED if (value := getattr(outcome, name))}
     item["tally"] = {"to": outcome.to.value, **({"stop": stop.value} if stop else {}), **tally}
     return item
-
-
-TALLIED = ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes")
 
 
 def tallied(item: dict) -> tuple[Settlement, Stop | None]:
@@ -301,19 +304,18 @@ def record_position(svc: Services, item: dict) -> None:
     svc.table.put(item, condition="attribute_not_exists(pk)")
 
 
-def close_group(svc: Services, group: dict, items: list[dict]) -> None:
+def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict, ...] = ()) -> None:
     """End a group: give its slots back and add its members' outcomes to the counters, in one transaction
-    fenced by the group's token. `items` are its members' request items; those not yet written (`new`)
-    are written by this same transaction."""
+    fenced by the group's token. `written`: members' request items already stored; `new`: members' items
+    this same transaction writes."""
     t = svc.table
     ops = [t.op_delete(group["pk"], group["sk"], condition="#state = :s AND #token = :t",
                        vals={":s": group["state"], ":t": group["token"]})]
+    ops += [t.op_put(item, condition="attribute_not_exists(pk)") for item in new]
     moves = Moves()
-    for item in items:
+    for item in (*written, *new):
         outcome, stop = tallied(item)
         moves.add(RequestState(group["state"]), outcome, stop)
-        if item.pop("new", False):
-            ops.append(t.op_put(item, condition="attribute_not_exists(pk)"))
     t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"]))
 
 

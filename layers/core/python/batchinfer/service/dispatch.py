@@ -177,7 +177,8 @@ class Dispatcher:
             return []  # the window has closed: the sweeper expires the batch
         state = batch["lanes"][model.id]
         lane_next = int(state["next"])
-        k = min(k, int(state["total"]) - lane_next, 10 * GROUP_MAX)  # a transaction holds at most 100 items
+        # At most 10 groups a claim: with the lane, slots and group items well inside a transaction's 100.
+        k = min(k, int(state["total"]) - lane_next, 10 * GROUP_MAX)
         if k <= 0:
             return []
         positions = self._positions(batch, model.id, lane_next, k)

@@ -179,11 +179,11 @@ def _recover_group(svc: Services, group: dict) -> None:
     started = group["state"] == RequestState.RUNNING.value
     keys = [request_key(group["batch_id"], p[0]) for p in group["positions"]]
     found = svc.table.get_many(keys) if started else {}
-    items = []
+    written, new = [], []
     for key, position in zip(keys, group["positions"], strict=True):
         item = found.get(key)
         if item is not None and item.get("group_token") == group["token"]:
-            items.append(item)
+            written.append(item)
             continue
         if not started:
             outcome, attempt = Settlement(to=RequestState.WAITING, retry_at=now), 0
@@ -191,8 +191,8 @@ def _recover_group(svc: Services, group: dict) -> None:
             outcome, attempt = Settlement(to=RequestState.FAILED, error=LOST, cost_unknown=1), 1
         else:
             outcome, attempt = Settlement(to=RequestState.WAITING, error=LOST, cost_unknown=1, retry_at=now), 1
-        items.append({**position_item(svc, group, position, outcome, attempt), "new": True})
-    close_group(svc, group, items)
+        new.append(position_item(svc, group, position, outcome, attempt))
+    close_group(svc, group, written, new)
 
 
 def recover_leases(svc: Services, limit: int = 100) -> int:

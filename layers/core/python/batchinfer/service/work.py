@@ -222,10 +222,9 @@ def _close_without_running(svc: Services, group: dict, batch: dict | None) -> Co
         if early is None:
             return Counter()  # it may run after all
         outcome, stop = early
-        items = [{**position_item(svc, group, p, outcome, attempt=0, stop=stop), "new": True}
-                 for p in group["positions"]]
+        items = [position_item(svc, group, p, outcome, attempt=0, stop=stop) for p in group["positions"]]
         try:
-            close_group(svc, group, items)
+            close_group(svc, group, [], items)
             return Counter({outcome.to.value: len(items)})
         except ConditionFailed:
             current = svc.table.get(group["pk"], group["sk"])
