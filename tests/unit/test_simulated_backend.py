@@ -273,14 +273,18 @@ def test_stats_busy_seconds_add_up_the_time_requests_spend_in_flight(client: Tes
 
 def test_concurrent_requests_max_in_flight() -> None:
     async def run() -> tuple[list[int], float, dict, dict]:
-        app = create_app(SimConfig(latency_seconds=0.3))
+        app = create_app(SimConfig(latency_seconds=1.0))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sim") as c:
             start = time.monotonic()
             tasks = [c.post(CHAT, json=chat_body(f"q{i}")) for i in range(20)]
-            during = asyncio.create_task(asyncio.sleep(0.15))
             pending = asyncio.gather(*tasks)
-            await during
-            mid = (await c.get("/_sim/stats")).json()
+            # Look while they are all in flight: as soon as the last has arrived (a fixed sleep is flaky on a
+            # busy machine), and before the first can have answered.
+            while True:
+                await asyncio.sleep(0.02)
+                mid = (await c.get("/_sim/stats")).json()
+                if mid["in_flight"] == 20 or time.monotonic() - start > 0.8:
+                    break
             responses = await pending
             elapsed = time.monotonic() - start
             return [r.status_code for r in responses], elapsed, mid, (await c.get("/_sim/stats")).json()
