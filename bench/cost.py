@@ -20,7 +20,7 @@ import time
 from collections import Counter, defaultdict
 
 from batchinfer.layout import batch_key
-from batchinfer.service.sweep import purge_batch
+from batchinfer.service.lifecycle import purge_batch
 from bench.calls import LABEL, PRICE, S3_FREE, S3_PUT_CLASS, Call, moto_cpu_seconds, recording, usd
 from bench.common import FINAL, chat, command_line, create, local_stack, median
 

@@ -24,7 +24,7 @@ import time
 import tracemalloc
 
 from batchinfer.layout import batch_key, lane_key, request_key
-from batchinfer.service import batches
+from batchinfer.service import batches, results
 from batchinfer.service.accounts import authenticate
 from batchinfer.storage.dynamo import serialize
 from bench.calls import LABEL, recording
@@ -46,7 +46,7 @@ def seed(svc, session, base: str, n: int, prompt: str) -> dict:
         model.batch_budget = 0  # nothing of the big batch is dispatched
     batch = create(session, base, [chat(f"e-{i}", f"{prompt} {i}") for i in range(n)])
     stored = svc.table.get(*batch_key(batch["id"]))
-    index = batches._index_entries(svc, batch["id"], 0, n)
+    index = results.index_entries(svc, batch["id"], 0, n)
     client, pending, totals = svc.table.client, [], {"in": 0, "out": 0, "bytes": 0}
     for i, (custom_id, _, offset, length) in enumerate(index):
         item = items[i % len(items)]

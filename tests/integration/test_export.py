@@ -19,7 +19,7 @@ def call_api(method: str, path: str, key: str) -> dict:
 def test_large_export_redirects_to_the_object_written_when_the_batch_ended(svc):
     svc.settings = svc.settings.model_copy(update={"export_redirect_bytes": 500})
     _, key = new_key(svc)
-    from batchinfer.service import batches
+    from batchinfer.service import batches, results
     from batchinfer.service.accounts import authenticate
 
     who = authenticate(svc, key)
@@ -33,14 +33,14 @@ def test_large_export_redirects_to_the_object_written_when_the_batch_ended(svc):
     location = urllib.parse.urlparse(answer["headers"]["location"])
     assert "X-Amz-Signature" in location.query and location.path.endswith("/output.jsonl")
     stored = svc.blobs.get(final["export_object"]).decode().splitlines()
-    streamed = b"".join(batches.export_stream(svc, final)).decode().splitlines()
+    streamed = b"".join(results.export_stream(svc, final)).decode().splitlines()
     assert stored == streamed
     assert [json.loads(line)["custom_id"] for line in stored] == [f"x-{i}" for i in range(5)]
 
 
 def test_small_export_is_streamed_by_the_api(svc):
     _, key = new_key(svc)
-    from batchinfer.service import batches
+    from batchinfer.service import batches, results
     from batchinfer.service.accounts import authenticate
 
     who = authenticate(svc, key)

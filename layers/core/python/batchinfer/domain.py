@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import secrets
 from dataclasses import dataclass
@@ -47,8 +48,28 @@ class Stop(StrEnum):
     FAIL = "fail"
 
 
+# Batches that may still be stopped (cancelled, expired, failed): the rest are ending or ended.
+STOPPABLE_BATCH = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
+
+
+class IllegalTransition(ValueError):
+    """A status change the state machine does not allow: a bug, never a user's mistake."""
+
+
 def can_transition(old: BatchStatus, new: BatchStatus) -> bool:
     return new in BATCH_TRANSITIONS.get(old, frozenset())
+
+
+def batch_transition(old: str, new: BatchStatus) -> BatchStatus:
+    """`new` if a batch in `old` may move to it (staying put counts), else IllegalTransition."""
+    if BatchStatus(old) is not new and not can_transition(BatchStatus(old), new):
+        raise IllegalTransition(f"batch {old} -> {new}")
+    return new
+
+
+def batches_that_may_become(new: BatchStatus) -> frozenset[BatchStatus]:
+    """The statuses a batch may move to `new` from, for the condition that fences the write."""
+    return frozenset(old for old, targets in BATCH_TRANSITIONS.items() if new in targets)
 
 
 def final_status(stop: Stop | None) -> BatchStatus:
@@ -80,9 +101,26 @@ REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     RequestState.DISPATCHED: frozenset(
         {RequestState.RUNNING, RequestState.WAITING, RequestState.FAILED, RequestState.UNSTARTED}
     ),
-    RequestState.RUNNING: frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.WAITING}),
+    # RUNNING -> UNSTARTED: a group claimed running by the worker that runs it, stopped by the checks made
+    # just before its first call (its batch stopped, its owner lost access): it never reached the backend.
+    RequestState.RUNNING: frozenset(
+        {RequestState.COMPLETED, RequestState.FAILED, RequestState.WAITING, RequestState.UNSTARTED}
+    ),
     RequestState.WAITING: frozenset({RequestState.DISPATCHED, RequestState.FAILED, RequestState.UNSTARTED}),
 }
+
+
+def request_transition(old: RequestState | str | None, new: RequestState) -> RequestState:
+    """`new` if a request in `old` may move to it, else IllegalTransition. `None`: a request not yet
+    dispatched (it has no state), which only a claim moves (to DISPATCHED, or RUNNING for a worker that
+    runs what it claims)."""
+    if old is None:
+        allowed = new in (RequestState.DISPATCHED, RequestState.RUNNING)
+    else:
+        allowed = new in REQUEST_TRANSITIONS.get(RequestState(old), frozenset())
+    if not allowed:
+        raise IllegalTransition(f"request {old} -> {new}")
+    return new
 
 
 def counts_as_failed_unstarted(stop: Stop | None) -> bool:
@@ -153,6 +191,17 @@ def retry_delay(attempt: int, base: float, cap: float, rng: random.Random | None
     """Exponential backoff with full jitter, after `attempt` attempts have run."""
     r = rng or random
     return r.uniform(0, min(cap, base * 2 ** (attempt - 1))) + base / 2
+
+
+# --- Days (the daily quota renews at 00:00 UTC) ---------------------------------------------------------
+
+def utc_day(now: float) -> str:
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")
+
+
+def next_utc_midnight(now: float) -> int:
+    day = dt.datetime.fromtimestamp(now, dt.UTC).date() + dt.timedelta(days=1)
+    return int(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp())
 
 
 # --- Identifiers -------------------------------------------------------------------------------------

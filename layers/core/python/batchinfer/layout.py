@@ -8,7 +8,7 @@ INDEX_CHUNK = 5000  # request index entries per S3 index object
 
 
 def account_key(account_id: str) -> tuple[str, str]:
-    return f"ACCOUNT#{account_id}", "ACCOUNT"
+    return owner_partition(account_id), "ACCOUNT"
 
 
 def api_key_key(key_hash: str) -> tuple[str, str]:
@@ -16,11 +16,11 @@ def api_key_key(key_hash: str) -> tuple[str, str]:
 
 
 def usage_key(account_id: str, day: str) -> tuple[str, str]:
-    return f"ACCOUNT#{account_id}", f"USAGE#{day}"
+    return owner_partition(account_id), f"USAGE#{day}"
 
 
 def idempotency_key(account_id: str, key: str) -> tuple[str, str]:
-    return f"ACCOUNT#{account_id}", "IDEM#" + hashlib.sha256(key.encode()).hexdigest()
+    return owner_partition(account_id), "IDEM#" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def batch_key(batch_id: str) -> tuple[str, str]:
@@ -28,16 +28,20 @@ def batch_key(batch_id: str) -> tuple[str, str]:
 
 
 def request_key(batch_id: str, index: int) -> tuple[str, str]:
-    return f"BATCH#{batch_id}", f"REQ#{index:06d}"
+    return f"BATCH#{batch_id}", request_sk(index)
 
 
 def group_key(batch_id: str, first_index: int) -> tuple[str, str]:
     """A group: requests of one batch dispatched together, under one lease (named by its first request)."""
-    return f"BATCH#{batch_id}", f"GRP#{first_index:06d}"
+    return f"BATCH#{batch_id}", f"{GROUP_PREFIX}{first_index:06d}"
+
+
+REQUEST_PREFIX = "REQ#"  # sort keys of a batch's request items
+GROUP_PREFIX = "GRP#"  # sort keys of a batch's groups under way
 
 
 def request_sk(index: int) -> str:
-    return f"REQ#{index:06d}"
+    return f"{REQUEST_PREFIX}{index:06d}"
 
 
 def model_budget_key(model_id: str) -> tuple[str, str]:
@@ -49,14 +53,30 @@ def lane_key(model_id: str, created_at: int, batch_id: str) -> tuple[str, str]:
     return f"MODEL#{model_id}", f"LANE#{created_at:012d}#{batch_id}"
 
 
+def lanes_of(model_id: str) -> tuple[str, str]:
+    """(partition, sort key prefix) of a model's lanes, oldest batch first."""
+    return f"MODEL#{model_id}", "LANE#"
+
+
+# The `by_owner` index: an account's batches, by creation time.
+OWNER_BATCH_PREFIX = "BATCH#"
+
+
+def owner_partition(account_id: str) -> str:
+    return f"ACCOUNT#{account_id}"
+
+
 def owner_sort(created_us: int, batch_id: str) -> str:
     """Sort key of an account's batch list: creation time in microseconds, so newest first holds."""
-    return f"BATCH#{created_us:018d}#{batch_id}"
+    return f"{OWNER_BATCH_PREFIX}{created_us:018d}#{batch_id}"
 
 
 def hash_api_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
+
+# The sparse `by_active` index: unfinished batches, for the sweeper.
+ACTIVE_PARTITION = "ACTIVE"
 
 # Sparse index partitions of `by_due`.
 LEASE_DUE = "LEASE"  # dispatched or running requests, due when their lease runs out

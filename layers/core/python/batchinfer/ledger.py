@@ -15,20 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, unstarted_error
-from .layout import (
-    LEASE_DUE,
-    account_key,
-    batch_key,
-    group_key,
-    lane_key,
-    model_budget_key,
-    request_key,
-    retry_due,
-    usage_key,
-)
+from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
+from .layout import group_key, request_key, retry_due
+from .records import Account, Batch, Budget, Group, Lane, Request, Usage
 from .runtime import Services
-from .service.accounts import utc_day
 
 SLOT_HOLDERS = (RequestState.DISPATCHED, RequestState.RUNNING)
 GROUP_MAX = 25  # requests per group (the outcome transaction of a group that never ran writes each of them)
@@ -78,6 +68,7 @@ class Moves:
         def bump(counters: dict, name: str, by: float) -> None:
             counters[name] = counters.get(name, 0) + by
 
+        request_transition(was, outcome.to)
         if was in SLOT_HOLDERS:  # the slot goes back
             bump(self.batch, "in_flight", -1)
             bump(self.model, "in_flight", -1)
@@ -103,50 +94,26 @@ class Moves:
 
     def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str) -> list[dict]:
         t = svc.table
-        ops = []
-        for key, adds in ((batch_key(batch_id), self.batch), (model_budget_key(model_id), self.model)):
-            adds = {k: v for k, v in adds.items() if v}
-            if adds:
-                ops.append(t.op_update(*key, "ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in adds),
-                                       vals={f":{k.lstrip('#')}": v for k, v in adds.items()}))
+        ops = [Batch.add(t, batch_id, self.batch), Budget.add(t, model_id, self.model)]
         if self.account_in_flight:
-            ops.append(t.op_update(*account_key(account_id), "ADD in_flight :m", vals={":m": self.account_in_flight}))
+            ops.append(Account.add_in_flight(t, account_id, self.account_in_flight))
         if self.cost_usd:
-            now = svc.now()
-            ops.append(t.op_update(*usage_key(account_id, utc_day(now)), "ADD cost_usd :c SET #ttl = :ttl",
-                                   vals={":c": self.cost_usd, ":ttl": now + 3 * 86400}))
-        return ops
+            ops.append(Usage.add_cost(t, account_id, self.cost_usd, svc.now()))
+        return [op for op in ops if op is not None]
 
 
 def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = None) -> None:
     """Move a request from its current state (and token) to `outcome.to`, with every counter it moves."""
     now = svc.now()
-    t = svc.table
-    sets = ["#state = :to", "updated_at = :now", "#token = :newtoken"]
-    vals: dict = {":to": outcome.to.value, ":now": now, ":expect": req["state"], ":token": req["token"],
-                  ":newtoken": new_token()}
-    removes = []
-    if outcome.to is RequestState.WAITING:
-        sets += ["due_pk = :due", "due_at = :at"]
-        vals[":due"], vals[":at"] = retry_due(req["model"]), outcome.retry_at or now
-    else:
-        removes += ["due_pk", "due_at"]
     if outcome.to is RequestState.UNSTARTED:
         outcome.error = unstarted_error(stop)
-    for name in ("error", "response", "response_object"):
-        value = getattr(outcome, name)
-        if value is not None:
-            sets.append(f"#{name} = :{name}")
-            vals[f":{name}"] = value
-    for name, value in outcome.extra.items():
-        sets.append(f"{name} = :x_{name}")
-        vals[f":x_{name}"] = value
-    expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-    ops = [t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
-                       names={"#state": "state"}, condition="#state = :expect AND #token = :token")]
+    due = (retry_due(req["model"]), outcome.retry_at or now) if outcome.to is RequestState.WAITING else None
+    fields = {name: value for name in ("error", "response", "response_object")
+              if (value := getattr(outcome, name)) is not None}
+    ops = [Request.move(svc.table, req, outcome.to, new_token(), now, due=due, fields=fields, extra=outcome.extra)]
     moves = Moves()
     moves.add(RequestState(req["state"]), outcome, stop)
-    t.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"]))
+    svc.table.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"]))
 
 
 def start(svc: Services, req: dict) -> dict:
@@ -155,50 +122,19 @@ def start(svc: Services, req: dict) -> dict:
     Fenced against its batch stopping: a request that has not started by the time its batch is cancelled,
     failed or out of its window must not start, even if the worker checked a moment earlier."""
     now = svc.now()
-    t = svc.table
     running = {**req, "state": RequestState.RUNNING.value, "attempt": int(req.get("attempt", 0)) + 1,
                "due_at": now + svc.settings.lease_seconds, "started_at": now, "token": new_token()}
-    t.transact([
-        t.op_update(*request_key(req["batch_id"], req["index"]),
-                    "SET #state = :running, attempt = :attempt, due_at = :lease, started_at = :now, "
-                    "#token = :newtoken",
-                    vals={":running": running["state"], ":attempt": running["attempt"], ":lease": running["due_at"],
-                          ":now": now, ":expect": RequestState.DISPATCHED.value, ":token": req["token"],
-                          ":newtoken": running["token"]},
-                    condition="#state = :expect AND #token = :token"),
-        _batch_may_start(svc, req["batch_id"], now, first_attempt=int(req.get("attempt", 0)) == 0),
-    ])
+    first_attempt = int(req.get("attempt", 0)) == 0
+    svc.table.transact([Request.start(svc.table, req, running),
+                        Batch.may_start(svc.table, req["batch_id"], now, first_attempt=first_attempt)])
     return running
-
-
-def _batch_may_start(svc: Services, batch_id: str, now: int, first_attempt: bool) -> dict:
-    """The check a start makes on its batch: not stopped, not being deleted, and for a first attempt the
-    window still open (the window only stops requests from starting)."""
-    if first_attempt:
-        return svc.table.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists("
-                                  "deleting) AND expires_at > :now", vals={":now": now})
-    return svc.table.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
 
 
 def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: int, account_cap: int,
               from_waiting: bool = False, interactive_seen: int | None = None) -> list[dict]:
-    """Take k slots of the model and of the account, within their caps. `interactive_seen` is the model's
-    interactive count the cap was computed from: if interactive load has grown since, the claim fails
-    rather than start batch work on a cap that is already too high."""
-    t = svc.table
-    vals = {":k": k, ":cap": model_cap - k}
-    condition = "(attribute_not_exists(in_flight) OR in_flight <= :cap)"
-    if interactive_seen is not None:
-        vals[":seen"] = interactive_seen
-        condition += " AND (attribute_not_exists(interactive) OR interactive <= :seen)"
-    if from_waiting:
-        vals[":w"] = -k
-    return [
-        t.op_update(*model_budget_key(model_id), "ADD in_flight :k" + (", waiting :w" if from_waiting else ""),
-                    vals=vals, condition=condition),
-        t.op_update(*account_key(account_id), "ADD in_flight :k", vals={":k": k, ":cap": account_cap - k},
-                    condition="attribute_not_exists(in_flight) OR in_flight <= :cap"),
-    ]
+    """Take k slots of the model and of the account, within their caps (see `Budget.take`)."""
+    return [Budget.take(svc.table, model_id, k, model_cap, interactive_seen, from_waiting),
+            Account.take(svc.table, account_id, k, account_cap)]
 
 
 def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
@@ -213,30 +149,21 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
     t = svc.table
     k = len(positions)
     lane = batch["lanes"][model_id]
-    ops = [t.op_update(
-        *batch_key(batch["id"]),
-        "SET lanes.#m.#next = :new, #status = :running, in_progress_at = if_not_exists(in_progress_at, :now) "
-        "ADD in_flight :k, #open :k",
-        vals={":new": lane_next + k, ":old": lane_next, ":running": "in_progress", ":now": now, ":k": k},
-        names={"#m": model_id},
-        condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
-                  "AND expires_at > :now",
-    )]
+    ops = [Batch.claim_lane(t, batch, model_id, lane_next, k, now)]
     ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap,
                      interactive_seen=interactive_seen)
     groups = []
     for at in range(0, k, GROUP_MAX):
         members = positions[at:at + GROUP_MAX]
         pk, sk = group_key(batch["id"], members[0].index)
-        group = {"pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
-                 "first": members[0].index, "positions": [[p.index, p.custom_id, p.offset, p.length] for p in members],
-                 "state": (RequestState.RUNNING if running else RequestState.DISPATCHED).value,
-                 "token": new_token(), "due_pk": LEASE_DUE,
-                 "due_at": now + svc.settings.lease_seconds, "created_at": now, "item_ttl": _items_ttl(svc, batch)}
+        group = Group.new(pk=pk, sk=sk, batch=batch, model_id=model_id,
+                          positions=[[p.index, p.custom_id, p.offset, p.length] for p in members], running=running,
+                          token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
+                          item_ttl=_items_ttl(svc, batch))
         groups.append(group)
-        ops.append(t.op_put(group, condition="attribute_not_exists(pk)"))
+        ops.append(Group.create(t, group))
     if lane_next + k >= lane["total"]:
-        ops.append(t.op_delete(*lane_key(model_id, batch["created_at"], batch["id"])))
+        ops.append(Lane.remove(t, model_id, batch))
     t.transact(ops)
     return groups
 
@@ -252,18 +179,10 @@ def _items_ttl(svc: Services, batch: dict) -> int:
 def start_group(svc: Services, group: dict) -> dict:
     """dispatched -> running for a whole group, fenced against its batch stopping (see `start`)."""
     now = svc.now()
-    t = svc.table
     running = {**group, "state": RequestState.RUNNING.value, "due_at": now + svc.settings.lease_seconds,
                "started_at": now, "token": new_token()}
-    t.transact([
-        t.op_update(group["pk"], group["sk"],
-                    "SET #state = :running, due_at = :lease, started_at = :now, #token = :newtoken",
-                    vals={":running": running["state"], ":lease": running["due_at"], ":now": now,
-                          ":expect": RequestState.DISPATCHED.value, ":token": group["token"],
-                          ":newtoken": running["token"]},
-                    condition="#state = :expect AND #token = :token"),
-        _batch_may_start(svc, group["batch_id"], now, first_attempt=True),
-    ])
+    svc.table.transact([Group.start(svc.table, group, running["token"], now, running["due_at"]),
+                        Batch.may_start(svc.table, group["batch_id"], now, first_attempt=True)])
     return running
 
 
@@ -301,7 +220,7 @@ def tallied(item: dict) -> tuple[Settlement, Stop | None]:
 
 def record_position(svc: Services, item: dict) -> None:
     """Write one group member's outcome. Raises ConditionFailed if the group's lease was recovered first."""
-    svc.table.put(item, condition="attribute_not_exists(pk)")
+    Request.put_outcome(svc.table, item)
 
 
 def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict, ...] = ()) -> None:
@@ -309,9 +228,7 @@ def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict
     fenced by the group's token. `written`: members' request items already stored; `new`: members' items
     this same transaction writes."""
     t = svc.table
-    ops = [t.op_delete(group["pk"], group["sk"], condition="#state = :s AND #token = :t",
-                       vals={":s": group["state"], ":t": group["token"]})]
-    ops += [t.op_put(item, condition="attribute_not_exists(pk)") for item in new]
+    ops = [Group.end(t, group)] + [Request.create(t, item) for item in new]
     moves = Moves()
     for item in (*written, *new):
         outcome, stop = tallied(item)
@@ -325,16 +242,8 @@ def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int,
     now = svc.now()
     t = svc.table
     token = new_token()
-    ops = [
-        t.op_update(*request_key(req["batch_id"], req["index"]),
-                    "SET #state = :d, #token = :new, due_pk = :lease, due_at = :at",
-                    vals={":d": RequestState.DISPATCHED.value, ":new": token, ":lease": LEASE_DUE,
-                          ":at": now + svc.settings.lease_seconds, ":w": RequestState.WAITING.value,
-                          ":old": req["token"]},
-                    condition="#state = :w AND #token = :old"),
-        t.op_update(*batch_key(req["batch_id"]), "ADD in_flight :one", vals={":one": 1},
-                    condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)"),
-    ]
+    ops = [Request.dispatch_retry(t, req, token, now + svc.settings.lease_seconds),
+           Batch.take_retry_slot(t, req["batch_id"])]
     ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap, from_waiting=True,
                      interactive_seen=interactive_seen)
     t.transact(ops)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 
-from ..domain import AccountStatus, Tier, new_account_id, new_api_key, new_token
+from ..domain import AccountStatus, Tier, new_account_id, new_api_key, new_token, utc_day
 from ..layout import account_key, api_key_key, hash_api_key, usage_key
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
@@ -25,15 +24,6 @@ class Principal:
 
 class AuthError(Exception):
     pass
-
-
-def utc_day(now: float) -> str:
-    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")
-
-
-def next_utc_midnight(now: float) -> int:
-    day = dt.datetime.fromtimestamp(now, dt.UTC).date() + dt.timedelta(days=1)
-    return int(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp())
 
 
 def create_account(svc: Services, tier: str = "free", batch_access: bool | None = None,

@@ -9,7 +9,7 @@ second (additive increase, multiplicative decrease, as TCP does).
 from __future__ import annotations
 
 from ..catalog import Model
-from ..layout import model_budget_key
+from ..records import Budget
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 
@@ -29,7 +29,7 @@ def effective_budget(model: Model, budget_item: dict | None, yield_per_request: 
 
 def track_interactive(svc: Services, model_id: str, delta: int) -> None:
     """An interactive request started (+1) or ended (-1) on the model; batch work makes way for it."""
-    svc.table.update(*model_budget_key(model_id), "ADD interactive :d", vals={":d": delta})
+    Budget.track_interactive(svc.table, model_id, delta)
 
 
 def backend_throttled(svc: Services, model: Model, in_flight: int) -> None:
@@ -37,9 +37,7 @@ def backend_throttled(svc: Services, model: Model, in_flight: int) -> None:
     now = svc.now()
     cap = max(min(model.batch_floor, model.batch_budget), in_flight // 2)
     try:
-        svc.table.update(*model_budget_key(model.id), "SET adaptive_cap = :cap, throttled_at = :now",
-                         vals={":cap": cap, ":now": now},
-                         condition="attribute_not_exists(throttled_at) OR throttled_at < :now")
+        Budget.back_off(svc.table, model.id, cap, now)
     except ConditionFailed:
         pass  # another worker already backed off this second
 
@@ -53,12 +51,7 @@ def probe_up(svc: Services, model: Model, budget_item: dict | None) -> None:
     if now - int(item.get("throttled_at", 0)) < PROBE_AFTER_SECONDS or now <= int(item.get("probed_at", 0)):
         return
     try:
-        if int(item["adaptive_cap"]) + 1 >= model.batch_budget:
-            svc.table.update(*model_budget_key(model.id), "REMOVE adaptive_cap SET probed_at = :now",
-                             vals={":now": now, ":old": item["adaptive_cap"]}, condition="adaptive_cap = :old")
-        else:
-            svc.table.update(*model_budget_key(model.id), "SET adaptive_cap = :new, probed_at = :now",
-                             vals={":new": int(item["adaptive_cap"]) + 1, ":now": now, ":old": item["adaptive_cap"]},
-                             condition="adaptive_cap = :old")
+        grown = int(item["adaptive_cap"]) + 1
+        Budget.probe(svc.table, model.id, item["adaptive_cap"], None if grown >= model.batch_budget else grown, now)
     except ConditionFailed:
         pass

@@ -9,8 +9,10 @@ import time
 from collections import defaultdict
 
 from ..catalog import Model
-from ..layout import INDEX_CHUNK, account_key, batch_key, index_object, lane_object, model_budget_key, retry_due
+from ..domain import RequestState
+from ..layout import INDEX_CHUNK, index_object, lane_object
 from ..ledger import GROUP_MAX, Position, claim_from_lane, claim_retry, queue_message
+from ..records import Account, Batch, Budget, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from .capacity import effective_budget, probe_up
@@ -74,7 +76,7 @@ class Dispatcher:
         and groups of first attempts."""
         svc = self.svc
         self.batches_seen = {}
-        budget_item = svc.table.get(*model_budget_key(model.id))
+        budget_item = Budget.get(svc.table, model.id)
         probe_up(svc, model, budget_item)
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
         self.interactive_seen = int((budget_item or {}).get("interactive", 0))
@@ -88,7 +90,7 @@ class Dispatcher:
 
         def account_free(account_id: str) -> int:
             if account_id not in accounts:
-                account = svc.table.get(*account_key(account_id)) or {}
+                account = Account.get(svc.table, account_id) or {}
                 limit = svc.settings.tier_limits.get(account.get("tier", "free"), 0)
                 limits[account_id] = limit
                 accounts[account_id] = limit - int(account.get("in_flight", 0))
@@ -104,13 +106,12 @@ class Dispatcher:
         # `waiting` count says whether there are any, so an idle retry set costs no index query.
         waiting: list[dict] = []
         if int((budget_item or {}).get("waiting", 0)) > 0:
-            waiting, _ = svc.table.query("due_pk = :d AND due_at <= :now",
-                                         {":d": retry_due(model.id), ":now": svc.now()}, index="by_due", limit=free)
+            waiting = Request.due_retries(svc.table, model.id, svc.now(), limit=free)
         for stale in waiting:
             if free <= 0:
                 break
             req = svc.table.get(stale["pk"], stale["sk"])
-            if not req or req.get("state") != "waiting" or account_free(req["account_id"]) <= 0:
+            if not req or req.get("state") != RequestState.WAITING.value or account_free(req["account_id"]) <= 0:
                 continue
             try:
                 dispatched.append(claim_retry(svc, req, cap, tier_cap(req["account_id"]),
@@ -133,8 +134,7 @@ class Dispatcher:
 
     def _dispatch_lanes(self, model: Model, free: int, cap: int, account_free, tier_cap, accounts) -> list[dict]:
         svc = self.svc
-        lanes = list(svc.table.query_all("pk = :pk AND begins_with(sk, :l)",
-                                         {":pk": f"MODEL#{model.id}", ":l": "LANE#"}))
+        lanes = Lane.of_model(svc.table, model.id)
         if not lanes:
             return []
         # Batches take turns: hand out free slots one at a time, round robin, from a rotating start.
@@ -166,12 +166,12 @@ class Dispatcher:
 
     def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int) -> list[dict]:
         svc = self.svc
-        batch = svc.table.get(*batch_key(lane["batch_id"]))
+        batch = Batch.get(svc.table, lane["batch_id"])
         if batch is not None:
             self.batches_seen[batch["id"]] = batch
         if batch is None or batch.get("stop") or batch.get("deleting") or model.id not in batch.get("lanes", {}):
             # A lane left behind by a stopped or deleted batch: remove it so it takes no more turns.
-            svc.table.delete(lane["pk"], lane["sk"])
+            Lane.discard(svc.table, lane)
             return []
         if svc.now() >= batch["expires_at"]:
             return []  # the window has closed: the sweeper expires the batch

@@ -12,18 +12,8 @@ import time
 from collections import Counter
 
 from ..catalog import Model
-from ..domain import Attempt, RequestState, Stop, is_retryable, new_token, retry_delay
-from ..layout import (
-    account_key,
-    api_key_key,
-    batch_key,
-    group_key,
-    model_budget_key,
-    request_key,
-    requests_object,
-    result_object,
-    usage_key,
-)
+from ..domain import Attempt, RequestState, Stop, is_retryable, new_token, next_utc_midnight, retry_delay, utc_day
+from ..layout import account_key, api_key_key, group_key, requests_object, result_object, usage_key
 from ..ledger import (
     Settlement,
     close_group,
@@ -34,14 +24,15 @@ from ..ledger import (
     start,
     start_group,
 )
-from ..providers import openai_compat
+from ..providers import call_backend
+from ..records import Batch, Budget, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import secret_value
-from .accounts import key_problem, may_use_model, next_utc_midnight, utc_day
+from .accounts import key_problem, may_use_model
 from .capacity import backend_throttled
 from .dispatch import Dispatcher
-from .sweep import stop_batch
+from .lifecycle import stop_batch
 
 log = logging.getLogger(__name__)
 ACCESS_RECHECK_SECONDS = 60
@@ -61,7 +52,7 @@ def _stopped(svc: Services, batch: dict, stop: Stop) -> Stop:
     """Stop the batch for this reason, or learn the reason another caller stopped it with first."""
     if stop_batch(svc, batch, stop):
         return stop
-    current = svc.table.get(*batch_key(batch["id"])) or {}
+    current = Batch.get(svc.table, batch["id"]) or {}
     return Stop(current["stop"]) if current.get("stop") else stop
 
 
@@ -132,7 +123,7 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
     the batch as read, for the caller to use if the request may run; if it already holds the batch (read
     a moment ago by the claim), the first check uses that copy: start() is fenced against a stop anyway."""
     for attempt in range(3):
-        batch = dict(seen) if seen and attempt == 0 else svc.table.get(*batch_key(req["batch_id"]))
+        batch = dict(seen) if seen and attempt == 0 else Batch.get(svc.table, req["batch_id"])
         if batch is None:
             return "stale"
         early = _precheck(svc, req, batch)
@@ -145,7 +136,7 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
             settle(svc, req, outcome, stop)
             return outcome.to.value
         except ConditionFailed:
-            req = svc.table.get(*request_key(req["batch_id"], req["index"]))
+            req = Request.get(svc.table, req["batch_id"], req["index"])
             if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
                 return "stale"
     return "stale"
@@ -153,7 +144,7 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
 
 async def _attempt(model: Model, endpoint: str, body: dict, key: str | None, timeout: float) -> Attempt:
     try:
-        return await openai_compat.call(model, endpoint, body, key, timeout)
+        return await call_backend(model, endpoint, body, key, timeout)
     except Exception as error:  # a bug or an odd answer must not strand the request until its lease ends
         log.exception("backend call failed")
         return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
@@ -170,7 +161,7 @@ async def process(svc: Services, message: dict, claimed: dict | None = None, bat
 
 async def _process_request(svc: Services, message: dict, claimed: dict | None, batch: dict | None) -> str:
     batch_id, index = message["batch_id"], int(message["index"])
-    req = claimed or await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
+    req = claimed or await asyncio.to_thread(Request.get, svc.table, batch_id, index)
     if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
         return "stale"  # a duplicate delivery, or the lease was recovered and the request moved on
     batch = dict(batch or {})
@@ -181,7 +172,7 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
         running = await asyncio.to_thread(start, svc, req)
     except ConditionFailed:
         # The batch stopped (or its window closed) between the check and the start: record that instead.
-        current = await asyncio.to_thread(svc.table.get, *request_key(batch_id, index))
+        current = await asyncio.to_thread(Request.get, svc.table, batch_id, index)
         if not current or current["state"] != RequestState.DISPATCHED.value or current["token"] != message["token"]:
             return "stale"
         decided = await asyncio.to_thread(_settle_without_running, svc, current, message)
@@ -206,7 +197,7 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
 
 def _backend_said_429(svc: Services, model: Model) -> None:
     """The backend is past its capacity: batch work on it backs off."""
-    budget = svc.table.get(*model_budget_key(model.id), False)
+    budget = Budget.get(svc.table, model.id, consistent=False)
     backend_throttled(svc, model, int((budget or {}).get("in_flight", 1)))
 
 
@@ -215,7 +206,7 @@ def _close_without_running(svc: Services, group: dict, batch: dict | None) -> Co
     same outcome, written with the group's end in one transaction. Retried on a fresh read if the batch
     changed meanwhile."""
     for _ in range(3):
-        batch = batch or svc.table.get(*batch_key(group["batch_id"]))
+        batch = batch or Batch.get(svc.table, group["batch_id"])
         if batch is None:
             return Counter(stale=1)
         early = _precheck(svc, {"attempt": 0, "model": group["model"]}, batch)
@@ -256,7 +247,7 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
     expected = RequestState.RUNNING if claimed and claimed["state"] == RequestState.RUNNING else RequestState.DISPATCHED
     if not group or group["state"] != expected.value or group["token"] != message["token"]:
         return Counter(stale=1)
-    batch = dict(batch) if batch else await asyncio.to_thread(svc.table.get, *batch_key(message["batch_id"]))
+    batch = dict(batch) if batch else await asyncio.to_thread(Batch.get, svc.table, message["batch_id"])
     decided = await asyncio.to_thread(_close_without_running, svc, group, batch)
     if decided:
         return decided

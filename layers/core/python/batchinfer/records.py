@@ -1,0 +1,583 @@
+"""The records the service keeps in DynamoDB, and every expression that reads or changes them.
+
+Service code says what changes (a lane advances, a batch stops, slots go back); this module says how
+DynamoDB spells it: the update, condition and key-condition expressions, each next to the record it
+touches. Keys come from `layout`; statuses and states from `domain`, whose transition tables fence
+every status write. Ops are built for `Table.transact`, so callers combine them into one transaction.
+
+Records: the batch (`BatchItem`), its lanes (one per model with undispatched requests), its groups (a
+lease over up to 25 first attempts), its requests (written with their outcome, or for a retry), the
+model's budget, the account (unfinished counts and slots), the day's usage, and an Idempotency-Key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TypedDict
+
+from .domain import (
+    STOPPABLE_BATCH,
+    BatchStatus,
+    RequestState,
+    Stop,
+    batch_transition,
+    batches_that_may_become,
+    request_transition,
+    utc_day,
+)
+from .layout import (
+    ACTIVE_PARTITION,
+    GROUP_PREFIX,
+    LEASE_DUE,
+    OWNER_BATCH_PREFIX,
+    PURGE_DUE,
+    REQUEST_PREFIX,
+    account_key,
+    batch_key,
+    idempotency_key,
+    lane_key,
+    lanes_of,
+    model_budget_key,
+    owner_partition,
+    owner_sort,
+    request_key,
+    request_sk,
+    retry_due,
+    usage_key,
+)
+from .storage.dynamo import Table
+
+Op = dict  # one write of a transaction (Table.op_*)
+
+
+# --- Typed shapes (what the items hold; DynamoDB adds nothing) ----------------------------------------
+
+class LaneState(TypedDict):
+    next: int  # the lane's next undispatched position
+    total: int
+
+
+class BatchItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    id: str
+    account_id: str
+    key_hash: str  # the key that created it: the worker re-checks it before every attempt
+    endpoint: str
+    status: str  # BatchStatus
+    created_at: int
+    expires_at: int  # the completion window: requests may start until then
+    metadata: dict | None
+    total: int
+    lanes: dict[str, LaneState]  # model id -> lane progress
+    completed: int
+    failed: int
+    open: int  # requests dispatched and not yet final
+    in_flight: int  # requests holding a slot
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    cost_unknown_attempts: int
+    result_bytes: int
+    owner_pk: str  # by_owner index
+    owner_sk: str
+    active_pk: str  # by_active index, while unfinished
+    active_sk: str
+    idempotency_key: str | None
+    stop: str  # Stop, once the batch stopped starting requests
+    deleting: bool
+    export_object: str  # output.jsonl written to S3 when the batch ended large
+
+
+class GroupItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    batch_id: str
+    model: str
+    account_id: str
+    first: int
+    positions: list[list]  # [index, custom_id, offset, length] per member
+    state: str  # RequestState: dispatched or running
+    token: str  # the lease's fence
+    due_pk: str
+    due_at: int  # when the lease runs out
+    created_at: int
+    started_at: int
+    item_ttl: int  # the TTL its members' items get
+
+
+class RequestItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    batch_id: str
+    index: int
+    custom_id: str
+    model: str
+    account_id: str
+    offset: int  # the body's place in the batch's requests object
+    length: int
+    state: str  # RequestState
+    token: str
+    attempt: int
+    error: dict
+    response: dict
+    response_object: str
+    due_pk: str  # a retry's or a lease's due time (by_due)
+    due_at: int
+    group_token: str  # for a group member: the group that wrote it
+    tally: dict  # for a group member: what its outcome adds to the counters
+    ttl: int
+
+
+def _in(name: str, statuses: frozenset) -> tuple[str, dict]:
+    """`#name IN (:name_0, ...)` and its values, from a set of statuses (sorted: stable expressions)."""
+    vals = {f":{name}_{i}": s.value for i, s in enumerate(sorted(statuses))}
+    return f"#{name} IN ({', '.join(vals)})", vals
+
+
+def _adds(counters: dict[str, float]) -> tuple[str, dict]:
+    """`ADD a :a, b :b` for non-zero counters (`#open` is a reserved word, hence the alias)."""
+    counters = {k: v for k, v in counters.items() if v}
+    return ("ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in counters),
+            {f":{k.lstrip('#')}": v for k, v in counters.items()})
+
+
+# --- Batch --------------------------------------------------------------------------------------------
+
+class Batch:
+    """The batch item: status, lanes, counters; under `by_owner` always, `by_active` while unfinished and
+    `by_due` (PURGE) once its retention clock runs."""
+
+    @staticmethod
+    def new(*, batch_id: str, account_id: str, key_hash: str, endpoint: str, now: int, expires_at: int,
+            metadata: dict | None, lanes: dict[str, int], owner_created_us: int, idempotency_key: str | None,
+            extra: dict | None = None) -> BatchItem:
+        """A batch as created: validating, every counter at zero. `lanes`: model id -> its request count."""
+        pk, sk = batch_key(batch_id)
+        item: BatchItem = {
+            "pk": pk, "sk": sk, "id": batch_id, "account_id": account_id, "key_hash": key_hash,
+            "endpoint": endpoint, "status": BatchStatus.VALIDATING.value, "created_at": now,
+            "expires_at": expires_at, "metadata": metadata, "total": sum(lanes.values()),
+            "lanes": {m: {"next": 0, "total": n} for m, n in lanes.items()},
+            "completed": 0, "failed": 0, "open": 0, "in_flight": 0, "input_tokens": 0, "output_tokens": 0,
+            "cost_usd": 0.0, "cost_unknown_attempts": 0,
+            "owner_pk": owner_partition(account_id), "owner_sk": owner_sort(owner_created_us, batch_id),
+            "active_pk": ACTIVE_PARTITION, "active_sk": batch_id, "idempotency_key": idempotency_key,
+        }
+        item.update(extra or {})  # type: ignore[typeddict-item]
+        return item
+
+    @staticmethod
+    def get(t: Table, batch_id: str) -> BatchItem | None:
+        return t.get(*batch_key(batch_id))  # type: ignore[return-value]
+
+    @staticmethod
+    def create(t: Table, item: BatchItem) -> Op:
+        return t.op_put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def claim_lane(t: Table, batch: BatchItem, model_id: str, lane_next: int, k: int, now: int) -> Op:
+        """Advance the model's lane by k dispatched requests; the batch is in progress from then on.
+        Fenced on the lane's position (one claimant wins) and on the batch still running."""
+        status = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
+        may, may_vals = _in("status", batches_that_may_become(status) | {status})
+        return t.op_update(
+            *batch_key(batch["id"]),
+            "SET lanes.#m.#next = :new, #status = :running, in_progress_at = if_not_exists(in_progress_at, :now) "
+            "ADD in_flight :k, #open :k",
+            vals={":new": lane_next + k, ":old": lane_next, ":running": status.value, ":now": now, ":k": k,
+                  **may_vals},
+            names={"#m": model_id},
+            condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
+                      f"AND expires_at > :now AND {may}")
+
+    @staticmethod
+    def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
+        """The check a start makes on its batch: not stopped, not being deleted, and for a first attempt the
+        window still open (the window only stops requests from starting)."""
+        if first_attempt:
+            return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists("
+                              "deleting) AND expires_at > :now", vals={":now": now})
+        return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def take_retry_slot(t: Table, batch_id: str) -> Op:
+        return t.op_update(*batch_key(batch_id), "ADD in_flight :one", vals={":one": 1},
+                           condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def add(t: Table, batch_id: str, counters: dict[str, float]) -> Op | None:
+        if not any(counters.values()):
+            return None
+        expression, vals = _adds(counters)
+        return t.op_update(*batch_key(batch_id), expression, vals=vals)
+
+    @staticmethod
+    def stop(t: Table, batch_id: str, stop: Stop, now: int, error: dict | None = None) -> Op:
+        """Stop a batch from starting requests; a cancel also makes it cancelling. Fenced on it being
+        stoppable and not stopped yet."""
+        sets = ["#stop = :stop", "stopped_at = :now"]
+        stoppable, vals = _in("status", STOPPABLE_BATCH)
+        vals.update({":stop": stop.value, ":now": now})
+        if stop is Stop.CANCEL:
+            for status in STOPPABLE_BATCH:
+                batch_transition(status, BatchStatus.CANCELLING)
+            sets += ["#status = :cancelling", "cancelling_at = :now"]
+            vals[":cancelling"] = BatchStatus.CANCELLING.value
+        if error is not None:
+            sets.append("#error = :error")
+            vals[":error"] = error
+        return t.op_update(*batch_key(batch_id), "SET " + ", ".join(sets), vals=vals,
+                           condition=f"attribute_not_exists(#stop) AND {stoppable}")
+
+    @staticmethod
+    def finalize(t: Table, batch: BatchItem, final: BatchStatus, stop: Stop | None, now: int,
+                 retention_ends: int, never_started_failed: int, export: str | None) -> Op:
+        """Give the batch its final status, start its retention clock (`by_due` PURGE) and leave
+        `by_active`. Fenced on the status and the stop the decision was made on, and on nothing of it
+        running or open."""
+        final = batch_transition(batch["status"], final)
+        vals = {":final": final.value, ":now": now, ":exp": retention_ends, ":purge": PURGE_DUE,
+                ":never": never_started_failed, ":old": batch["status"], ":zero": 0}
+        if export:
+            vals[":export"] = export
+        if stop is None:
+            same_stop = "attribute_not_exists(#stop)"
+        else:
+            same_stop, vals[":stop"] = "#stop = :stop", stop.value
+        return t.op_update(
+            *batch_key(batch["id"]),
+            f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
+            "due_at = :exp" + (", export_object = :export" if export else "")
+            + " ADD failed :never REMOVE active_pk, active_sk",
+            vals=vals,
+            condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
+                      f"AND {same_stop}")
+
+    @staticmethod
+    def mark_deleting(t: Table, batch_id: str) -> Op:
+        """The batch reads as deleted from now on; fenced on no request of it holding a slot."""
+        return t.op_update(
+            *batch_key(batch_id), "SET deleting = :yes, #stop = if_not_exists(#stop, :cancel) REMOVE active_pk",
+            vals={":yes": True, ":cancel": Stop.CANCEL.value, ":zero": 0},
+            condition="attribute_exists(pk) AND in_flight = :zero AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def delete(t: Table, batch_id: str) -> None:
+        t.delete(*batch_key(batch_id))
+
+    @staticmethod
+    def of_owner(t: Table, account_id: str, limit: int, start: dict | None) -> tuple[list[BatchItem], dict | None]:
+        """One page of an account's batches, newest first."""
+        return t.query("owner_pk = :o AND begins_with(owner_sk, :b)",
+                       {":o": owner_partition(account_id), ":b": OWNER_BATCH_PREFIX},
+                       index="by_owner", forward=False, limit=limit, start=start)  # type: ignore[return-value]
+
+    @staticmethod
+    def owner_cursor(batch: BatchItem) -> dict:
+        """Where a page of `of_owner` after this batch starts."""
+        return {"pk": batch["pk"], "sk": batch["sk"], "owner_pk": batch["owner_pk"], "owner_sk": batch["owner_sk"]}
+
+    @staticmethod
+    def active(t: Table) -> Iterator[dict]:
+        """Unfinished batches (their ids), for the sweeper."""
+        return t.query_all("active_pk = :a", {":a": ACTIVE_PARTITION}, index="by_active")
+
+    @staticmethod
+    def due_for_purge(t: Table, now: int, limit: int) -> list[dict]:
+        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": PURGE_DUE, ":now": now}, index="by_due",
+                           limit=limit)
+        return items
+
+
+# --- Lane ---------------------------------------------------------------------------------------------
+
+class Lane:
+    """The undispatched requests of one batch on one model, under the model's partition: batches take
+    turns by their lanes. Exists while the lane has any request left to dispatch."""
+
+    @staticmethod
+    def create(t: Table, model_id: str, batch: BatchItem) -> Op:
+        pk, sk = lane_key(model_id, batch["created_at"], batch["id"])
+        return t.op_put({"pk": pk, "sk": sk, "batch_id": batch["id"], "account_id": batch["account_id"],
+                         "model": model_id})
+
+    @staticmethod
+    def remove(t: Table, model_id: str, batch: BatchItem) -> Op:
+        return t.op_delete(*lane_key(model_id, batch["created_at"], batch["id"]))
+
+    @staticmethod
+    def delete(t: Table, model_id: str, batch: BatchItem) -> None:
+        t.delete(*lane_key(model_id, batch["created_at"], batch["id"]))
+
+    @staticmethod
+    def discard(t: Table, lane: dict) -> None:
+        """Remove a lane read from `of_model` (one left behind by a stopped or deleted batch)."""
+        t.delete(lane["pk"], lane["sk"])
+
+    @staticmethod
+    def of_model(t: Table, model_id: str) -> list[dict]:
+        pk, prefix = lanes_of(model_id)
+        return list(t.query_all("pk = :pk AND begins_with(sk, :l)", {":pk": pk, ":l": prefix}))
+
+
+# --- Group --------------------------------------------------------------------------------------------
+
+class Group:
+    """A lease over first attempts of one batch on one model: one item, one queue message, one start and
+    one close for all its members. Under `by_due` (LEASE) until it ends, so the sweeper recovers it if its
+    worker dies."""
+
+    @staticmethod
+    def new(*, pk: str, sk: str, batch: BatchItem, model_id: str, positions: list[list], running: bool,
+            token: str, now: int, lease_ends: int, item_ttl: int) -> GroupItem:
+        state = request_transition(None, RequestState.RUNNING if running else RequestState.DISPATCHED)
+        return {"pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
+                "first": positions[0][0], "positions": positions, "state": state.value, "token": token,
+                "due_pk": LEASE_DUE, "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
+
+    @staticmethod
+    def create(t: Table, group: GroupItem) -> Op:
+        return t.op_put(group, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def start(t: Table, group: GroupItem, new_token: str, now: int, lease_ends: int) -> Op:
+        to = request_transition(group["state"], RequestState.RUNNING)
+        return t.op_update(group["pk"], group["sk"],
+                           "SET #state = :running, due_at = :lease, started_at = :now, #token = :newtoken",
+                           vals={":running": to.value, ":lease": lease_ends, ":now": now,
+                                 ":expect": RequestState.DISPATCHED.value, ":token": group["token"],
+                                 ":newtoken": new_token},
+                           condition="#state = :expect AND #token = :token")
+
+    @staticmethod
+    def end(t: Table, group: GroupItem) -> Op:
+        """The group goes; fenced by its state and token, so only its lease holder (or the sweeper that
+        recovered the lease) ends it, once."""
+        return t.op_delete(group["pk"], group["sk"], condition="#state = :s AND #token = :t",
+                           vals={":s": group["state"], ":t": group["token"]})
+
+    @staticmethod
+    def of_batch(t: Table, batch: BatchItem) -> Iterator[GroupItem]:
+        return t.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": batch["pk"], ":g": GROUP_PREFIX},
+                           consistent=True)  # type: ignore[return-value]
+
+
+# --- Request ------------------------------------------------------------------------------------------
+
+class Request:
+    """A request's own item: written with a group member's outcome, and by every change of a retry."""
+
+    @staticmethod
+    def get(t: Table, batch_id: str, index: int) -> RequestItem | None:
+        return t.get(*request_key(batch_id, index))  # type: ignore[return-value]
+
+    @staticmethod
+    def put_outcome(t: Table, item: RequestItem) -> None:
+        """A group member's outcome: written once (a recovered lease wrote it first otherwise)."""
+        t.put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def create(t: Table, item: RequestItem) -> Op:
+        return t.op_put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def move(t: Table, req: RequestItem, to: RequestState, new_token: str, now: int, *, due: tuple[str, int] | None,
+             fields: dict, extra: dict) -> Op:
+        """Move a request from its current state (and token) to `to`, setting `fields` (error, response, ...)
+        and `extra` attributes. `due`: its new place in `by_due`, or None to leave the index."""
+        request_transition(req["state"], to)
+        sets = ["#state = :to", "updated_at = :now", "#token = :newtoken"]
+        vals: dict = {":to": to.value, ":now": now, ":expect": req["state"], ":token": req["token"],
+                      ":newtoken": new_token}
+        removes = []
+        if due is not None:
+            sets += ["due_pk = :due", "due_at = :at"]
+            vals[":due"], vals[":at"] = due
+        else:
+            removes += ["due_pk", "due_at"]
+        for name, value in fields.items():
+            sets.append(f"#{name} = :{name}")
+            vals[f":{name}"] = value
+        for name, value in extra.items():
+            sets.append(f"{name} = :x_{name}")
+            vals[f":x_{name}"] = value
+        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+        return t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
+                           names={"#state": "state"}, condition="#state = :expect AND #token = :token")
+
+    @staticmethod
+    def start(t: Table, req: RequestItem, running: RequestItem) -> Op:
+        """dispatched -> running, with its attempt counted and its lease set (`running` holds the new values)."""
+        request_transition(req["state"], RequestState.RUNNING)
+        return t.op_update(*request_key(req["batch_id"], req["index"]),
+                           "SET #state = :running, attempt = :attempt, due_at = :lease, started_at = :now, "
+                           "#token = :newtoken",
+                           vals={":running": running["state"], ":attempt": running["attempt"],
+                                 ":lease": running["due_at"], ":now": running["started_at"],
+                                 ":expect": RequestState.DISPATCHED.value, ":token": req["token"],
+                                 ":newtoken": running["token"]},
+                           condition="#state = :expect AND #token = :token")
+
+    @staticmethod
+    def dispatch_retry(t: Table, req: RequestItem, new_token: str, lease_ends: int) -> Op:
+        """waiting -> dispatched: from the retry partition of `by_due` to the lease partition."""
+        to = request_transition(req["state"], RequestState.DISPATCHED)
+        return t.op_update(*request_key(req["batch_id"], req["index"]),
+                           "SET #state = :d, #token = :new, due_pk = :lease, due_at = :at",
+                           vals={":d": to.value, ":new": new_token, ":lease": LEASE_DUE, ":at": lease_ends,
+                                 ":w": RequestState.WAITING.value, ":old": req["token"]},
+                           condition="#state = :w AND #token = :old")
+
+    @staticmethod
+    def between(t: Table, batch: BatchItem, start: int, end: int) -> Iterator[RequestItem]:
+        """The stored requests with index start..end (inclusive)."""
+        return t.query_all("pk = :pk AND sk BETWEEN :a AND :b",
+                           {":pk": batch["pk"], ":a": request_sk(start), ":b": request_sk(end)},
+                           consistent=True)  # type: ignore[return-value]
+
+    @staticmethod
+    def waiting_of(t: Table, batch: BatchItem) -> Iterator[RequestItem]:
+        return t.query_all("pk = :pk AND begins_with(sk, :r)",
+                           {":pk": batch["pk"], ":r": REQUEST_PREFIX, ":w": RequestState.WAITING.value},
+                           filter_expression="#state = :w", consistent=True)  # type: ignore[return-value]
+
+    @staticmethod
+    def keys_of(t: Table, batch: BatchItem) -> list[tuple[str, str]]:
+        return [(i["pk"], i["sk"]) for i in t.query_all("pk = :pk AND begins_with(sk, :r)",
+                                                        {":pk": batch["pk"], ":r": REQUEST_PREFIX}, consistent=True)]
+
+    @staticmethod
+    def due_retries(t: Table, model_id: str, now: int, limit: int) -> list[dict]:
+        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": retry_due(model_id), ":now": now},
+                           index="by_due", limit=limit)
+        return items
+
+    @staticmethod
+    def due_leases(t: Table, now: int, limit: int) -> list[dict]:
+        """Requests and groups whose lease ran out."""
+        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": LEASE_DUE, ":now": now},
+                           index="by_due", limit=limit)
+        return items
+
+
+# --- Model budget -------------------------------------------------------------------------------------
+
+class Budget:
+    """A model's batch slots in use (`in_flight`), retries waiting, interactive requests running, and the
+    adaptive cap the backend's 429s set."""
+
+    @staticmethod
+    def get(t: Table, model_id: str, consistent: bool = True) -> dict | None:
+        return t.get(*model_budget_key(model_id), consistent)
+
+    @staticmethod
+    def take(t: Table, model_id: str, k: int, cap: int, interactive_seen: int | None, from_waiting: bool) -> Op:
+        """k slots, within the cap. `interactive_seen`: the interactive count the cap was computed from; if
+        interactive load has grown since, the claim fails rather than start batch work on a stale cap."""
+        vals = {":k": k, ":cap": cap - k}
+        condition = "(attribute_not_exists(in_flight) OR in_flight <= :cap)"
+        if interactive_seen is not None:
+            vals[":seen"] = interactive_seen
+            condition += " AND (attribute_not_exists(interactive) OR interactive <= :seen)"
+        if from_waiting:
+            vals[":w"] = -k
+        return t.op_update(*model_budget_key(model_id), "ADD in_flight :k" + (", waiting :w" if from_waiting else ""),
+                           vals=vals, condition=condition)
+
+    @staticmethod
+    def add(t: Table, model_id: str, counters: dict[str, float]) -> Op | None:
+        if not any(counters.values()):
+            return None
+        expression, vals = _adds(counters)
+        return t.op_update(*model_budget_key(model_id), expression, vals=vals)
+
+    @staticmethod
+    def track_interactive(t: Table, model_id: str, delta: int) -> None:
+        t.update(*model_budget_key(model_id), "ADD interactive :d", vals={":d": delta})
+
+    @staticmethod
+    def back_off(t: Table, model_id: str, cap: int, now: int) -> None:
+        """Set the adaptive cap, at most once a second. Raises ConditionFailed if another did this second."""
+        t.update(*model_budget_key(model_id), "SET adaptive_cap = :cap, throttled_at = :now",
+                 vals={":cap": cap, ":now": now},
+                 condition="attribute_not_exists(throttled_at) OR throttled_at < :now")
+
+    @staticmethod
+    def probe(t: Table, model_id: str, old_cap: int, new_cap: int | None, now: int) -> None:
+        """Move the adaptive cap from old_cap to new_cap (None: no cap). Raises ConditionFailed if it moved."""
+        if new_cap is None:
+            t.update(*model_budget_key(model_id), "REMOVE adaptive_cap SET probed_at = :now",
+                     vals={":now": now, ":old": old_cap}, condition="adaptive_cap = :old")
+        else:
+            t.update(*model_budget_key(model_id), "SET adaptive_cap = :new, probed_at = :now",
+                     vals={":new": new_cap, ":now": now, ":old": old_cap}, condition="adaptive_cap = :old")
+
+
+# --- Account and its day's usage ----------------------------------------------------------------------
+
+class Account:
+    """The account's unfinished batches and requests (the 429 limits) and its slots in flight."""
+
+    @staticmethod
+    def get(t: Table, account_id: str) -> dict | None:
+        return t.get(*account_key(account_id))
+
+    @staticmethod
+    def reserve_unfinished(t: Table, account_id: str, requests: int, max_batches: int, max_requests: int) -> Op:
+        return t.op_update(
+            *account_key(account_id), "ADD unfinished_batches :one, unfinished_requests :n",
+            vals={":one": 1, ":n": requests, ":maxb": max_batches, ":maxr": max_requests - requests},
+            condition="attribute_exists(pk) AND (attribute_not_exists(unfinished_batches) OR "
+                      "unfinished_batches < :maxb) AND (attribute_not_exists(unfinished_requests) OR "
+                      "unfinished_requests <= :maxr)")
+
+    @staticmethod
+    def release_unfinished(t: Table, account_id: str, requests: int) -> Op:
+        return t.op_update(*account_key(account_id), "ADD unfinished_batches :minus, unfinished_requests :minus_total",
+                           vals={":minus": -1, ":minus_total": -requests})
+
+    @staticmethod
+    def take(t: Table, account_id: str, k: int, cap: int) -> Op:
+        return t.op_update(*account_key(account_id), "ADD in_flight :k", vals={":k": k, ":cap": cap - k},
+                           condition="attribute_not_exists(in_flight) OR in_flight <= :cap")
+
+    @staticmethod
+    def add_in_flight(t: Table, account_id: str, delta: int) -> Op:
+        return t.op_update(*account_key(account_id), "ADD in_flight :m", vals={":m": delta})
+
+
+class Usage:
+    """What an account spent on one UTC day (the daily quota); kept three days."""
+
+    @staticmethod
+    def add_cost(t: Table, account_id: str, cost_usd: float, now: int) -> Op:
+        return t.op_update(*usage_key(account_id, utc_day(now)), "ADD cost_usd :c SET #ttl = :ttl",
+                           vals={":c": cost_usd, ":ttl": now + 3 * 86400})
+
+
+# --- Idempotency-Key ----------------------------------------------------------------------------------
+
+class Idempotency:
+    """Which batch an Idempotency-Key created, with the hash of the body it came with."""
+
+    @staticmethod
+    def get(t: Table, account_id: str, key: str) -> dict | None:
+        return t.get(*idempotency_key(account_id, key))
+
+    @staticmethod
+    def claim(t: Table, account_id: str, key: str, batch_id: str, body_hash: str, now: int) -> Op:
+        # A record past its TTL may linger until DynamoDB deletes it; it no longer holds the key.
+        pk, sk = idempotency_key(account_id, key)
+        return t.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "body_hash": body_hash},
+                        condition="attribute_not_exists(pk) OR #ttl <= :now", vals={":now": now})
+
+    @staticmethod
+    def remember_until(t: Table, account_id: str, key: str, until: int) -> Op:
+        return t.op_update(*idempotency_key(account_id, key), "SET #ttl = :ttl", vals={":ttl": until})
+
+    @staticmethod
+    def mark_deleted(t: Table, account_id: str, key: str, until: int) -> None:
+        """Raises ConditionFailed when the record is gone already."""
+        t.update(*idempotency_key(account_id, key), "SET deleted = :yes, #ttl = :ttl",
+                 vals={":yes": True, ":ttl": until}, condition="attribute_exists(pk)")

@@ -1,0 +1,132 @@
+"""Intake: a validated batch, whatever its source (inline JSON, an input file, a Message Batch), becomes a
+stored batch: bodies and index in S3, the batch, its lanes, the account's unfinished counts and the
+Idempotency-Key in one DynamoDB transaction. Nothing is stored for a batch that is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+from ..domain import new_batch_id
+from ..errors import ApiError
+from ..layout import INDEX_CHUNK, batch_prefix, index_object, lane_object, requests_object
+from ..records import Account, Batch, BatchItem, Idempotency, Lane
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+from .accounts import Principal, quota_used_up
+from .validation import ValidatedBatch
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """An Idempotency-Key and the hash of the request it came with."""
+
+    key: str
+    body_hash: str
+
+
+def check_idempotency_key(key: str | None) -> None:
+    if key is None:
+        return
+    if not 1 <= len(key) <= 255 or not all(0x20 <= ord(c) <= 0x7E for c in key):
+        raise ApiError(400, "The Idempotency-Key header must be 1-255 printable ASCII characters.",
+                       param="Idempotency-Key")
+
+
+def body_hash(payload: object) -> str:
+    """The hash of a request body, independent of key order and spacing (what a replay must match)."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def replay(svc: Services, principal: Principal, claim: IdempotencyClaim) -> BatchItem | None:
+    """The batch an earlier call with this Idempotency-Key created, or None if the key is new."""
+    record = Idempotency.get(svc.table, principal.account_id, claim.key)
+    if record is None or (record.get("ttl") and record["ttl"] <= svc.now()):
+        return None
+    if record["body_hash"] != claim.body_hash:
+        raise ApiError(409, "This Idempotency-Key was already used for a different request.",
+                       code="idempotency_key_reused")
+    batch = Batch.get(svc.table, record["batch_id"])
+    if record.get("deleted") or batch is None:
+        raise ApiError(410, "The batch this Idempotency-Key created has been deleted.", code="batch_deleted")
+    return batch
+
+
+def admit(svc: Services, principal: Principal) -> None:
+    """Whether the account may create a batch at all right now."""
+    account = principal.account
+    if not account.get("batch_access"):
+        raise ApiError(403, "Your account may not create batches.", code="batch_access_denied")
+    if quota_used_up(svc, account):
+        raise ApiError(429, "Your daily quota is used up; it renews at 00:00 UTC.", code="quota_exceeded")
+
+
+def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
+          extra: dict | None = None) -> tuple[BatchItem, bool]:
+    """Store a new batch. Returns (batch item, created): created is False when a concurrent call with the
+    same Idempotency-Key won the race and this call answers with its batch. `extra`: fields of the batch
+    item its API adds (where it came from, how it is shown)."""
+    limits = svc.settings
+    try:
+        return _store_new_batch(svc, principal, batch, claim, extra), True
+    except ConditionFailed:
+        if claim:  # a concurrent call with the same key won the race
+            existing = replay(svc, principal, claim)
+            if existing:
+                return existing, False
+        current = Account.get(svc.table, principal.account_id) or {}
+        if current.get("unfinished_batches", 0) >= limits.max_unfinished_batches:
+            raise ApiError(429, f"You already have {limits.max_unfinished_batches} unfinished batches, the most "
+                                "allowed. Wait for one to finish.", code="too_many_batches") from None
+        raise ApiError(429, f"This batch would take your unfinished batch requests past the limit of "
+                            f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
+
+
+def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
+                     extra: dict | None) -> BatchItem:
+    s = svc.settings
+    now = svc.now()
+    batch_id = new_batch_id()
+    if len(batch.requests) > s.max_unfinished_requests:
+        raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
+    # Bodies go to S3 as one object (one PUT, not one write per request); request state is created
+    # only when requests are dispatched, so creating 50,000 requests stays far inside 30 s.
+    lines, index, offset = [], [], 0
+    for req in batch.requests:
+        line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
+        lines.append(line)
+        index.append([req.custom_id, req.model_id, offset, len(line)])
+        offset += len(line)
+    svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
+    for chunk in range(0, len(index), INDEX_CHUNK):
+        svc.blobs.put(index_object(batch_id, chunk // INDEX_CHUNK),
+                      json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
+    lanes: dict[str, list[int]] = {}
+    for position, req in enumerate(batch.requests):
+        lanes.setdefault(req.model_id, []).append(position)
+    if len(lanes) > 1:  # a single-model lane is simply 0..n-1
+        for model_id, positions in lanes.items():
+            svc.blobs.put(lane_object(batch_id, model_id), json.dumps(positions).encode())
+    item = Batch.new(batch_id=batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
+                     endpoint=batch.endpoint, now=now, expires_at=now + s.batch_completion_window_seconds,
+                     metadata=batch.metadata, lanes={m: len(p) for m, p in lanes.items()},
+                     # Wall-clock microseconds, not the (injectable) service clock: only the order matters here.
+                     owner_created_us=time.time_ns() // 1000,
+                     idempotency_key=claim.key if claim else None, extra=extra)
+    t = svc.table
+    ops = [Batch.create(t, item),
+           Account.reserve_unfinished(t, principal.account_id, item["total"], s.max_unfinished_batches,
+                                      s.max_unfinished_requests)]
+    ops += [Lane.create(t, model_id, item) for model_id in lanes]
+    if claim:
+        ops.append(Idempotency.claim(t, principal.account_id, claim.key, batch_id, claim.body_hash, now))
+    try:
+        t.transact(ops)
+    except ConditionFailed:
+        svc.blobs.delete_prefix(batch_prefix(batch_id))
+        raise
+    return item

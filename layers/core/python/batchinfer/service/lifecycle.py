@@ -1,0 +1,132 @@
+"""A batch's lifecycle: the only place that changes a batch's status.
+
+Stop (cancel, expire, fail), settle (the final status once nothing runs or is left to start), purge
+(delete with its results). Every status change is checked against the transition table in `domain`
+(through `records.Batch`), and fenced in DynamoDB on the status it was decided from, so two callers
+(the API, the sweeper, a worker) racing on one batch change it once. Whatever the API a batch came
+from (inline, file, Message Batch), it ends here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..domain import FINAL_BATCH, BatchStatus, RequestState, Stop, counts_as_failed_unstarted, final_status
+from ..layout import batch_prefix, export_object
+from ..ledger import Settlement, settle
+from ..records import Account, Batch, BatchItem, Idempotency, Lane, Request
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+from .results import export_stream
+
+log = logging.getLogger(__name__)
+
+OWNER_UNAUTHORIZED = {"code": "owner_unauthorized",
+                      "message": "The API key that created this batch was revoked or has expired, or its "
+                                 "account was suspended or deleted."}
+
+
+def dispatched_count(batch: BatchItem) -> int:
+    """How many of the batch's requests have been dispatched (lanes advance as they are)."""
+    return sum(lane["next"] for lane in batch["lanes"].values())
+
+
+def stop_batch(svc: Services, batch: BatchItem, stop: Stop) -> bool:
+    """Stop a batch from starting requests. Returns False if it was already stopped or finished."""
+    # The lanes go in the same transaction, so a stopped batch never keeps a turn at dispatch.
+    ops = [Batch.stop(svc.table, batch["id"], stop, svc.now(), OWNER_UNAUTHORIZED if stop is Stop.FAIL else None)]
+    ops += [Lane.remove(svc.table, m, batch) for m in batch["lanes"]]
+    try:
+        svc.table.transact(ops)
+    except ConditionFailed:
+        return False
+    return True
+
+
+def _close_waiting(svc: Services, batch: BatchItem, stop: Stop) -> None:
+    """Requests waiting to run again when their batch stops: those that never ran become unstarted; those
+    that ran keep their last error as their outcome."""
+    for req in Request.waiting_of(svc.table, batch):
+        to = RequestState.UNSTARTED if req.get("attempt", 0) == 0 else RequestState.FAILED
+        try:
+            settle(svc, req, Settlement(to=to, error=req.get("error") if to is RequestState.FAILED else None),
+                   stop=stop)
+        except ConditionFailed:
+            pass  # a worker or dispatcher moved it first; the next sweep looks again
+
+
+def settle_batch(svc: Services, batch_id: str) -> BatchItem | None:
+    """Give a batch its final status once nothing of it is running or left to start."""
+    batch = Batch.get(svc.table, batch_id)
+    if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
+        return batch
+    stop = Stop(batch["stop"]) if batch.get("stop") else None
+    if batch.get("in_flight", 0) > 0:
+        return batch
+    dispatched = dispatched_count(batch)
+    if stop is None and (dispatched < batch["total"] or batch.get("open", 0) > 0):
+        return batch
+    if stop is not None and batch.get("open", 0) > 0:
+        _close_waiting(svc, batch, stop)
+        batch = Batch.get(svc.table, batch_id)
+        if batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
+            return batch
+    now = svc.now()
+    export = None
+    if batch.get("result_bytes", 0) > svc.settings.export_redirect_bytes:
+        # Too large for a Lambda answer: write output.jsonl to S3 now that no result can change.
+        export = export_object(batch_id)
+        svc.blobs.put_stream(export, export_stream(svc, batch), "application/jsonl")
+    never_started = batch["total"] - dispatched if counts_as_failed_unstarted(stop) else 0
+    ops = [Batch.finalize(svc.table, batch, final_status(stop), stop, now,
+                          retention_ends=now + svc.settings.batch_retention_seconds,
+                          never_started_failed=never_started, export=export),
+           Account.release_unfinished(svc.table, batch["account_id"], batch["total"])]
+    if batch.get("idempotency_key"):  # the key is remembered until a day after its batch ends
+        ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
+                                              now + svc.settings.idempotency_retention_seconds))
+    try:
+        svc.table.transact(ops)
+    except ConditionFailed:
+        pass  # someone else settled it, or it changed: the fresh read says which
+    return Batch.get(svc.table, batch_id)
+
+
+def due_to_expire(batch: BatchItem, now: int) -> bool:
+    """Whether the batch's window closed with requests of it not yet started (and nothing stopped it)."""
+    return not batch.get("stop") and now >= batch["expires_at"] and dispatched_count(batch) < batch["total"]
+
+
+def cancel(svc: Services, batch: BatchItem) -> BatchItem:
+    """Cancel: unstarted requests are cancelled, running ones finish. Returns the batch as it is now."""
+    if batch["status"] in FINAL_BATCH or batch["status"] == BatchStatus.FINALIZING.value or batch.get("stop"):
+        return batch
+    stop_batch(svc, batch, Stop.CANCEL)
+    settle_batch(svc, batch["id"])
+    return Batch.get(svc.table, batch["id"])
+
+
+def purge_batch(svc: Services, batch: BatchItem, retention_ended: bool = False) -> None:
+    """Delete a batch with its requests and results (by the user, or when its retention ends).
+    Raises ConditionFailed while one of its requests holds a slot.
+
+    When the retention ends, the request items are left to their TTL (see ledger._items_ttl): they cannot be
+    reached once the batch item is gone, and a TTL delete costs no write units where deleting them here
+    would cost one per request."""
+    now = svc.now()
+    ops = [Batch.mark_deleting(svc.table, batch["id"])]
+    if batch["status"] not in FINAL_BATCH:
+        ops.append(Account.release_unfinished(svc.table, batch["account_id"], batch["total"]))
+    svc.table.transact(ops)
+    for model_id in batch["lanes"]:
+        Lane.delete(svc.table, model_id, batch)
+    if not retention_ended:
+        svc.table.delete_many(Request.keys_of(svc.table, batch))
+    svc.blobs.delete_prefix(batch_prefix(batch["id"]))
+    if batch.get("idempotency_key"):
+        try:
+            Idempotency.mark_deleted(svc.table, batch["account_id"], batch["idempotency_key"],
+                                     now + svc.settings.idempotency_retention_seconds)
+        except ConditionFailed:
+            pass
+    Batch.delete(svc.table, batch["id"])
