@@ -8,12 +8,14 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.retry_after = retry_after  # seconds, sent as `retry-after` (429s)
 
     @property
     def type(self) -> str:

@@ -1,0 +1,32 @@
+"""The caller of a route: its API key, checked, and the services it is served with."""
+
+from __future__ import annotations
+
+from fastapi import Depends, Request
+
+from ..errors import ApiError
+from ..runtime import Services
+from ..service.accounts import AuthError, Principal, authenticate
+
+
+def services_of(request: Request) -> Services:
+    """The services the app was built with (`create_app(get_services)`)."""
+    return request.app.state.get_services()
+
+
+def api_key_of(request: Request) -> str | None:
+    """The key as either SDK sends it: `Authorization: Bearer <key>` (OpenAI, Anthropic 2.x) or
+    `X-API-Key: <key>` (Anthropic 1.x)."""
+    auth = request.headers.get("authorization", "")
+    raw = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    return raw or request.headers.get("x-api-key")
+
+
+def caller(request: Request, svc: Services = Depends(services_of)) -> Principal:
+    """The authenticated caller; every batch route depends on it (batches switched off: 404 for all)."""
+    if not svc.settings.batches_enabled:
+        raise ApiError(404, "Batch inference is unavailable at the moment.", code="batches_unavailable")
+    try:
+        return authenticate(svc, api_key_of(request))
+    except AuthError as error:
+        raise ApiError(401, str(error), code="invalid_api_key") from None

@@ -1,0 +1,135 @@
+"""Error envelopes: OpenAI's `{"error": {message, type, param, code}}` and Anthropic's
+`{"type": "error", "error": {type, message}}`.
+
+A route's envelope is the one of the API it belongs to, chosen by its router's route class
+(`OpenAIRoute`, `AnthropicRoute`), never by sniffing the path: the route marks the request's scope when
+it matches, and the app's error handlers read the mark. A request no route matches gets the envelope
+of the API whose module claimed its path's prefix (`unmatched_paths_under`), else OpenAI's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
+
+from ..errors import ApiError
+
+SCOPE_KEY = "batchinfer.envelope"
+OPENAI, ANTHROPIC = "openai", "anthropic"
+
+
+# --- The shapes, for the OpenAPI document ---------------------------------------------------------------
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error envelope (the `openai` SDK reads `error.message`, `error.code`, `error.param`)."""
+
+    error: OpenAIErrorBody
+
+
+class AnthropicErrorBody(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Anthropic's error envelope (the `anthropic` SDK reads `error.type` and `error.message`)."""
+
+    type: str = "error"
+    error: AnthropicErrorBody
+
+
+ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or expired API key",
+                      403: "Not allowed for this account", 404: "Not found (or batches unavailable)",
+                      409: "Conflicts with the batch's state", 410: "Gone", 413: "Body too large",
+                      429: "A limit or the daily quota is reached", 500: "Server error"}
+
+
+def error_responses(envelope: str, *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route: its error statuses, in its envelope (401, 404 and 500 on every route)."""
+    model = AnthropicError if envelope == ANTHROPIC else OpenAIError
+    codes = sorted({400, 401, 404, 500, *statuses})
+    return {code: {"model": model, "description": ERROR_DESCRIPTIONS.get(code, "Error")} for code in codes}
+
+
+# --- Route classes --------------------------------------------------------------------------------------
+
+class OpenAIRoute(APIRoute):
+    envelope = OPENAI
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE:  # a full match, or the path with another method (405)
+            child = {**child, SCOPE_KEY: self.envelope}
+        return match, child
+
+
+class AnthropicRoute(OpenAIRoute):
+    envelope = ANTHROPIC
+
+
+# --- Rendering ------------------------------------------------------------------------------------------
+
+def render(envelope: str, error: ApiError) -> JSONResponse:
+    if envelope == ANTHROPIC:
+        body: dict = {"type": "error", "error": {"type": error.type, "message": error.message}}
+    else:
+        body = error.openai()
+    headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else None
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+_UNMATCHED: dict[str, str] = {}  # path prefix -> envelope, for requests no route matches
+
+
+def unmatched_paths_under(envelope: str, *prefixes: str) -> None:
+    """Declare that requests under these prefixes that no route serves belong to `envelope`'s API."""
+    for prefix in prefixes:
+        _UNMATCHED[prefix] = envelope
+
+
+def _envelope(request: Request) -> str:
+    marked = request.scope.get(SCOPE_KEY)
+    if marked:
+        return marked
+    path = request.url.path
+    return next((env for prefix, env in _UNMATCHED.items() if path.startswith(prefix)), OPENAI)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in the envelope of the API its route belongs to; no plain-text errors."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return render(_envelope(request), error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "body", "path"))
+        return render(_envelope(request), ApiError(400, f"{where}: {first.get('msg', 'invalid')}",
+                                                   param=where or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = "Not found." if error.status_code == 404 else str(error.detail)
+        return render(_envelope(request), ApiError(error.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        # Still a 500, but in the envelope the SDKs parse rather than Starlette's plain text.
+        return render(_envelope(request), ApiError(500, "The server had an error while processing your request."))

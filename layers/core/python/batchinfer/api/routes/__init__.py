@@ -1,0 +1,1 @@
+"""One router per protocol or concern; `api.app` includes them all."""

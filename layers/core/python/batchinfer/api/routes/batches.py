@@ -1,0 +1,79 @@
+"""`/v1/batches`: OpenAI-shaped inline batches (OpenAI's error envelope)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ...errors import ApiError
+from ...runtime import Services
+from ...service import batches
+from ...service.accounts import Principal
+from ..auth import caller, services_of
+from ..envelopes import OPENAI, OpenAIRoute, error_responses
+from ..schemas import BATCH_LIST, BATCH_OBJECT, CREATE_BATCH_BODY, DELETED_BATCH, RESULTS_PAGE
+
+router = APIRouter(prefix="/v1/batches", route_class=OpenAIRoute, tags=["batches"])
+
+
+@router.post("", summary="Create an inline batch", responses=error_responses(OPENAI, 403, 409, 410, 413, 429),
+             openapi_extra={**CREATE_BATCH_BODY, **BATCH_OBJECT})
+async def create(request: Request, who: Principal = Depends(caller), svc: Services = Depends(services_of)
+                 ) -> JSONResponse:
+    # The body is read raw and parsed once (50,000 requests: no pydantic model per request); its schema
+    # is declared for the OpenAPI document only.
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > svc.settings.max_body_bytes:
+        raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+    raw = await request.body()
+    obj, _created = await run_in_threadpool(batches.create_batch, svc, who, raw,
+                                            request.headers.get("idempotency-key"))
+    # A replay answers exactly as the first call did (200 both times, as OpenAI's create does).
+    return JSONResponse(obj, status_code=200)
+
+
+@router.get("", summary="List your batches, newest first", responses=error_responses(OPENAI),
+            openapi_extra=BATCH_LIST)
+def list_batches(limit: int = Query(20, description="1-100"), after: str | None = None,
+                 who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
+    return batches.list_batches(svc, who, limit, after)
+
+
+@router.get("/{batch_id}", summary="Retrieve a batch", responses=error_responses(OPENAI),
+            openapi_extra=BATCH_OBJECT)
+def retrieve(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
+    return batches.batch_object(batches.owned_batch(svc, who, batch_id))
+
+
+@router.get("/{batch_id}/results", summary="Results in submission order, finished or not",
+            responses=error_responses(OPENAI), openapi_extra=RESULTS_PAGE)
+def results(batch_id: str, limit: int = Query(100, description="1-1000"), after: str | None = None,
+            who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
+    return batches.results_page(svc, who, batch_id, limit, after)
+
+
+@router.get("/{batch_id}/output.jsonl", response_model=None, summary="Every result as JSONL, once final",
+            responses={**error_responses(OPENAI, 409),
+                       200: {"description": "JSONL, one result per line", "content": {"application/jsonl": {}}},
+                       302: {"description": "A large export: a short-lived URL to download it from"}})
+def output(batch_id: str, who: Principal = Depends(caller),
+           svc: Services = Depends(services_of)) -> StreamingResponse | RedirectResponse:
+    location = batches.export_location(svc, who, batch_id)
+    if location:  # large exports: a short-lived presigned S3 URL (clients follow the redirect)
+        return RedirectResponse(location, status_code=302)
+    lines = batches.export_lines(svc, who, batch_id)
+    return StreamingResponse(lines, media_type="application/jsonl",
+                             headers={"Content-Disposition": f'attachment; filename="{batch_id}.jsonl"'})
+
+
+@router.post("/{batch_id}/cancel", summary="Cancel: unstarted requests are cancelled, running ones finish",
+             responses=error_responses(OPENAI), openapi_extra=BATCH_OBJECT)
+def cancel(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
+    return batches.cancel_batch(svc, who, batch_id)
+
+
+@router.delete("/{batch_id}", summary="Delete a batch with its results", responses=error_responses(OPENAI, 409),
+               openapi_extra=DELETED_BATCH)
+def delete(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
+    return batches.delete_batch(svc, who, batch_id)

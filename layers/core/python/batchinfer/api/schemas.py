@@ -1,0 +1,142 @@
+"""Shapes for the OpenAPI document of routes that read or write raw JSON for speed (a 50,000-request
+create is parsed once, not into 50,000 pydantic models; answers are built as dicts). The routes declare
+these with `openapi_extra`; `components()` gives `app.openapi` their definitions. What the service accepts
+is decided by `service.validation`, whose messages name the faulty request; these describe it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+
+REF = "#/components/schemas/{model}"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: Any = None
+
+
+class RequestBody(BaseModel):
+    """The body the request would send to its endpoint (any of that endpoint's parameters)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[ChatMessage] | None = Field(None, description="For /v1/chat/completions (required there)")
+    input: Any = Field(None, description="For /v1/embeddings and /v1/responses")
+
+
+class BatchRequest(BaseModel):
+    custom_id: str = Field(..., min_length=1, max_length=512, description="Unique within the batch")
+    method: Literal["POST"] = "POST"
+    url: Literal["/v1/chat/completions", "/v1/embeddings", "/v1/responses"] = "/v1/chat/completions"
+    body: RequestBody
+
+
+class CreateBatch(BaseModel):
+    requests: list[BatchRequest] = Field(..., min_length=1, max_length=50_000)
+    metadata: dict[str, str] | None = Field(None, description="Up to 16 pairs; keys <= 64, values <= 512 chars")
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class BatchObject(BaseModel):
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: None = None
+    input_file_id: str | None
+    completion_window: str
+    status: Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling",
+                    "cancelled"]
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+    usage: Usage
+    cost_usd: float
+    cost_unknown_attempts: int
+    results_expires_at: int | None
+    error: dict | None
+
+
+class BatchList(BaseModel):
+    object: Literal["list"]
+    data: list[BatchObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class ResultError(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    code: str
+    message: str
+
+
+class Result(BaseModel):
+    id: str = Field(..., description="batch_req_<n>: the request's place in the batch, from 1")
+    custom_id: str
+    status: Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
+    response: dict | None = Field(None, description="{status_code, request_id, body} once completed")
+    error: ResultError | None
+
+
+class ResultsPage(BaseModel):
+    object: Literal["list"]
+    data: list[Result]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class DeletedBatch(BaseModel):
+    id: str
+    object: Literal["batch.deleted"]
+    deleted: bool
+
+
+_MODELS = (CreateBatch, BatchObject, BatchList, ResultsPage, DeletedBatch)
+
+
+def components() -> dict[str, dict]:
+    """Every schema above (and what they refer to), keyed by name, for `components.schemas`."""
+    _, top = models_json_schema([(m, "serialization") for m in _MODELS], ref_template=REF)
+    return top.get("$defs", {})
+
+
+def _ref(model: type[BaseModel]) -> dict:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _ok(model: type[BaseModel], description: str) -> dict:
+    return {"responses": {"200": {"description": description, "content": {"application/json": {
+        "schema": _ref(model)}}}}}
+
+
+CREATE_BATCH_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": _ref(CreateBatch)}}}}
+BATCH_OBJECT = _ok(BatchObject, "The batch")
+BATCH_LIST = _ok(BatchList, "A page of batches")
+RESULTS_PAGE = _ok(ResultsPage, "A page of results")
+DELETED_BATCH = _ok(DeletedBatch, "Deleted")
