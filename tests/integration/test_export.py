@@ -40,7 +40,7 @@ def test_large_export_redirects_to_the_object_written_when_the_batch_ended(svc):
 
 def test_small_export_is_streamed_by_the_api(svc):
     _, key = new_key(svc)
-    from batchinfer.service import batches, results
+    from batchinfer.service import batches
     from batchinfer.service.accounts import authenticate
 
     who = authenticate(svc, key)

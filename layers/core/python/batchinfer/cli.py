@@ -2,6 +2,7 @@
 
 It talks to the running local stack with no flags (it reads .local/stack.json, written by `make run`),
 or to a deployed stack when TABLE_NAME (and AWS credentials) are set in the environment.
+Every error is one line on stderr starting "batchctl: " and a non-zero exit (--debug adds the traceback).
 """
 
 from __future__ import annotations
@@ -9,20 +10,61 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from .runtime import build_services
 from .service import accounts
 from .settings import Settings
+from .storage.aws import AWS_ERRORS, describe_aws_error
 
 LOCAL_STACK_FILE = Path(".local/stack.json")
 
 
-def _services(stack_file: Path):
+class CliError(Exception):
+    """A problem to report to the operator as it is, in one line."""
+
+
+def _settings(stack_file: Path | None) -> Settings:
+    """The local stack's settings (from the stack file), or a deployed stack's (TABLE_NAME and the rest from
+    the environment) when TABLE_NAME is set and no --stack-file is given."""
     settings = Settings()
-    if "table_name" not in settings.model_fields_set and stack_file.exists():
-        settings = Settings(**json.loads(stack_file.read_text()))
-    return build_services(settings)
+    if stack_file is None and "table_name" in settings.model_fields_set:
+        return settings
+    path = stack_file or LOCAL_STACK_FILE
+    if not path.exists():
+        if stack_file is not None:
+            raise CliError(f"stack file {path} not found")
+        raise CliError(f"no local stack here ({path} not found) and TABLE_NAME is not set: start the local "
+                       "stack with `make run` in this folder (or pass --stack-file), or set TABLE_NAME for a "
+                       "deployed stack")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise CliError(f"cannot read stack file {path}: {error}") from error
+    if not isinstance(data, dict):
+        raise CliError(f"stack file {path} is not a JSON object")
+    return Settings(**data)
+
+
+def _problem(error: BaseException, settings: Settings | None) -> str:
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, KeyError):  # from accounts: an account or key that is not there
+        return error.args[0] if error.args else str(error)
+    if isinstance(error, ValidationError):  # a setting in the environment or the stack file
+        return "invalid settings: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+    if isinstance(error, CliError | ValueError):  # ValueError: a value accounts refuse
+        return str(error)
+    if isinstance(error, AWS_ERRORS):
+        return describe_aws_error(error, settings)
+    return f"unexpected error: {type(error).__name__}: {error}"  # a bug: still one line; --debug shows where
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
 
 
 def _bool(value: str) -> bool:
@@ -35,7 +77,9 @@ def _bool(value: str) -> bool:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="batchctl", description=__doc__.splitlines()[0])
-    top.add_argument("--stack-file", type=Path, default=LOCAL_STACK_FILE, help="local stack description")
+    top.add_argument("--stack-file", type=Path, default=None,
+                     help=f"local stack description (default: {LOCAL_STACK_FILE}, unless TABLE_NAME is set)")
+    top.add_argument("--debug", action="store_true", help="print the traceback of an error")
     groups = top.add_subparsers(dest="group", required=True)
     admin = groups.add_parser("admin", help="accounts and API keys").add_subparsers(dest="command", required=True)
 
@@ -64,36 +108,43 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def run(args: argparse.Namespace, svc) -> None:
+    if args.command == "create-account":
+        print(accounts.create_account(svc, tier=args.tier, batch_access=args.batch_access,
+                                      daily_quota_usd=args.daily_quota_usd)["id"])
+    elif args.command == "create-key":
+        expires = svc.now() + int(args.expires_in_days * 86400) if args.expires_in_days else None
+        print(accounts.create_key(svc, args.account, expires_at=expires))
+    elif args.command == "revoke-key":
+        accounts.revoke_key(svc, args.key)
+    elif args.command in ("suspend", "activate", "delete-account"):
+        status = {"suspend": "suspended", "activate": "active", "delete-account": "deleted"}[args.command]
+        accounts.update_account(svc, args.account, status=status)
+    elif args.command == "set":
+        fields = {k: v for k, v in (("tier", args.tier), ("batch_access", args.batch_access),
+                                    ("daily_quota_usd", args.daily_quota_usd)) if v is not None}
+        if not fields:
+            raise CliError("nothing to set: give --tier, --batch-access or --daily-quota-usd")
+        accounts.update_account(svc, args.account, **fields)
+    elif args.command == "show":
+        account = accounts.get_account(svc, args.account)
+        if account is None:
+            raise CliError(f"account {args.account} not found")
+        print(json.dumps({k: v for k, v in account.items() if k not in ("pk", "sk")}, indent=2, sort_keys=True))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    svc = _services(args.stack_file)
+    args = parser().parse_args(argv)  # bad arguments: argparse prints usage and one error line, exits 2
+    settings = None
     try:
-        if args.command == "create-account":
-            print(accounts.create_account(svc, tier=args.tier, batch_access=args.batch_access,
-                                          daily_quota_usd=args.daily_quota_usd)["id"])
-        elif args.command == "create-key":
-            expires = svc.now() + int(args.expires_in_days * 86400) if args.expires_in_days else None
-            print(accounts.create_key(svc, args.account, expires_at=expires))
-        elif args.command == "revoke-key":
-            accounts.revoke_key(svc, args.key)
-        elif args.command in ("suspend", "activate", "delete-account"):
-            status = {"suspend": "suspended", "activate": "active", "delete-account": "deleted"}[args.command]
-            accounts.update_account(svc, args.account, status=status)
-        elif args.command == "set":
-            fields = {k: v for k, v in (("tier", args.tier), ("batch_access", args.batch_access),
-                                        ("daily_quota_usd", args.daily_quota_usd)) if v is not None}
-            if not fields:
-                raise ValueError("nothing to set: give --tier, --batch-access or --daily-quota-usd")
-            accounts.update_account(svc, args.account, **fields)
-        elif args.command == "show":
-            account = accounts.get_account(svc, args.account)
-            if account is None:
-                raise KeyError(f"account {args.account} not found")
-            print(json.dumps({k: v for k, v in account.items() if k not in ("pk", "sk")}, indent=2, sort_keys=True))
-    except (KeyError, ValueError) as error:
-        print(f"batchctl: {error.args[0] if error.args else error}", file=sys.stderr)
-        return 1
-    return 0
+        settings = _settings(args.stack_file)
+        run(args, build_services(settings))
+        return 0
+    except (Exception, KeyboardInterrupt) as error:
+        if args.debug:
+            traceback.print_exception(error)
+        print(f"batchctl: {_one_line(_problem(error, settings))}", file=sys.stderr)
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
 
 
 if __name__ == "__main__":

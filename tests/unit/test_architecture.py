@@ -1,0 +1,125 @@
+"""The core package's shape: no import circles, and no module importing a layer above its own.
+
+Imports are read from the source (every `import`, including those inside functions, which hide circles
+from Python itself), so a circle fails here before it fails in a cold Lambda.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "layers" / "core" / "python"
+PACKAGE = "batchinfer"
+
+# Lower layers first; a module may import its own layer or any below it.
+LAYERS = [
+    {"batchinfer.domain", "batchinfer.layout", "batchinfer.settings", "batchinfer.errors", "batchinfer.catalog",
+     "batchinfer.observability"},
+    {"batchinfer.storage", "batchinfer.providers"},
+    {"batchinfer.runtime"},
+    {"batchinfer.records", "batchinfer.ledger"},
+    {"batchinfer.service"},
+    {"batchinfer.api", "batchinfer.cli"},
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """The package's modules this one imports (resolving relative imports; `from x import y` counts y
+    when y is itself a module)."""
+    is_package = path.name == "__init__.py"
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != PACKAGE:
+                continue
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in (ROOT / PACKAGE).rglob("*.py")}
+    return {name: {i for i in _imports(path, name) if i in paths and i != name} for name, path in paths.items()}
+
+
+def _layer(module: str) -> int:
+    for rank, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return rank
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle, or None. A package's __init__ importing its own submodules is not a circle
+    unless a submodule imports the package back."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_core_package_has_no_import_circle():
+    graph = _graph()
+    assert "batchinfer.service.lifecycle" in graph  # the walk found the package
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [f"{m} (layer {_layer(m)}) imports {i} (layer {_layer(i)})"
+              for m, imports in _graph().items() for i in imports if _layer(i) > _layer(m)]
+    assert upward == []
+
+
+@pytest.mark.parametrize(("graph", "circle"), [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+])
+def test_the_check_finds_a_circle(graph, circle):
+    assert _cycle(graph) == circle
+
+
+def test_only_storage_touches_boto3_and_only_providers_touch_httpx():
+    offenders = []
+    for path in (ROOT / PACKAGE).rglob("*.py"):
+        name = _module_name(path)
+        tree = ast.parse(path.read_text())
+        modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        modules |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        if modules & {"boto3", "botocore"} and not name.startswith(f"{PACKAGE}.storage"):
+            offenders.append(f"{name} imports boto3")
+        if "httpx" in modules and not name.startswith(f"{PACKAGE}.providers"):
+            offenders.append(f"{name} imports httpx")
+    assert offenders == []
