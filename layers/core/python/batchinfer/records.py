@@ -135,11 +135,13 @@ def _in(name: str, statuses: frozenset) -> tuple[str, dict]:
     return f"#{name} IN ({', '.join(vals)})", vals
 
 
-def _adds(counters: dict[str, float]) -> tuple[str, dict]:
-    """`ADD a :a, b :b` for non-zero counters (`#open` is a reserved word, hence the alias)."""
+def _add_op(t: Table, key: tuple[str, str], counters: dict[str, float]) -> Op | None:
+    """`ADD a :a, b :b` for the non-zero counters (`#open` is a reserved word, hence the alias), or None."""
     counters = {k: v for k, v in counters.items() if v}
-    return ("ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in counters),
-            {f":{k.lstrip('#')}": v for k, v in counters.items()})
+    if not counters:
+        return None
+    return t.op_update(*key, "ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in counters),
+                       vals={f":{k.lstrip('#')}": v for k, v in counters.items()})
 
 
 # --- Batch --------------------------------------------------------------------------------------------
@@ -207,10 +209,7 @@ class Batch:
 
     @staticmethod
     def add(t: Table, batch_id: str, counters: dict[str, float]) -> Op | None:
-        if not any(counters.values()):
-            return None
-        expression, vals = _adds(counters)
-        return t.op_update(*batch_key(batch_id), expression, vals=vals)
+        return _add_op(t, batch_key(batch_id), counters)
 
     @staticmethod
     def stop(t: Table, batch_id: str, stop: Stop, now: int, error: dict | None = None) -> Op:
@@ -487,10 +486,7 @@ class Budget:
 
     @staticmethod
     def add(t: Table, model_id: str, counters: dict[str, float]) -> Op | None:
-        if not any(counters.values()):
-            return None
-        expression, vals = _adds(counters)
-        return t.op_update(*model_budget_key(model_id), expression, vals=vals)
+        return _add_op(t, model_budget_key(model_id), counters)
 
     @staticmethod
     def track_interactive(t: Table, model_id: str, delta: int) -> None:
