@@ -9,7 +9,6 @@ Precedence, lowest first:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -19,10 +18,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# The catalog format, ${VAR:-default}, queue/secret names: owned by the core package, shared with the functions.
+from batchinfer import catalog as core
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODELS_FILE = "layers/core/python/batchinfer/models.yaml"
+# The catalog the core layer ships, relative to the repo as cdk.json writes it (so the two compare equal).
+# The functions read it unless MODELS_FILE names a custom one.
+DEFAULT_MODELS_FILE = Path(core.DEFAULT_MODELS_FILE).resolve().relative_to(REPO_ROOT).as_posix()
 
 CONTEXT_DEFAULTS_KEY = "batchinfer"
 CONTEXT_CONFIG_FILE_KEY = "config_file"
@@ -38,8 +42,6 @@ VALID_LOG_RETENTION_DAYS = (
 # Lambda's event source mapping accepts MaximumConcurrency between 2 and 1000.
 MIN_QUEUE_CONCURRENCY = 2
 MAX_QUEUE_CONCURRENCY = 1000
-# SQS queue names are at most 80 characters; the DLQ adds "-dlq".
-_MAX_QUEUE_NAME = 80 - len("-dlq")
 # Environment variables the stack sets itself; catalog_env may not override them.
 RESERVED_ENV_NAMES = frozenset(
     {
@@ -61,7 +63,8 @@ RESERVED_ENV_NAMES = frozenset(
     }
 )
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# Characters a Secrets Manager secret name may hold; each queued model gets `<stage>/batchinfer/models/<id>`.
+_SECRET_SAFE_ID = re.compile(r"[A-Za-z0-9/_+=.@-]+")
 _NONE_STRINGS = {"", "none", "null"}
 
 
@@ -204,19 +207,32 @@ class CatalogModel:
     base_url: str | None
     api_key_env: str | None = None
 
+    @classmethod
+    def from_core(cls, model: core.Model, slug: str) -> CatalogModel:
+        backend = model.backend
+        return cls(
+            model_id=model.id,
+            slug=slug,
+            batch_budget=model.batch_budget,
+            needs_secret=bool(backend and (backend.api_key_env or backend.api_key_secret)),
+            base_url=backend.base_url if backend else None,
+            api_key_env=(backend.api_key_env if backend else None) or None,
+        )
+
     @property
     def max_concurrency(self) -> int:
         """Event source MaximumConcurrency: the model's batch budget, within Lambda's 2..1000."""
         return min(MAX_QUEUE_CONCURRENCY, max(MIN_QUEUE_CONCURRENCY, self.batch_budget))
 
+    # The names come from batchinfer.catalog, which the local stack's bootstrap uses as well.
     def queue_name(self, stage: str) -> str:
-        return f"{stage}-batchinfer-{self.slug}"
+        return core.queue_name(stage, self.model_id)
 
     def dlq_name(self, stage: str) -> str:
-        return f"{self.queue_name(stage)}-dlq"
+        return core.dlq_name(stage, self.model_id)
 
     def secret_name(self, stage: str) -> str:
-        return f"{stage}/batchinfer/models/{self.model_id}"
+        return core.secret_name(stage, self.model_id)
 
     @property
     def backend_is_loopback(self) -> bool:
@@ -227,75 +243,51 @@ class CatalogModel:
 
 @dataclass(frozen=True)
 class Catalog:
+    """The core catalog as the infrastructure sees it: queued models and the auto ids (which get no queue)."""
+
     path: Path
     models: tuple[CatalogModel, ...]
     auto_model_ids: tuple[str, ...]
 
 
-def expand_env(value: str, env: Mapping[str, str]) -> str:
-    """Expand `${VAR:-default}` from `env`, never from the build machine: synth stays reproducible."""
-    return _ENV_REF.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
-
-
-def slugify(model_id: str) -> str:
-    """A queue-name-safe form of a model id: lowercase, [a-z0-9_-], dashes collapsed."""
-    slug = re.sub(r"[^a-z0-9_-]+", "-", model_id.lower())
-    return re.sub(r"-{2,}", "-", slug).strip("-")
-
-
 def load_catalog(path: Path, *, stage: str, env: Mapping[str, str] | None = None) -> Catalog:
-    """Read the model catalog with PyYAML; `auto` entries get no queue and are only listed."""
-    env = env or {}
-    document = yaml.safe_load(path.read_text())
-    entries = (document or {}).get("models")
+    """Parse the catalog with the core package (what the functions will read), then apply the checks a
+    deployment needs on top: explicit budgets, secret-safe ids, one queue per model."""
+    document = core.read_catalog_document(path)
+    entries = document.get("models") if isinstance(document, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a non-empty 'models' list")
-
-    models: list[CatalogModel] = []
-    autos: list[str] = []
-    seen_ids: set[str] = set()
-    seen_slugs: dict[str, str] = {}
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or not entry.get("id"):
             raise ValueError(f"{path}: models[{index}] has no id")
-        model_id = expand_env(str(entry["id"]), env)
-        if model_id in seen_ids:
-            raise ValueError(f"{path}: model id {model_id!r} appears twice")
-        seen_ids.add(model_id)
-        if _truthy(entry.get("auto", False), env):
-            autos.append(model_id)
+    try:
+        catalog = core.parse_catalog(document, env or {})
+    except ValidationError as error:
+        raise ValueError(f"{path}: {_describe(error, entries)}") from error
+
+    queued: list[core.Model] = []
+    for model, entry in zip(catalog.models, entries, strict=True):  # the core keeps the file's order
+        if model.auto:
             continue
-        if not re.fullmatch(r"[A-Za-z0-9/_+=.@-]+", model_id):
-            raise ValueError(f"{path}: model id {model_id!r} cannot name a Secrets Manager secret")
-        backend = entry.get("backend") or {}
-        budget_raw = entry.get("batch_budget")
-        if budget_raw is None:
-            raise ValueError(f"{path}: model {model_id!r} needs a batch_budget")
-        budget = int(expand_env(budget_raw, env)) if isinstance(budget_raw, str) else int(budget_raw)
-        if budget < 1:
-            raise ValueError(f"{path}: model {model_id!r} batch_budget must be at least 1")
-        slug = _fit_slug(slugify(model_id), model_id, stage)
-        if not slug:
-            raise ValueError(f"{path}: model id {model_id!r} has no character usable in a queue name")
-        if slug in seen_slugs:
-            raise ValueError(
-                f"{path}: models {seen_slugs[slug]!r} and {model_id!r} map to one queue name {slug!r}"
-            )
-        seen_slugs[slug] = model_id
-        base_url = backend.get("base_url")
-        models.append(
-            CatalogModel(
-                model_id=model_id,
-                slug=slug,
-                batch_budget=budget,
-                needs_secret=bool(backend.get("api_key_env") or backend.get("api_key_secret")),
-                base_url=expand_env(str(base_url), env) if base_url else None,
-                api_key_env=backend.get("api_key_env") or None,
-            )
-        )
-    if not models:
+        if not _SECRET_SAFE_ID.fullmatch(model.id):
+            raise ValueError(f"{path}: model id {model.id!r} cannot name a Secrets Manager secret")
+        # The core defaults a missing budget; a deployment must choose it, since it caps worker concurrency.
+        if entry.get("batch_budget") is None:
+            raise ValueError(f"{path}: model {model.id!r} needs a batch_budget")
+        if model.batch_budget < 1:
+            raise ValueError(f"{path}: model {model.id!r} batch_budget must be at least 1")
+        queued.append(model)
+    if not queued:
         raise ValueError(f"{path}: no model with a backend (every entry is auto)")
-    return Catalog(path=path, models=tuple(models), auto_model_ids=tuple(autos))
+    try:
+        slugs = core.queue_slugs(stage, [model.id for model in queued])
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from error
+    return Catalog(
+        path=path,
+        models=tuple(CatalogModel.from_core(model, slugs[model.id]) for model in queued),
+        auto_model_ids=tuple(m.id for m in catalog.models if m.auto),
+    )
 
 
 def resolve_config(get_context: Callable[[str], Any]) -> InfraConfig:
@@ -328,19 +320,17 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _fit_slug(slug: str, model_id: str, stage: str) -> str:
-    """Shorten a slug that would overflow the queue name, keeping it unique with a hash suffix."""
-    room = _MAX_QUEUE_NAME - len(f"{stage}-batchinfer-")
-    if len(slug) <= room:
-        return slug
-    suffix = hashlib.sha256(model_id.encode()).hexdigest()[:8]
-    return f"{slug[: room - len(suffix) - 1].rstrip('-')}-{suffix}"
-
-
-def _truthy(value: Any, env: Mapping[str, str]) -> bool:
-    if isinstance(value, str):
-        return expand_env(value, env).strip().lower() in {"1", "true", "yes", "on"}
-    return bool(value)
+def _describe(error: ValidationError, entries: list[Any]) -> str:
+    """The core catalog's validation errors, each naming the model (as the file writes its id) and field."""
+    problems = []
+    for item in error.errors():
+        loc = item["loc"]
+        if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int) and loc[1] < len(entries):
+            field = ".".join(str(part) for part in loc[2:]) or "entry"
+            problems.append(f"model {entries[loc[1]]['id']!r}: {field}: {item['msg']}")
+        else:
+            problems.append(item["msg"])
+    return "; ".join(problems)
 
 
 def _ceil_days(seconds: int) -> int:

@@ -13,6 +13,7 @@ from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from batchinfer.catalog import METRICS_NAMESPACE, function_service_name  # the namespace observability emits in
 from infra import layers
 from infra.config import REPO_ROOT, InfraConfig
 from infra.nag import acknowledge, acknowledge_all, nag_ref
@@ -22,7 +23,6 @@ from infra.storage import Storage
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.X86_64
 HANDLER = "handler.handler"
-METRICS_NAMESPACE = "BatchInference"
 FUNCTIONS_DIR = REPO_ROOT / "functions"
 # Lambda refuses environments over 4 KB (keys + values), a limit a large catalog can reach.
 LAMBDA_ENV_LIMIT_BYTES = 4096
@@ -201,7 +201,7 @@ class ServiceFunctions(Construct):
             description=f"batchinfer {config.stage} {spec.name} function",
         )
         log_group.grant_write(role)
-        environment = {**common_env, **own_env, "POWERTOOLS_SERVICE_NAME": f"batchinfer-{spec.name}"}
+        environment = {**common_env, **own_env, "POWERTOOLS_SERVICE_NAME": function_service_name(spec.name)}
         estimate = estimated_env_bytes(environment)
         if estimate > LAMBDA_ENV_LIMIT_BYTES * 0.9:
             Annotations.of(group).add_warning_v2(

@@ -1,6 +1,7 @@
 """CloudWatch dashboard and alarms for one stage.
 
-Application metrics come from Powertools Metrics (EMF log lines) in namespace `BatchInference`. Powertools
+Application metrics come from Powertools Metrics (EMF log lines) in `batchinfer.catalog.METRICS_NAMESPACE`, the
+constant `batchinfer.observability` emits with, so the dashboard cannot drift from the functions. Powertools
 always adds the `service` dimension, so a metric the worker emits with `model` is identified by
 {service: batchinfer-worker, model: <id>}; the queries here use exactly that pair.
 """
@@ -16,15 +17,19 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
+from batchinfer.catalog import (
+    METRIC_BACKEND_ERRORS,
+    METRIC_REQUESTS_COMPLETED,
+    METRICS_NAMESPACE,
+    WORKER_METRICS_SERVICE,
+)
 from infra.api import HttpApiFront
 from infra.config import InfraConfig
-from infra.functions import METRICS_NAMESPACE, ServiceFunctions
+from infra.functions import ServiceFunctions
 from infra.queues import MAX_RECEIVE_COUNT, ModelQueue, ModelQueues
 
 # EMF metrics the worker emits per model (see the contract in docs/operations.md).
-BACKEND_METRICS_SERVICE = "batchinfer-worker"
-METRIC_BACKEND_ERRORS = "BackendErrors"
-METRIC_REQUESTS_COMPLETED = "RequestsCompleted"
+BACKEND_METRICS_SERVICE = WORKER_METRICS_SERVICE
 
 QUEUE_AGE_ALARM_SECONDS = 15 * 60
 BACKEND_ERROR_RATE_ALARM_PERCENT = 10

@@ -7,20 +7,15 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from batchinfer.layout import BATCHES_PREFIX, FILES_PREFIX, INDEXES, TTL_ATTRIBUTE
 from infra.config import InfraConfig
 
-S = dynamodb.AttributeType.STRING
-N = dynamodb.AttributeType.NUMBER
+_TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
 
-# The indexes the storage modules query; all project ALL so a query needs no second read.
+# The indexes the storage modules query (defined once, in batchinfer.layout, for the local stack too).
 GLOBAL_INDEXES: dict[str, tuple[tuple[str, dynamodb.AttributeType], tuple[str, dynamodb.AttributeType]]] = {
-    "by_owner": (("owner_pk", S), ("owner_sk", S)),
-    "by_due": (("due_pk", S), ("due_at", N)),
-    "by_active": (("active_pk", S), ("active_sk", S)),
+    name: ((hk, _TYPES[ht]), (rk, _TYPES[rt])) for name, ((hk, ht), (rk, rt)) in INDEXES.items()
 }
-
-BATCHES_PREFIX = "batches/"
-FILES_PREFIX = "files/"
 
 
 class Storage(Construct):
@@ -33,13 +28,13 @@ class Storage(Construct):
         self.table = dynamodb.Table(
             self,
             "Table",
-            partition_key=dynamodb.Attribute(name="pk", type=S),
-            sort_key=dynamodb.Attribute(name="sk", type=S),
+            partition_key=dynamodb.Attribute(name="pk", type=_TYPES["S"]),
+            sort_key=dynamodb.Attribute(name="sk", type=_TYPES["S"]),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
-            time_to_live_attribute="ttl",
+            time_to_live_attribute=TTL_ATTRIBUTE,
             deletion_protection=config.retain_data,
             removal_policy=removal,
         )

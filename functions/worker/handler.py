@@ -6,6 +6,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType, async_process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
+from batchinfer.catalog import METRIC_BACKEND_ERRORS, METRIC_REQUESTS_COMPLETED
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.service.work import process_and_pull
@@ -17,9 +18,9 @@ _seconds_left = {"value": 60.0}  # set per invocation from the Lambda context
 async def record_handler(record: SQSRecord) -> str:
     outcome = await process_and_pull(services(), json.loads(record.body), _seconds_left["value"])
     if ended := outcome["completed"] + outcome["failed"]:
-        metrics.add_metric(name="RequestsCompleted", unit=MetricUnit.Count, value=ended)
+        metrics.add_metric(name=METRIC_REQUESTS_COMPLETED, unit=MetricUnit.Count, value=ended)
     if refused := outcome["waiting"] + outcome["failed"]:  # retries and final failures: the backend said no
-        metrics.add_metric(name="BackendErrors", unit=MetricUnit.Count, value=refused)
+        metrics.add_metric(name=METRIC_BACKEND_ERRORS, unit=MetricUnit.Count, value=refused)
     return json.dumps(outcome)
 
 

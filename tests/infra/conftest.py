@@ -60,7 +60,8 @@ EDGE_CATALOG = {
         {
             "id": "tiny",
             "batch_budget": 1,
-            "backend": {"kind": "anthropic", "base_url": "${TINY_URL:-http://127.0.0.1:1}"},
+            # The core catalog knows only "openai" backends so far; anything else fails the synth.
+            "backend": {"kind": "openai", "base_url": "${TINY_URL:-http://127.0.0.1:1}"},
         },
         {
             "id": "mid",

@@ -9,15 +9,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from batchinfer import catalog as core
 from infra import layers
 from infra.config import (
     DEFAULT_MODELS_FILE,
     REPO_ROOT,
     InfraConfig,
-    expand_env,
     load_catalog,
     resolve_config,
-    slugify,
 )
 from infra.functions import estimated_env_bytes
 from infra.stack import build_app
@@ -171,8 +170,48 @@ def test_long_model_ids_get_unique_queue_names_within_sqs_limits(tmp_path: Path)
 
 
 def test_helpers() -> None:
-    assert slugify("Qwen3.6-35B/Instruct") == "qwen3-6-35b-instruct"
-    assert expand_env("${A:-x}/${B:-y}/${C}", {"A": "1"}) == "1/y/"
+    # The rules live in the core package; infra has no copy of them.
+    assert core.slugify("Qwen3.6-35B/Instruct") == "qwen3-6-35b-instruct"
+    assert core.expand("${A:-x}/${B:-y}/${C}", {"A": "1"}) == "1/y/"
+
+
+def test_default_models_file_is_the_core_layer_s_catalog() -> None:
+    assert (REPO_ROOT / DEFAULT_MODELS_FILE).resolve() == Path(core.DEFAULT_MODELS_FILE).resolve()
+
+
+def test_an_empty_variable_takes_the_default_as_in_the_functions(tmp_path: Path) -> None:
+    # Same `:-` as bash and as the core catalog the functions load: set-but-empty means "use the default".
+    path = write_catalog(
+        tmp_path,
+        [
+            {
+                "id": "m",
+                "batch_budget": "${BUDGET:-3}",
+                "backend": {"base_url": "${URL:-https://default.example}/v1"},
+            }
+        ],
+    )
+    env = {"URL": "", "BUDGET": ""}
+    (model,) = load_catalog(path, stage="dev", env=env).models
+    assert (model.base_url, model.batch_budget) == ("https://default.example/v1", 3)
+    core_model = core.load_catalog(path, env).get("m")
+    assert (core_model.backend.base_url, core_model.batch_budget) == (model.base_url, model.batch_budget)
+
+
+def test_catalog_errors_name_the_file_and_the_model(tmp_path: Path) -> None:
+    path = write_catalog(tmp_path, [{"id": "a.b", "batch_budget": 1}, {"id": "A-B", "batch_budget": 1}])
+    with pytest.raises(ValueError, match=r"models\.yaml: models 'a\.b' and 'A-B' map to one queue name"):
+        load_catalog(path, stage="dev")
+    path = write_catalog(tmp_path, [{"id": "m", "backend": {"base_url": "https://x"}}])
+    with pytest.raises(ValueError, match=r"models\.yaml: model 'm' needs a batch_budget"):
+        load_catalog(path, stage="dev")
+    # What the functions' catalog refuses (here an unknown backend kind) fails the synth, not the Lambda.
+    path = write_catalog(tmp_path, [{"id": "m", "batch_budget": 1, "backend": {"kind": "x", "base_url": "y"}}])
+    with pytest.raises(ValueError, match=r"models\.yaml: model 'm': backend\.kind: Input should be 'openai'"):
+        load_catalog(path, stage="dev")
+    path = write_catalog(tmp_path, [{"id": "m", "batch_budget": 1}, {"id": "n", "aliases": ["m"], "auto": True}])
+    with pytest.raises(ValueError, match=r"models\.yaml: .*the name 'm' is used twice"):
+        load_catalog(path, stage="dev")
 
 
 def test_deps_layer_recipe_targets_lambda_python_312_x86_64(tmp_path: Path) -> None:

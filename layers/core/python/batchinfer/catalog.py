@@ -1,16 +1,46 @@
-"""The model catalog: which models exist, their aliases, backends, budgets and prices."""
+"""The model catalog: which models exist, their aliases, backends, budgets and prices.
+
+This module is also the one owner of what the core package and the CDK app (infra/) must agree on: the
+catalog format and its `${VAR:-default}` expansion, the default catalog file, the per-model queue and secret
+names, and the metrics namespace. infra/ imports it, so it stays pure (pydantic + PyYAML): no boto3, no
+aws-cdk, no Powertools.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, Field
 
+# The catalog shipped in the core layer; MODELS_FILE (functions) or models_file (infra) may name another.
+DEFAULT_MODELS_FILE = str(Path(__file__).with_name("models.yaml"))
+
+# CloudWatch namespace of the EMF metrics the functions emit; the CDK dashboard and alarms read the same one.
+METRICS_NAMESPACE = "BatchInference"
+# Metrics the functions emit and the CDK dashboard and alarms read (one spelling for both).
+METRIC_REQUESTS_COMPLETED = "RequestsCompleted"  # worker, per model: requests that ended (completed or failed)
+METRIC_BACKEND_ERRORS = "BackendErrors"  # worker, per model: attempts the backend refused (retried or final)
+METRIC_REQUESTS_DISPATCHED = "RequestsDispatched"  # dispatcher
+
+
+def function_service_name(function: str) -> str:
+    """A function's Powertools service name (POWERTOOLS_SERVICE_NAME; the `service` metric dimension)."""
+    return f"batchinfer-{function}"
+
+
+WORKER_METRICS_SERVICE = function_service_name("worker")
+
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+# SQS queue names are at most 80 characters, and the DLQ's name is the queue's plus "-dlq".
+_SQS_NAME_LIMIT = 80
+_DLQ_SUFFIX = "-dlq"
+_HASH_CHARS = 8
 
 
 class Backend(BaseModel):
@@ -69,16 +99,95 @@ class Catalog(BaseModel):
         return [m for m in self.models if not m.auto and m.backend is not None]
 
 
-def _expand(value: object, env: Mapping[str, str]) -> object:
+# -- ${VAR:-default} ------------------------------------------------------------------------------------
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Expand `${VAR}` and `${VAR:-default}` from `env` only (infra passes catalog_env, so synth is reproducible).
+
+    As in bash, `:-` also applies to a variable that is set but empty: `SIMULATED_BACKEND_URL=` must not
+    turn `${SIMULATED_BACKEND_URL:-http://...}/v1` into the relative URL `/v1`.
+    """
+    return _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+
+
+def expand_tree(value: object, env: Mapping[str, str]) -> object:
+    """`expand` applied to every string inside a parsed YAML document (keys are left alone)."""
     if isinstance(value, str):
-        return _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+        return expand(value, env)
     if isinstance(value, list):
-        return [_expand(v, env) for v in value]
+        return [expand_tree(v, env) for v in value]
     if isinstance(value, dict):
-        return {k: _expand(v, env) for k, v in value.items()}
+        return {k: expand_tree(v, env) for k, v in value.items()}
     return value
 
 
+# -- the catalog file -----------------------------------------------------------------------------------
+
+
+def read_catalog_document(path: str | Path) -> object:
+    """The catalog file as parsed YAML, before expansion (infra checks what the file itself says)."""
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+
+
+def parse_catalog(document: object, env: Mapping[str, str]) -> Catalog:
+    return Catalog.model_validate(expand_tree(document, env))
+
+
 def load_catalog(path: str | Path, env: Mapping[str, str]) -> Catalog:
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    return Catalog.model_validate(_expand(raw, env))
+    return parse_catalog(read_catalog_document(path), env)
+
+
+# -- names derived from a model id ----------------------------------------------------------------------
+# The local stack (storage/bootstrap.py) and the CDK app create these, and the deployed functions find them
+# by name, so both must derive them here.
+
+
+def queue_prefix(stage: str) -> str:
+    return f"{stage}-batchinfer-"
+
+
+def slugify(model_id: str) -> str:
+    """A queue-name-safe form of a model id: lowercase, [a-z0-9_-], dashes collapsed, none at the ends."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", model_id.lower())
+    return re.sub(r"-{2,}", "-", slug).strip("-")
+
+
+def queue_slug(stage: str, model_id: str) -> str:
+    """The model's part of its queue names: the slug, shortened with a hash of the id if the DLQ name would
+    pass SQS's 80 characters (the hash keeps two long ids with one prefix apart)."""
+    slug = slugify(model_id)
+    if not slug:
+        raise ValueError(f"model id {model_id!r} has no character usable in a queue name")
+    room = _SQS_NAME_LIMIT - len(_DLQ_SUFFIX) - len(queue_prefix(stage))
+    if len(slug) <= room:
+        return slug
+    if room < _HASH_CHARS + 2:
+        raise ValueError(f"stage {stage!r} is too long to leave room for a queue name")
+    suffix = hashlib.sha256(model_id.encode()).hexdigest()[:_HASH_CHARS]
+    return f"{slug[: room - _HASH_CHARS - 1].rstrip('-')}-{suffix}"
+
+
+def queue_slugs(stage: str, model_ids: Iterable[str]) -> dict[str, str]:
+    """`queue_slug` for each model; refuses two models whose queue names would be one queue."""
+    slugs: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    for model_id in model_ids:
+        slug = queue_slug(stage, model_id)
+        if slug in owners:
+            raise ValueError(f"models {owners[slug]!r} and {model_id!r} map to one queue name {slug!r}")
+        owners[slug], slugs[model_id] = model_id, slug
+    return slugs
+
+
+def queue_name(stage: str, model_id: str) -> str:
+    return queue_prefix(stage) + queue_slug(stage, model_id)
+
+
+def dlq_name(stage: str, model_id: str) -> str:
+    return queue_name(stage, model_id) + _DLQ_SUFFIX
+
+
+def secret_name(stage: str, model_id: str) -> str:
+    """The Secrets Manager secret holding a model's backend key in a deployed stage."""
+    return f"{stage}/batchinfer/models/{model_id}"

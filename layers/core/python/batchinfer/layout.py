@@ -6,6 +6,18 @@ import hashlib
 
 INDEX_CHUNK = 5000  # request index entries per S3 index object
 
+# The table's global secondary indexes, (hash key, range key) as (attribute, DynamoDB type); each projects
+# ALL, so a query needs no second read. The local stack (storage.bootstrap) and the CDK stack both build
+# the table from this.
+INDEXES: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
+    "by_owner": (("owner_pk", "S"), ("owner_sk", "S")),
+    "by_due": (("due_pk", "S"), ("due_at", "N")),
+    "by_active": (("active_pk", "S"), ("active_sk", "S")),
+}
+TTL_ATTRIBUTE = "ttl"  # DynamoDB deletes an item on its own once this time (epoch seconds) has passed
+BATCHES_PREFIX = "batches/"  # S3: everything of a batch lies under batches/<id>/
+FILES_PREFIX = "files/"  # S3: uploaded and result files
+
 
 def account_key(account_id: str) -> tuple[str, str]:
     return owner_partition(account_id), "ACCOUNT"
@@ -109,4 +121,4 @@ def export_object(batch_id: str) -> str:
 
 
 def batch_prefix(batch_id: str) -> str:
-    return f"batches/{batch_id}/"
+    return f"{BATCHES_PREFIX}{batch_id}/"

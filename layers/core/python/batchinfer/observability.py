@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 
+from .catalog import METRICS_NAMESPACE
+
 logger = Logger()
-metrics = Metrics(namespace="BatchInference")
+# The CDK dashboard and alarms read this namespace (infra/monitoring.py imports the same constant).
+metrics = Metrics(namespace=METRICS_NAMESPACE)
 tracer = Tracer()

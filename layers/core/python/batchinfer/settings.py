@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-DEFAULT_MODELS_FILE = str(Path(__file__).with_name("models.yaml"))
+from .catalog import DEFAULT_MODELS_FILE  # the catalog module owns it: infra derives its default from it too
 
 
 class Settings(BaseSettings):

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 from botocore.exceptions import ClientError
 
-GSIS = {
-    "by_owner": (("owner_pk", "S"), ("owner_sk", "S")),
-    "by_due": (("due_pk", "S"), ("due_at", "N")),
-    "by_active": (("active_pk", "S"), ("active_sk", "S")),
-}
-
-
-def queue_name(stage: str, model_id: str) -> str:
-    return f"{stage}-batchinfer-" + re.sub(r"[^A-Za-z0-9_-]", "-", model_id)
+# The catalog module names queues for the CDK stack too: the local stack must create the very same names.
+from ..catalog import queue_name, queue_slugs
+from ..layout import INDEXES as GSIS
 
 
 def create_table(ddb, name: str) -> None:
@@ -46,6 +38,7 @@ def create_bucket(s3, name: str) -> None:
 
 
 def create_queues(sqs, stage: str, model_ids: list[str], visibility_seconds: int = 600) -> dict[str, str]:
+    queue_slugs(stage, model_ids)  # refuses two models on one queue name, as the CDK app does
     urls = {}
     for model_id in model_ids:
         answer = sqs.create_queue(QueueName=queue_name(stage, model_id),
