@@ -894,6 +894,12 @@ def test_unknown_routes_and_unavailable_are_json_never_500(api, svc):
         error(api(method, path), 404, message="Not found.")
     error(api("PUT", "/v1/batches", key, json_body={}), 405)
     error(api("PATCH", "/v1/batches/batch_x", key), 405)
+    # The envelope is the one of the API a route belongs to, for its own errors, a method it does not
+    # serve, a parameter it cannot read, and a path under that API's base URL that nothing serves.
+    anthropic_error(api("PATCH", "/anthropic/v1/messages/batches", key), 405, "invalid_request_error")
+    anthropic_error(api("GET", "/anthropic/v1/nothing-here", key), 404, "not_found_error")
+    anthropic_error(api("GET", "/v1/messages/batches/msgbatch_1"), 401, "authentication_error")
+    error(api("GET", "/v1/batches", key, query={"limit": "many"}), 400, "limit", code=None)
     assert api("GET", "/health").json() == {"status": "ok"}
     # Batch inference switched off: every batch route answers 404 "unavailable".
     batch = api.created(key, [req("a")])
