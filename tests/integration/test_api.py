@@ -532,9 +532,12 @@ def test_batch_larger_than_the_unfinished_limit_is_429_and_stores_nothing(api, s
 def test_idempotent_replay_returns_the_same_batch(api, svc):
     account, key = new_key(svc)
     payload = {"requests": [req("a"), req("b")], "metadata": {"run": "1"}}
-    first = ok(api("POST", "/v1/batches", key, json_body=payload, headers={"idempotency-key": "job-1"}))
-    again = ok(api("POST", "/v1/batches", key, json_body=payload, headers={"idempotency-key": "job-1"}))
+    created = api("POST", "/v1/batches", key, json_body=payload, headers={"idempotency-key": "job-1"})
+    first = ok(created)
+    replayed = api("POST", "/v1/batches", key, json_body=payload, headers={"idempotency-key": "job-1"})
+    again = ok(replayed)
     assert again == first
+    assert "idempotent-replayed" not in created.headers and replayed.headers["idempotent-replayed"] == "true"
     # Any key of the account replays it; so does the same JSON written differently.
     other = accounts.create_key(svc, account["id"])
     pretty = json.dumps({"metadata": {"run": "1"}, "requests": payload["requests"]}, indent=2)

@@ -27,10 +27,11 @@ async def create(request: Request, who: Principal = Depends(caller), svc: Servic
     if declared and declared.isdigit() and int(declared) > svc.settings.max_body_bytes:
         raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
     raw = await request.body()
-    obj, _created = await run_in_threadpool(batches.create_batch, svc, who, raw,
-                                            request.headers.get("idempotency-key"))
-    # A replay answers exactly as the first call did (200 both times, as OpenAI's create does).
-    return JSONResponse(obj, status_code=200)
+    obj, created = await run_in_threadpool(batches.create_batch, svc, who, raw,
+                                           request.headers.get("idempotency-key"))
+    # A replay answers with the batch the first call created, 200 both times as OpenAI's create answers;
+    # the header tells a client that looks which one it got (as Stripe's Idempotent-Replayed does).
+    return JSONResponse(obj, status_code=200, headers=None if created else {"idempotent-replayed": "true"})
 
 
 @router.get("", summary="List your batches, newest first", responses=error_responses(OPENAI),
