@@ -33,6 +33,7 @@ from .layout import (
     PURGE_DUE,
     REQUEST_PREFIX,
     account_key,
+    api_key_key,
     batch_key,
     idempotency_key,
     lane_key,
@@ -520,6 +521,18 @@ class Account:
         return t.get(*account_key(account_id))
 
     @staticmethod
+    def create(t: Table, account: dict) -> None:
+        pk, sk = account_key(account["id"])
+        t.put({"pk": pk, "sk": sk, **account}, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def set_fields(t: Table, account_id: str, fields: dict) -> dict:
+        """Set some of the account's own fields; returns the account. ConditionFailed if there is none."""
+        return t.update(*account_key(account_id), "SET " + ", ".join(f"#{k} = :{k}" for k in fields),
+                        vals={f":{k}": v for k, v in fields.items()}, names={f"#{k}": k for k in fields},
+                        condition="attribute_exists(pk)", return_new=True)
+
+    @staticmethod
     def reserve_unfinished(t: Table, account_id: str, requests: int, max_batches: int, max_requests: int) -> Op:
         return t.op_update(
             *account_key(account_id), "ADD unfinished_batches :one, unfinished_requests :n",
@@ -543,8 +556,40 @@ class Account:
         return t.op_update(*account_key(account_id), "ADD in_flight :m", vals={":m": delta})
 
 
+class ApiKey:
+    """An API key, by the SHA-256 of the key (the key itself is never stored)."""
+
+    @staticmethod
+    def get(t: Table, key_hash: str, consistent: bool = True) -> dict | None:
+        return t.get(*api_key_key(key_hash), consistent=consistent)
+
+    @staticmethod
+    def create(t: Table, key_hash: str, account_id: str, key_id: str, prefix: str, now: int,
+               expires_at: int | None) -> None:
+        pk, sk = api_key_key(key_hash)
+        t.put({"pk": pk, "sk": sk, "account_id": account_id, "key_id": key_id, "prefix": prefix,
+               "created_at": now, "expires_at": expires_at})
+
+    @staticmethod
+    def revoke(t: Table, key_hash: str, now: int) -> None:
+        """ConditionFailed if there is no such key."""
+        t.update(*api_key_key(key_hash), "SET revoked_at = :now", vals={":now": now}, condition="attribute_exists(pk)")
+
+
+def key_account_and_usage(t: Table, key_hash: str, account_id: str, day: str) -> tuple[dict | None, ...]:
+    """A batch's key, its account and the account's spending that day, in one round trip (the checks a
+    worker makes before every attempt)."""
+    keys = [api_key_key(key_hash), account_key(account_id), usage_key(account_id, day)]
+    found = t.get_many(keys)
+    return tuple(found.get(k) for k in keys)
+
+
 class Usage:
     """What an account spent on one UTC day (the daily quota); kept three days."""
+
+    @staticmethod
+    def get(t: Table, account_id: str, day: str) -> dict | None:
+        return t.get(*usage_key(account_id, day), consistent=False)
 
     @staticmethod
     def add_cost(t: Table, account_id: str, cost_usd: float, now: int) -> Op:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..domain import AccountStatus, Tier, new_account_id, new_api_key, new_token, utc_day
-from ..layout import account_key, api_key_key, hash_api_key, usage_key
+from ..layout import hash_api_key
+from ..records import Account, ApiKey, Usage
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 
@@ -35,13 +36,12 @@ def create_account(svc: Services, tier: str = "free", batch_access: bool | None 
         "daily_quota_usd": daily_quota_usd, "allowed_models": allowed_models, "created_at": svc.now(),
         "unfinished_batches": 0, "unfinished_requests": 0, "in_flight": 0,
     }
-    pk, sk = account_key(account["id"])
-    svc.table.put({"pk": pk, "sk": sk, **account}, condition="attribute_not_exists(pk)")
+    Account.create(svc.table, account)
     return account
 
 
 def get_account(svc: Services, account_id: str) -> dict | None:
-    return svc.table.get(*account_key(account_id))
+    return Account.get(svc.table, account_id)
 
 
 def update_account(svc: Services, account_id: str, **fields: object) -> dict:
@@ -53,11 +53,8 @@ def update_account(svc: Services, account_id: str, **fields: object) -> dict:
         Tier(fields["tier"])
     if "status" in fields:
         AccountStatus(fields["status"])
-    names = {f"#{k}": k for k in fields}
-    expr = "SET " + ", ".join(f"#{k} = :{k}" for k in fields)
     try:
-        return svc.table.update(*account_key(account_id), expr, vals={f":{k}": v for k, v in fields.items()},
-                                names=names, condition="attribute_exists(pk)", return_new=True)
+        return Account.set_fields(svc.table, account_id, fields)
     except ConditionFailed:
         raise KeyError(f"account {account_id} not found") from None
 
@@ -66,17 +63,15 @@ def create_key(svc: Services, account_id: str, expires_at: int | None = None) ->
     if get_account(svc, account_id) is None:
         raise KeyError(f"account {account_id} not found")
     raw = new_api_key()
-    pk, sk = api_key_key(hash_api_key(raw))
-    svc.table.put({"pk": pk, "sk": sk, "account_id": account_id, "key_id": "key_" + new_token(),
-                   "prefix": raw[:8], "created_at": svc.now(), "expires_at": expires_at})
+    ApiKey.create(svc.table, hash_api_key(raw), account_id, key_id="key_" + new_token(), prefix=raw[:8],
+                  now=svc.now(), expires_at=expires_at)
     return raw
 
 
 def revoke_key(svc: Services, raw_or_hash: str) -> None:
     key_hash = hash_api_key(raw_or_hash) if raw_or_hash.startswith("hyi-") else raw_or_hash
     try:
-        svc.table.update(*api_key_key(key_hash), "SET revoked_at = :now", vals={":now": svc.now()},
-                         condition="attribute_exists(pk)")
+        ApiKey.revoke(svc.table, key_hash, svc.now())
     except ConditionFailed:
         raise KeyError("API key not found") from None
 
@@ -98,7 +93,7 @@ def authenticate(svc: Services, raw: str | None) -> Principal:
     if not raw:
         raise AuthError("Missing API key. Send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'.")
     key_hash = hash_api_key(raw)
-    key_item = svc.table.get(*api_key_key(key_hash), consistent=False)
+    key_item = ApiKey.get(svc.table, key_hash, consistent=False)
     account = get_account(svc, key_item["account_id"]) if key_item else None
     problem = key_problem(svc, key_item, account)
     if problem:
@@ -107,7 +102,7 @@ def authenticate(svc: Services, raw: str | None) -> Principal:
 
 
 def spent_today(svc: Services, account_id: str) -> float:
-    item = svc.table.get(*usage_key(account_id, utc_day(svc.now())), consistent=False)
+    item = Usage.get(svc.table, account_id, utc_day(svc.now()))
     return float(item.get("cost_usd", 0)) if item else 0.0
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 
 from ..catalog import Model
 from ..domain import Attempt, RequestState, Stop, is_retryable, new_token, next_utc_midnight, retry_delay, utc_day
-from ..layout import account_key, api_key_key, group_key, requests_object, result_object, usage_key
+from ..layout import group_key, requests_object, result_object
 from ..ledger import (
     Settlement,
     close_group,
@@ -25,7 +25,7 @@ from ..ledger import (
     start_group,
 )
 from ..providers import call_backend
-from ..records import Batch, Budget, Request
+from ..records import Batch, Budget, Request, key_account_and_usage
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import secret_value
@@ -71,11 +71,7 @@ def _precheck(svc: Services, req: dict, batch: dict) -> tuple[Settlement, Stop |
         return not_run(Stop(batch["stop"]))
     if never_ran and now >= batch["expires_at"]:  # the completion window stops requests from starting
         return not_run(_stopped(svc, batch, Stop.EXPIRE))
-    # The key, its account and today's spending in one round trip.
-    keys = [api_key_key(batch["key_hash"]), account_key(batch["account_id"]), usage_key(batch["account_id"],
-                                                                                      utc_day(now))]
-    found = svc.table.get_many(keys)
-    key_item, account, usage = (found.get(k) for k in keys)
+    key_item, account, usage = key_account_and_usage(svc.table, batch["key_hash"], batch["account_id"], utc_day(now))
     if key_problem(svc, key_item, account):
         return not_run(_stopped(svc, batch, Stop.FAIL))
     if not account.get("batch_access"):
