@@ -229,9 +229,11 @@ def result_id(index: int) -> str:
 def parse_result_id(value: str) -> int | None:
     """The request index a result ID names, or None when it is not a result ID."""
     prefix = "batch_req_"
-    if not value.startswith(prefix) or not value[len(prefix):].isdigit():
+    digits = value[len(prefix):]
+    # ASCII digits only, and no more than an index can have ('²' or '٣' are digits to str.isdigit).
+    if not value.startswith(prefix) or not digits.isascii() or not digits.isdigit() or len(digits) > 12:
         return None
-    number = int(value[len(prefix):])
+    number = int(digits)
     return number - 1 if number >= 1 else None
 
 

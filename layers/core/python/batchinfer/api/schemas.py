@@ -135,7 +135,14 @@ def _ok(model: type[BaseModel], description: str) -> dict:
         "schema": _ref(model)}}}}}
 
 
-CREATE_BATCH_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": _ref(CreateBatch)}}}}
+# The header `service.intake.check_idempotency_key` reads (the route reads it raw, so FastAPI cannot say it).
+IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
+                   "description": "1-255 printable ASCII characters. A retry with the same key and body answers "
+                                  "with the batch the first call created (and `idempotent-replayed: true`); "
+                                  "another body is a 409, and once that batch is deleted, a 410.",
+                   "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"}}
+CREATE_BATCH_BODY = {"parameters": [IDEMPOTENCY_KEY],
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(CreateBatch)}}}}
 BATCH_OBJECT = _ok(BatchObject, "The batch")
 BATCH_LIST = _ok(BatchList, "A page of batches")
 RESULTS_PAGE = _ok(ResultsPage, "A page of results")

@@ -15,7 +15,7 @@ from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from . import intake, lifecycle, results
 from .accounts import Principal
-from .validation import validate_inline_batch
+from .validation import UNPAIRED_SURROGATE, holds_unpaired_surrogate, validate_inline_batch
 
 BATCH_RUNNING = ("A request of this batch is still running. Cancel the batch, wait for its running requests to "
                  "finish, then delete it.")
@@ -26,11 +26,14 @@ NOT_FINISHED = "The batch has not finished; output.jsonl is available once it re
 
 def parse_json_body(raw: bytes) -> object:
     try:
-        return json.loads(raw) if raw.strip() else None
+        payload = json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "The body is not valid JSON.") from None
     except RecursionError:
         raise ApiError(400, "The body is nested too deeply.") from None
+    if holds_unpaired_surrogate(raw, payload):
+        raise ApiError(400, UNPAIRED_SURROGATE)
+    return payload
 
 
 def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str | None) -> tuple[dict, bool]:

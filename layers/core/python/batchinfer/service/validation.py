@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 
 from ..errors import ApiError
@@ -31,6 +33,44 @@ class ValidatedBatch:
 def _fault(i: int, custom_id: object, message: str) -> ApiError:
     who = f"requests[{i}] (custom_id '{custom_id}')" if isinstance(custom_id, str) else f"requests[{i}]"
     return ApiError(400, f"{who}: {message}", param=f"requests[{i}]")
+
+
+# JSON lets a string spell half of a UTF-16 surrogate pair on its own ("\ud800"), and Python's json reads
+# it (and UTF-8 bytes of one: it decodes with surrogatepass) into a str no UTF-8 encoder accepts: an error
+# message quoting it, a batch object or result holding it, or the body sent to a backend would all fail.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_UTF8 = re.compile(rb"\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+UNPAIRED_SURROGATE = ("The body holds an unpaired surrogate (a \\ud800-\\udfff escape without its other half), "
+                      "which is not valid Unicode.")
+
+
+def _may_hold_surrogate(raw: bytes) -> bool:
+    """A quick look at the bytes (a few ms for 32 MB): False when no string of the body can hold one."""
+    if json.detect_encoding(raw) not in ("utf-8", "utf-8-sig"):
+        return True  # UTF-16 or UTF-32 (rare): look at every string
+    return bool(_SURROGATE_ESCAPE.search(raw)) or (b"\xed" in raw and bool(_SURROGATE_UTF8.search(raw)))
+
+
+def _holds_surrogate(value: object) -> bool:
+    """Whether a string of a parsed body (a key or a value, at any depth) holds an unpaired surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def holds_unpaired_surrogate(raw: bytes, payload: object) -> bool:
+    """Whether a parsed JSON body (from `raw`) holds a string no UTF-8 encoder accepts: refuse it at once."""
+    return _may_hold_surrogate(raw) and _holds_surrogate(payload)
 
 
 def validate_metadata(metadata: object) -> dict | None:
