@@ -70,8 +70,17 @@ def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConf
     return svc, key, stop
 
 
-def main() -> None:
+def local_settings() -> Settings:
+    """The settings of `make run`: the environment's, with the extensions that are built on unless the
+    environment says otherwise (a deployment turns them on in its config)."""
     settings = Settings()
+    if "file_batches_enabled" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"file_batches_enabled": True})
+    return settings
+
+
+def main() -> None:
+    settings = local_settings()
     moto_port, sim_port = settings.moto_port, settings.sim_port
     svc, key, stop = start(settings, moto_port, sim_port, pollers=settings.local_pollers_per_queue)
     base = f"http://127.0.0.1:{settings.port}/v1"

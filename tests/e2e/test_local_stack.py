@@ -27,7 +27,8 @@ SPEC_BASE = "https://freeinference.org/v1"
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("stack") / ".local"
     # Every export goes through S3 and a presigned redirect, as large ones do on AWS.
-    settings = Settings(table_name="e2e", bucket_name="e2e", stage="e2e", export_redirect_bytes=1)
+    settings = Settings(table_name="e2e", bucket_name="e2e", stage="e2e", export_redirect_bytes=1,
+                        file_batches_enabled=True)
     svc, key, stop = start(settings, free_port(), free_port(), pollers=2, state_dir=state)
     api = UvicornThread(create_app(), free_port()).start()
     yield {"base": f"{api.url}/v1", "key": key, "svc": svc, "dir": state.parent}
@@ -76,6 +77,22 @@ def test_spec_python_example_runs_unchanged(stack):
     assert len(lines) == 2
     assert lines[0].startswith("q-0 Simulated answer from glm-5.3-flash to: Summarize the plot of Hamlet")
     assert lines[1].startswith("q-1 Simulated answer from glm-5.3-flash to: Name three prime numbers.")
+
+
+def test_spec_openai_file_script_runs_unchanged(stack, tmp_path):
+    """The spec's OpenAI SDK script (upload, create from the file, poll, read both result files), with the
+    official `openai` SDK; only the base URL, the key and the poll interval change."""
+    source = (EXAMPLES / "file_openai_example.py").read_text()
+    assert SPEC_BASE in source and "time.sleep(30)" in source
+    script = source.replace(SPEC_BASE, stack["base"]).replace("time.sleep(30)", "time.sleep(0.3)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**os.environ, "FREEINFERENCE_API_KEY": stack["key"]})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "completed BatchRequestCounts(completed=2, failed=0, total=2)", lines
+    assert lines[1].startswith("q-0 Simulated answer from glm-5.3-flash to: Summarize the plot of Hamlet")
+    assert lines[2].startswith("q-1 Simulated answer from glm-5.3-flash to: Name three prime numbers.")
+    assert len(lines) == 3  # no error file: everything succeeded
 
 
 def test_cancel_delete_and_idempotency_flows(stack):

@@ -220,9 +220,11 @@ def test_document_declares_the_create_body_and_each_apis_error_envelope():
     body = document["paths"]["/v1/batches"]["post"]["requestBody"]
     assert body["required"] is True
     create = deref(body["content"]["application/json"]["schema"])
-    assert "requests" in create["required"]
-    requests = deref(create["properties"]["requests"])
-    assert requests["type"] == "array" and deref(requests["items"])["required"] == ["custom_id", "body"]
+    # Either an inline batch (requests) or a batch from a file (input_file_id, endpoint, completion_window).
+    assert {"requests", "input_file_id", "endpoint", "completion_window", "metadata"} <= set(create["properties"])
+    requests = next(deref(option) for option in create["properties"]["requests"]["anyOf"]
+                    if deref(option).get("type") == "array")
+    assert deref(requests["items"])["required"] == ["custom_id", "body"]
     headers = [p["name"] for p in document["paths"]["/v1/batches"]["post"]["parameters"] if p["in"] == "header"]
     assert headers == ["Idempotency-Key"]
 

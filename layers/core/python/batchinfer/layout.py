@@ -70,8 +70,9 @@ def lanes_of(model_id: str) -> tuple[str, str]:
     return f"MODEL#{model_id}", "LANE#"
 
 
-# The `by_owner` index: an account's batches, by creation time.
+# The `by_owner` index: an account's batches and files, by creation time.
 OWNER_BATCH_PREFIX = "BATCH#"
+OWNER_FILE_PREFIX = "FILE#"
 
 
 def owner_partition(account_id: str) -> str:
@@ -81,6 +82,16 @@ def owner_partition(account_id: str) -> str:
 def owner_sort(created_us: int, batch_id: str) -> str:
     """Sort key of an account's batch list: creation time in microseconds, so newest first holds."""
     return f"{OWNER_BATCH_PREFIX}{created_us:018d}#{batch_id}"
+
+
+def owner_file_sort(created_us: int, file_id: str) -> str:
+    """Sort key of an account's file list: creation time in microseconds, so newest first holds."""
+    return f"{OWNER_FILE_PREFIX}{created_us:018d}#{file_id}"
+
+
+def file_key(file_id: str) -> tuple[str, str]:
+    """A batch file: an upload (purpose batch) or a batch's output or error file (purpose batch_output)."""
+    return f"FILE#{file_id}", "FILE"
 
 
 def hash_api_key(raw: str) -> str:
@@ -104,6 +115,11 @@ def requests_object(batch_id: str) -> str:
     return f"batches/{batch_id}/requests.jsonl"
 
 
+def input_file_copy(batch_id: str) -> str:
+    """A file batch's own copy of its input file (deleting the upload must not affect the batch)."""
+    return f"batches/{batch_id}/input.jsonl"
+
+
 def index_object(batch_id: str, chunk: int) -> str:
     return f"batches/{batch_id}/index/{chunk:05d}.json"
 
@@ -118,6 +134,10 @@ def result_object(batch_id: str, index: int) -> str:
 
 def export_object(batch_id: str) -> str:
     return f"batches/{batch_id}/output.jsonl"
+
+
+def file_object(file_id: str) -> str:
+    return f"{FILES_PREFIX}{file_id}/content"
 
 
 def batch_prefix(batch_id: str) -> str:

@@ -30,15 +30,18 @@ from .layout import (
     GROUP_PREFIX,
     LEASE_DUE,
     OWNER_BATCH_PREFIX,
+    OWNER_FILE_PREFIX,
     PURGE_DUE,
     REQUEST_PREFIX,
     account_key,
     api_key_key,
     batch_key,
+    file_key,
     idempotency_key,
     lane_key,
     lanes_of,
     model_budget_key,
+    owner_file_sort,
     owner_partition,
     owner_sort,
     request_key,
@@ -46,7 +49,7 @@ from .layout import (
     retry_due,
     usage_key,
 )
-from .storage.dynamo import Table
+from .storage.dynamo import ConditionFailed, Table
 
 Op = dict  # one write of a transaction (Table.op_*)
 
@@ -232,15 +235,19 @@ class Batch:
 
     @staticmethod
     def finalize(t: Table, batch: BatchItem, final: BatchStatus, stop: Stop | None, now: int,
-                 retention_ends: int, never_started_failed: int, export: str | None) -> Op:
+                 retention_ends: int, never_started_failed: int, export: str | None,
+                 sets: dict | None = None) -> Op:
         """Give the batch its final status, start its retention clock (`by_due` PURGE) and leave
         `by_active`. Fenced on the status and the stop the decision was made on, and on nothing of it
-        running or open."""
+        running or open. `sets`: more fields the ending gives it (result files, validation errors)."""
         final = batch_transition(batch["status"], final)
         vals = {":final": final.value, ":now": now, ":exp": retention_ends, ":purge": PURGE_DUE,
                 ":never": never_started_failed, ":old": batch["status"], ":zero": 0}
+        more = dict(sets or {})
         if export:
-            vals[":export"] = export
+            more["export_object"] = export
+        for name, value in more.items():
+            vals[f":set_{name}"] = value
         if stop is None:
             same_stop = "attribute_not_exists(#stop)"
         else:
@@ -248,11 +255,40 @@ class Batch:
         return t.op_update(
             *batch_key(batch["id"]),
             f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
-            "due_at = :exp" + (", export_object = :export" if export else "")
-            + " ADD failed :never REMOVE active_pk, active_sk",
+            "due_at = :exp" + "".join(f", #{name} = :set_{name}" for name in more)
+            + " ADD failed :never REMOVE active_pk, active_sk, awaiting_validation",
             vals=vals,
             condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
                       f"AND {same_stop}")
+
+    @staticmethod
+    def begin_finalizing(t: Table, batch: BatchItem, now: int, file_ids: dict[str, str]) -> Op:
+        """in progress -> finalizing while its result files are written, under ids chosen once (a writer
+        that starts again writes the same files). Fenced on nothing of it running or open."""
+        to = batch_transition(batch["status"], BatchStatus.FINALIZING)
+        return t.op_update(*batch_key(batch["id"]),
+                           "SET #status = :to, finalizing_at = :now, result_file_ids = :ids",
+                           vals={":to": to.value, ":now": now, ":ids": file_ids, ":old": batch["status"],
+                                 ":zero": 0},
+                           condition="#status = :old AND in_flight = :zero AND #open = :zero "
+                                     "AND attribute_not_exists(deleting) AND attribute_not_exists(result_file_ids)")
+
+    @staticmethod
+    def reserve_result_files(t: Table, batch: BatchItem, file_ids: dict[str, str]) -> None:
+        """Result file ids for a batch that ends without finalizing (cancelled, or failed while validating)."""
+        t.update(*batch_key(batch["id"]), "SET result_file_ids = :ids", vals={":ids": file_ids},
+                 condition="attribute_not_exists(result_file_ids)")
+
+    @staticmethod
+    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int) -> Op:
+        """A file batch whose every line is valid: its requests may now be dispatched."""
+        return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now "
+                           "REMOVE awaiting_validation",
+                           vals={":n": sum(lanes.values()), ":lanes": {m: {"next": 0, "total": n}
+                                                                       for m, n in lanes.items()},
+                                 ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True},
+                           condition="#status = :v AND awaiting_validation = :yes AND attribute_not_exists(#stop) "
+                                     "AND attribute_not_exists(deleting)")
 
     @staticmethod
     def mark_deleting(t: Table, batch_id: str) -> Op:
@@ -542,6 +578,13 @@ class Account:
                       "unfinished_requests <= :maxr)")
 
     @staticmethod
+    def reserve_requests(t: Table, account_id: str, requests: int, max_requests: int) -> Op:
+        """More unfinished requests for a batch already counted (a file batch, once validated)."""
+        return t.op_update(*account_key(account_id), "ADD unfinished_requests :n",
+                           vals={":n": requests, ":maxr": max_requests - requests},
+                           condition="attribute_not_exists(unfinished_requests) OR unfinished_requests <= :maxr")
+
+    @staticmethod
     def release_unfinished(t: Table, account_id: str, requests: int) -> Op:
         return t.op_update(*account_key(account_id), "ADD unfinished_batches :minus, unfinished_requests :minus_total",
                            vals={":minus": -1, ":minus_total": -requests})
@@ -550,6 +593,18 @@ class Account:
     def take(t: Table, account_id: str, k: int, cap: int) -> Op:
         return t.op_update(*account_key(account_id), "ADD in_flight :k", vals={":k": k, ":cap": cap - k},
                            condition="attribute_not_exists(in_flight) OR in_flight <= :cap")
+
+    @staticmethod
+    def count_upload(t: Table, account_id: str, hour: int, max_per_hour: int) -> None:
+        """One more upload this clock hour, within the limit. ConditionFailed when the hour's are used up."""
+        try:  # the same hour as the last upload
+            t.update(*account_key(account_id), "ADD uploads_in_hour :one",
+                     vals={":one": 1, ":h": hour, ":max": max_per_hour},
+                     condition="upload_hour = :h AND uploads_in_hour < :max")
+        except ConditionFailed:  # a new hour (or the first upload): start counting again
+            t.update(*account_key(account_id), "SET upload_hour = :h, uploads_in_hour = :one",
+                     vals={":one": 1, ":h": hour},
+                     condition="attribute_exists(pk) AND (attribute_not_exists(upload_hour) OR upload_hour < :h)")
 
     @staticmethod
     def add_in_flight(t: Table, account_id: str, delta: int) -> Op:
@@ -574,6 +629,72 @@ class ApiKey:
     def revoke(t: Table, key_hash: str, now: int) -> None:
         """ConditionFailed if there is no such key."""
         t.update(*api_key_key(key_hash), "SET revoked_at = :now", vals={":now": now}, condition="attribute_exists(pk)")
+
+
+# --- File ---------------------------------------------------------------------------------------------
+
+class FileItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    id: str
+    account_id: str
+    filename: str
+    purpose: str  # batch (an upload) or batch_output (a batch's output or error file)
+    bytes: int
+    sha256: str  # fixed when the file is complete: the ETag of every download
+    created_at: int
+    expires_at: int | None
+    batch_id: str  # for a result file: its batch
+    owner_pk: str  # by_owner index
+    owner_sk: str
+    ttl: int  # DynamoDB forgets the record a day after it expires
+
+
+class File:
+    """A batch file's record; its bytes are one S3 object (layout.file_object)."""
+
+    @staticmethod
+    def new(*, file_id: str, account_id: str, filename: str, purpose: str, size: int, sha256: str, now: int,
+            expires_at: int | None, owner_created_us: int, batch_id: str | None = None) -> FileItem:
+        pk, sk = file_key(file_id)
+        item: FileItem = {"pk": pk, "sk": sk, "id": file_id, "account_id": account_id, "filename": filename,
+                          "purpose": purpose, "bytes": size, "sha256": sha256, "created_at": now,
+                          "expires_at": expires_at, "owner_pk": owner_partition(account_id),
+                          "owner_sk": owner_file_sort(owner_created_us, file_id)}
+        if batch_id:
+            item["batch_id"] = batch_id
+        if expires_at:
+            item["ttl"] = expires_at + 86400
+        return item
+
+    @staticmethod
+    def get(t: Table, file_id: str) -> FileItem | None:
+        return t.get(*file_key(file_id))  # type: ignore[return-value]
+
+    @staticmethod
+    def create(t: Table, item: FileItem) -> Op:
+        return t.op_put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def delete(t: Table, file_id: str) -> None:
+        t.delete(*file_key(file_id))
+
+    @staticmethod
+    def of_owner(t: Table, account_id: str, limit: int, start: dict | None, newest_first: bool = True,
+                 ) -> tuple[list[FileItem], dict | None]:
+        return t.query("owner_pk = :o AND begins_with(owner_sk, :f)",
+                       {":o": owner_partition(account_id), ":f": OWNER_FILE_PREFIX}, index="by_owner",
+                       forward=not newest_first, limit=limit, start=start)  # type: ignore[return-value]
+
+    @staticmethod
+    def all_of_owner(t: Table, account_id: str) -> Iterator[FileItem]:
+        return t.query_all("owner_pk = :o AND begins_with(owner_sk, :f)",
+                           {":o": owner_partition(account_id), ":f": OWNER_FILE_PREFIX},
+                           index="by_owner")  # type: ignore[return-value]
+
+    @staticmethod
+    def owner_cursor(item: FileItem) -> dict:
+        return {"pk": item["pk"], "sk": item["sk"], "owner_pk": item["owner_pk"], "owner_sk": item["owner_sk"]}
 
 
 def key_account_and_usage(t: Table, key_hash: str, account_id: str, day: str) -> tuple[dict | None, ...]:

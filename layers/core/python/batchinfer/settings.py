@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = 32 * 1024 * 1024
     max_line_bytes: int = 4 * 1024 * 1024
     max_result_bytes: int = 4 * 1024 * 1024
+    max_file_bytes: int = 32 * 1024 * 1024  # one uploaded input file
+    max_stored_file_bytes: int = 512 * 1024 * 1024  # an account's uploads kept at once (413 past it)
+    max_uploads_per_hour: int = 60  # an account's uploads per clock hour (429 past it)
+    file_retention_seconds: int = 30 * 24 * 3600  # how long an uploaded input file is kept by default
     max_unfinished_batches: int = 10
     max_unfinished_requests: int = 100_000
     # NoDecode: these also take the plain forms "free=8,pro=16" and "pro,internal", parsed below.

@@ -23,6 +23,8 @@ from starlette.types import Scope
 from ..errors import ApiError
 
 SCOPE_KEY = "batchinfer.envelope"
+FINAL_STATUSES = (410, 413)  # answers a retry cannot change
+FINAL_CODES = ("idempotency_key_reused",)
 OPENAI, ANTHROPIC = "openai", "anthropic"
 
 
@@ -89,8 +91,12 @@ def render(envelope: str, error: ApiError) -> JSONResponse:
         body: dict = {"type": "error", "error": {"type": error.type, "message": error.message}}
     else:
         body = error.openai()
-    headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else None
-    return JSONResponse(body, status_code=error.status, headers=headers)
+    headers = {}
+    if error.retry_after is not None:
+        headers["retry-after"] = str(error.retry_after)
+    if error.status in FINAL_STATUSES or error.code in FINAL_CODES:
+        headers["x-should-retry"] = "false"  # the OpenAI SDK retries 409 and more unless told it cannot help
+    return JSONResponse(body, status_code=error.status, headers=headers or None)
 
 
 _UNMATCHED: dict[str, str] = {}  # path prefix -> envelope, for requests no route matches

@@ -35,8 +35,20 @@ class BatchRequest(BaseModel):
     body: RequestBody
 
 
+class OutputExpiresAfter(BaseModel):
+    anchor: Literal["created_at"]
+    seconds: int = Field(..., ge=3600, le=2592000)
+
+
 class CreateBatch(BaseModel):
-    requests: list[BatchRequest] = Field(..., min_length=1, max_length=50_000)
+    """Either `requests` (an inline batch) or `input_file_id` with `endpoint` and `completion_window` (a
+    batch from an uploaded file, as the OpenAI SDK creates one)."""
+
+    requests: list[BatchRequest] | None = Field(None, min_length=1, max_length=50_000)
+    input_file_id: str | None = Field(None, description="An uploaded file (purpose batch)")
+    endpoint: Literal["/v1/chat/completions", "/v1/embeddings", "/v1/responses"] | None = None
+    completion_window: Literal["24h"] | None = None
+    output_expires_after: OutputExpiresAfter | None = Field(None, description="How long the result files are kept")
     metadata: dict[str, str] | None = Field(None, description="Up to 16 pairs; keys <= 64, values <= 512 chars")
 
 
@@ -111,13 +123,46 @@ class ResultsPage(BaseModel):
     has_more: bool
 
 
+class FileObject(BaseModel):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    expires_at: int | None
+    filename: str
+    purpose: Literal["batch", "batch_output"]
+    status: Literal["processed"]
+    status_details: None = None
+
+
+class FileList(BaseModel):
+    object: Literal["list"]
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"]
+    deleted: bool
+
+
+class Upload(BaseModel):
+    file: bytes = Field(..., description="The JSONL input file", json_schema_extra={"format": "binary"})
+    purpose: Literal["batch"]
+    expires_after_anchor: Literal["created_at"] | None = Field(None, alias="expires_after[anchor]")
+    expires_after_seconds: int | None = Field(None, alias="expires_after[seconds]", ge=3600, le=2592000)
+
+
 class DeletedBatch(BaseModel):
     id: str
     object: Literal["batch.deleted"]
     deleted: bool
 
 
-_MODELS = (CreateBatch, BatchObject, BatchList, ResultsPage, DeletedBatch)
+_MODELS = (CreateBatch, BatchObject, BatchList, ResultsPage, DeletedBatch, FileObject, FileList, FileDeleted, Upload)
 
 
 def components() -> dict[str, dict]:
@@ -147,3 +192,7 @@ BATCH_OBJECT = _ok(BatchObject, "The batch")
 BATCH_LIST = _ok(BatchList, "A page of batches")
 RESULTS_PAGE = _ok(ResultsPage, "A page of results")
 DELETED_BATCH = _ok(DeletedBatch, "Deleted")
+FILE_OBJECT = _ok(FileObject, "The file")
+FILE_LIST = _ok(FileList, "A page of files")
+FILE_DELETED = _ok(FileDeleted, "Deleted")
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _ref(Upload)}}}}

@@ -13,9 +13,17 @@ from ..errors import ApiError
 from ..records import Batch, BatchItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
-from . import intake, lifecycle, results
+from . import files, intake, lifecycle, results
 from .accounts import Principal
-from .validation import UNPAIRED_SURROGATE, holds_unpaired_surrogate, validate_inline_batch
+from .validation import (
+    UNPAIRED_SURROGATE,
+    ValidatedBatch,
+    allowed_endpoints,
+    endpoint_problem,
+    holds_unpaired_surrogate,
+    validate_inline_batch,
+    validate_metadata,
+)
 
 BATCH_RUNNING = ("A request of this batch is still running. Cancel the batch, wait for its running requests to "
                  "finish, then delete it.")
@@ -53,9 +61,48 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
         if existing:
             return batch_object(existing), False
     intake.admit(svc, principal)
-    batch = validate_inline_batch(svc, principal.account, payload)
-    item, created = intake.store(svc, principal, batch, claim)
+    if isinstance(payload, dict) and payload.get("input_file_id") is not None:
+        batch, extra = _file_batch(svc, principal, payload)
+    else:
+        batch, extra = validate_inline_batch(svc, principal.account, payload), None
+    item, created = intake.store(svc, principal, batch, claim, extra)
     return batch_object(item), created
+
+
+def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[ValidatedBatch, dict]:
+    """A batch from an uploaded file, as the OpenAI SDK creates one. Only the call is checked here; the
+    file's lines are checked after it answers (`intake.validate_file_batch`), before anything runs."""
+    files.check_enabled(svc, param="input_file_id")
+    if payload.get("requests") is not None:
+        raise ApiError(400, "Give either requests (an inline batch) or input_file_id (a batch from a file), "
+                            "not both.", param="requests")
+    endpoint = payload.get("endpoint")
+    problem = endpoint_problem(allowed_endpoints(svc), endpoint)
+    if problem:
+        raise ApiError(400, problem.replace("url", "endpoint", 1), param="endpoint")
+    if payload.get("completion_window") != "24h":
+        raise ApiError(400, f"completion_window must be '24h', not {payload.get('completion_window')!r}.",
+                       param="completion_window")
+    metadata = validate_metadata(payload.get("metadata"))
+    extra: dict = {}
+    expires_after = payload.get("output_expires_after")
+    if expires_after is not None:
+        if not isinstance(expires_after, dict):
+            raise ApiError(400, "output_expires_after must be an object {anchor, seconds}.",
+                           param="output_expires_after")
+        extra["output_expires_after"] = files.expires_after_seconds(
+            expires_after.get("anchor"), expires_after.get("seconds"), "output_expires_after")
+    file_id = payload["input_file_id"]
+    item = files.stored_file(svc, principal.account_id, file_id) if isinstance(file_id, str) else None
+    if item is None:
+        raise ApiError(400, f"Invalid 'input_file_id': file '{file_id}' not found.", code="file_not_found",
+                       param="input_file_id")
+    if item["purpose"] != files.UPLOAD:
+        raise ApiError(400, f"Invalid 'input_file_id': file '{file_id}' has purpose '{item['purpose']}'; a batch "
+                            "needs a file uploaded with purpose 'batch'.", code="invalid_file_purpose",
+                       param="input_file_id")
+    extra.update({"input_file_id": file_id, "awaiting_validation": True})
+    return ValidatedBatch(endpoint=endpoint, requests=[], metadata=metadata), extra
 
 
 # --- Read --------------------------------------------------------------------------------------------
@@ -66,7 +113,7 @@ def batch_object(item: BatchItem) -> dict:
         return item.get(name)
 
     return {
-        "id": item["id"], "object": "batch", "endpoint": item["endpoint"], "errors": None,
+        "id": item["id"], "object": "batch", "endpoint": item["endpoint"], "errors": item.get("errors"),
         "input_file_id": item.get("input_file_id"), "completion_window": "24h", "status": item["status"],
         "output_file_id": item.get("output_file_id"), "error_file_id": item.get("error_file_id"),
         "created_at": item["created_at"], "in_progress_at": at("in_progress_at"), "expires_at": at("expires_at"),

@@ -12,12 +12,21 @@ from dataclasses import dataclass
 
 from ..domain import new_batch_id
 from ..errors import ApiError
-from ..layout import INDEX_CHUNK, batch_prefix, index_object, lane_object, requests_object
+from ..layout import (
+    INDEX_CHUNK,
+    batch_prefix,
+    file_object,
+    index_object,
+    input_file_copy,
+    lane_object,
+    requests_object,
+)
 from ..records import Account, Batch, BatchItem, Idempotency, Lane
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from .accounts import Principal, quota_used_up
-from .validation import ValidatedBatch
+from .lifecycle import fail_validation
+from .validation import ValidatedBatch, validate_file_lines
 
 
 @dataclass(frozen=True)
@@ -86,17 +95,12 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
                             f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
 
 
-def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
-                     extra: dict | None) -> BatchItem:
-    s = svc.settings
-    now = svc.now()
-    batch_id = new_batch_id()
-    if len(batch.requests) > s.max_unfinished_requests:
-        raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
-    # Bodies go to S3 as one object (one PUT, not one write per request); request state is created
-    # only when requests are dispatched, so creating 50,000 requests stays far inside 30 s.
+def write_requests(svc: Services, batch_id: str, requests: list) -> dict[str, list[int]]:
+    """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
+    chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
+    far inside 30 s. Returns each model's positions (its lane)."""
     lines, index, offset = [], [], 0
-    for req in batch.requests:
+    for req in requests:
         line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
         lines.append(line)
         index.append([req.custom_id, req.model_id, offset, len(line)])
@@ -106,11 +110,24 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
         svc.blobs.put(index_object(batch_id, chunk // INDEX_CHUNK),
                       json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
     lanes: dict[str, list[int]] = {}
-    for position, req in enumerate(batch.requests):
+    for position, req in enumerate(requests):
         lanes.setdefault(req.model_id, []).append(position)
     if len(lanes) > 1:  # a single-model lane is simply 0..n-1
         for model_id, positions in lanes.items():
             svc.blobs.put(lane_object(batch_id, model_id), json.dumps(positions).encode())
+    return lanes
+
+
+def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
+                     extra: dict | None) -> BatchItem:
+    s = svc.settings
+    now = svc.now()
+    batch_id = new_batch_id()
+    if len(batch.requests) > s.max_unfinished_requests:
+        raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
+    lanes = write_requests(svc, batch_id, batch.requests) if batch.requests else {}
+    if "input_file_id" in (extra or {}):  # the batch's own copy: deleting the upload must not affect it
+        svc.blobs.copy(file_object(extra["input_file_id"]), input_file_copy(batch_id))
     item = Batch.new(batch_id=batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
                      endpoint=batch.endpoint, now=now, expires_at=now + s.batch_completion_window_seconds,
                      metadata=batch.metadata, lanes={m: len(p) for m, p in lanes.items()},
@@ -130,3 +147,36 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
         svc.blobs.delete_prefix(batch_prefix(batch_id))
         raise
     return item
+
+
+# --- Batches from a file: validated after the create call, by the sweeper ------------------------------
+
+def validate_file_batch(svc: Services, batch: BatchItem) -> str:
+    """Read a file batch's input (its own copy), check every line, and either admit its requests (they
+    may be dispatched from then on) or fail the batch listing every problem, with nothing run. Safe to
+    run twice: both outcomes are fenced on the batch still awaiting validation. Returns what happened."""
+    data = svc.blobs.get(input_file_copy(batch["id"]))
+    if data is None:
+        problems = [{"code": "file_not_found", "message": "The input file could not be read.", "param": None,
+                     "line": None}]
+        return "failed" if fail_validation(svc, batch, problems) else "stale"
+    account = Account.get(svc.table, batch["account_id"]) or {}
+    requests, problems = validate_file_lines(svc, account, batch["endpoint"], data)
+    if problems:
+        return "failed" if fail_validation(svc, batch, problems) else "stale"
+    lanes = write_requests(svc, batch["id"], requests)
+    t = svc.table
+    ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now()),
+           Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
+    ops += [Lane.create(t, model_id, batch) for model_id in lanes]
+    try:
+        t.transact(ops)
+    except ConditionFailed:
+        current = Batch.get(t, batch["id"])
+        if current is None or not current.get("awaiting_validation") or current.get("stop"):
+            return "stale"  # validated by another run, or cancelled meanwhile: the sweeper settles it
+        problems = [{"code": "too_many_requests", "param": None, "line": None,
+                     "message": f"The file's {len(requests)} requests would take your unfinished batch "
+                                f"requests past the limit of {svc.settings.max_unfinished_requests}."}]
+        return "failed" if fail_validation(svc, current, problems) else "stale"
+    return "validated"

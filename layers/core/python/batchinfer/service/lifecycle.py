@@ -9,15 +9,26 @@ from (inline, file, Message Batch), it ends here.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterator
 
-from ..domain import FINAL_BATCH, BatchStatus, RequestState, Stop, counts_as_failed_unstarted, final_status
-from ..layout import batch_prefix, export_object
+from ..domain import (
+    FINAL_BATCH,
+    BatchStatus,
+    RequestState,
+    Stop,
+    counts_as_failed_unstarted,
+    final_status,
+    new_file_id,
+)
+from ..layout import batch_prefix, export_object, file_object
 from ..ledger import Settlement, settle
-from ..records import Account, Batch, BatchItem, Idempotency, Lane, Request
+from ..records import Account, Batch, BatchItem, File, Idempotency, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
-from .results import export_stream
+from .files import write_result_file
+from .results import EXPORT_PAGE, export_stream, iter_results
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +72,8 @@ def settle_batch(svc: Services, batch_id: str) -> BatchItem | None:
     if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
         return batch
     stop = Stop(batch["stop"]) if batch.get("stop") else None
+    if batch.get("awaiting_validation") and stop is None:
+        return batch  # a file batch whose lines are still being checked
     if batch.get("in_flight", 0) > 0:
         return batch
     dispatched = dispatched_count(batch)
@@ -77,10 +90,17 @@ def settle_batch(svc: Services, batch_id: str) -> BatchItem | None:
         # Too large for a Lambda answer: write output.jsonl to S3 now that no result can change.
         export = export_object(batch_id)
         svc.blobs.put_stream(export, export_stream(svc, batch), "application/jsonl")
+    sets = {}
+    if batch.get("input_file_id"):  # a batch from a file ends with its output and error files
+        batch = _write_result_files(svc, batch, now)
+        if batch is None:
+            return Batch.get(svc.table, batch_id)
+        sets = {"output_file_id": batch["result_files"].get("output"), "error_file_id": batch["result_files"].get(
+            "error")}
     never_started = batch["total"] - dispatched if counts_as_failed_unstarted(stop) else 0
     ops = [Batch.finalize(svc.table, batch, final_status(stop), stop, now,
                           retention_ends=now + svc.settings.batch_retention_seconds,
-                          never_started_failed=never_started, export=export),
+                          never_started_failed=never_started, export=export, sets=sets),
            Account.release_unfinished(svc.table, batch["account_id"], batch["total"])]
     if batch.get("idempotency_key"):  # the key is remembered until a day after its batch ends
         ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
@@ -90,6 +110,84 @@ def settle_batch(svc: Services, batch_id: str) -> BatchItem | None:
     except ConditionFailed:
         pass  # someone else settled it, or it changed: the fresh read says which
     return Batch.get(svc.table, batch_id)
+
+
+def fail_validation(svc: Services, batch: BatchItem, problems: list[dict]) -> bool:
+    """A file batch whose input is invalid: failed at once, nothing run, every problem in `errors`.
+    False if it had been validated, stopped or ended meanwhile."""
+    now = svc.now()
+    ops = [Batch.finalize(svc.table, batch, BatchStatus.FAILED, None, now,
+                          retention_ends=now + svc.settings.batch_retention_seconds, never_started_failed=0,
+                          export=None, sets={"errors": {"object": "list", "data": problems}}),
+           Account.release_unfinished(svc.table, batch["account_id"], 0)]
+    if batch.get("idempotency_key"):
+        ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
+                                              now + svc.settings.idempotency_retention_seconds))
+    try:
+        svc.table.transact(ops)
+    except ConditionFailed:
+        return False
+    return True
+
+
+CANCELLED_ERROR = {"code": "batch_cancelled", "message": "Not run: the batch was cancelled."}
+
+
+def result_file_lines(svc: Services, batch: BatchItem) -> tuple[Iterator[bytes], Iterator[bytes]]:
+    """The output file's lines (requests that succeeded) and the error file's (every other one), in
+    OpenAI's batch file shapes: an HTTP error in response.body.error, anything else in error."""
+    def lines(successes: bool) -> Iterator[bytes]:
+        for start in range(0, batch["total"], EXPORT_PAGE):
+            chunk = []
+            for r in iter_results(svc, batch, start, min(batch["total"], start + EXPORT_PAGE)):
+                if (r["status"] == "completed") != successes:
+                    continue
+                if successes:
+                    line = {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": None}
+                else:
+                    error = r["error"] or CANCELLED_ERROR
+                    if error.get("status"):  # the backend answered with an HTTP error
+                        line = {"id": r["id"], "custom_id": r["custom_id"], "error": None, "response": {
+                            "status_code": error["status"], "request_id": error.get("request_id"),
+                            "body": {"error": {"message": error.get("message"), "type": error.get("type"),
+                                               "code": error.get("code")}}}}
+                    else:
+                        line = {"id": r["id"], "custom_id": r["custom_id"], "response": None,
+                                "error": {"code": error.get("code"), "message": error.get("message")}}
+                chunk.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+            yield b"".join(chunk)
+
+    return lines(True), lines(False)
+
+
+def _write_result_files(svc: Services, batch: BatchItem, now: int) -> BatchItem | None:
+    """Finalizing a batch from a file: write its output and error files under ids chosen once, so a run
+    cut off midway and started again writes the same files. Returns the batch with `result_files`
+    ({output, error}: ids, None where a file would be empty), or None if it changed meanwhile."""
+    ids = batch.get("result_file_ids")
+    if not ids:
+        ids = {"output": new_file_id(), "error": new_file_id()}
+        try:
+            if batch["status"] == BatchStatus.IN_PROGRESS.value:
+                svc.table.transact([Batch.begin_finalizing(svc.table, batch, now, ids)])
+            else:  # cancelling, or stopped before it started: no finalizing step
+                Batch.reserve_result_files(svc.table, batch, ids)
+        except ConditionFailed:
+            return None
+        batch = Batch.get(svc.table, batch["id"])
+        if batch is None:
+            return None
+        ids = batch["result_file_ids"]
+    expires_after = batch.get("output_expires_after")
+    expires_at = now + int(expires_after) if expires_after else now + svc.settings.batch_retention_seconds
+    outputs, errors = result_file_lines(svc, batch)
+    written = {}
+    for kind, chunks in (("output", outputs), ("error", errors)):
+        item = write_result_file(svc, account_id=batch["account_id"], batch_id=batch["id"],
+                                 filename=f"{batch['id']}_{kind}.jsonl", chunks=chunks, expires_at=expires_at,
+                                 file_id=ids[kind])
+        written[kind] = item["id"] if item else None
+    return {**batch, "result_files": written}
 
 
 def due_to_expire(batch: BatchItem, now: int) -> bool:
@@ -123,6 +221,9 @@ def purge_batch(svc: Services, batch: BatchItem, retention_ended: bool = False) 
     if not retention_ended:
         svc.table.delete_many(Request.keys_of(svc.table, batch))
     svc.blobs.delete_prefix(batch_prefix(batch["id"]))
+    for file_id in (batch.get("result_file_ids") or {}).values():  # its output and error files go with it
+        svc.blobs.delete(file_object(file_id))
+        File.delete(svc.table, file_id)
     if batch.get("idempotency_key"):
         try:
             Idempotency.mark_deleted(svc.table, batch["account_id"], batch["idempotency_key"],

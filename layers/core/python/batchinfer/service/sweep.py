@@ -11,6 +11,7 @@ from ..ledger import Settlement, close_group, position_item, settle
 from ..records import Batch, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
+from .intake import validate_file_batch
 from .lifecycle import due_to_expire, purge_batch, settle_batch, stop_batch
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,10 @@ def _sweep_batch(svc: Services, batch_id: str, now: int) -> list[str]:
     """Settle one unfinished batch; expire it if its window closed with requests not yet started."""
     done: list[str] = []
     after = settle_batch(svc, batch_id)
+    if after is not None and after.get("awaiting_validation") and not after.get("stop"):
+        if validate_file_batch(svc, after) == "failed":
+            done.append("settled")
+        return done
     if after is None or after["status"] in FINAL_BATCH:
         return ["settled"] if after else []
     if due_to_expire(after, now):

@@ -136,14 +136,67 @@ def _check_body(endpoint: str, body: dict) -> str | None:
     return None
 
 
+class Problem(Exception):
+    """What is wrong with one request, with OpenAI's batch error code where it has one."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def endpoint_problem(endpoints: tuple[str, ...], url: object) -> str | None:
+    if url in endpoints:
+        return None
+    return f"url '{url}' is not supported: " + (
+        "/v1/chat/completions is the only endpoint batches serve" if len(endpoints) == 1
+        else "batches serve " + ", ".join(endpoints))
+
+
+def check_request(svc: Services, account: dict, req: object, endpoint: str | None,
+                  seen: set[str]) -> ValidRequest:
+    """One request of a batch (an inline entry or a line of a file): ValidRequest, or Problem. `endpoint`:
+    the url every request must use (None: the first request's url decides, for inline batches)."""
+    if not isinstance(req, dict):
+        raise Problem("invalid_request", "each request must be an object")
+    custom_id = req.get("custom_id")
+    if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 512:
+        raise Problem("invalid_custom_id", "custom_id must be a string of 1-512 characters")
+    if custom_id in seen:
+        raise Problem("duplicate_custom_id", f"custom_id '{custom_id}' is used more than once")
+    seen.add(custom_id)
+    method = req.get("method", "POST")
+    if method != "POST":
+        raise Problem("invalid_method", f"method must be POST, not '{method}'")
+    url = req.get("url", CHAT)
+    problem = endpoint_problem(allowed_endpoints(svc), url)
+    if problem:
+        raise Problem("url_mismatch" if endpoint else "invalid_url", problem)
+    if endpoint is not None and url != endpoint:
+        raise Problem("url_mismatch", f"every request of a batch must use the same url ('{endpoint}'), not '{url}'")
+    body = req.get("body")
+    if not isinstance(body, dict):
+        raise Problem("invalid_body", "body must be an object")
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise Problem("missing_model", "body.model is required")
+    model = svc.catalog.lookup(name)
+    if model is None or not may_use_model(account, model.id):
+        raise Problem("model_not_found", f"Model '{name}' not found")
+    if model.auto:
+        raise Problem("model_not_found", f"Model '{name}' is an auto model; auto models cannot be used in a batch")
+    if model.backend is None or url not in model.endpoints:
+        raise Problem("unsupported_endpoint", f"Model '{name}' does not serve {url}")
+    problem = _check_body(url, body)
+    if problem:
+        raise Problem("invalid_body", problem)
+    return ValidRequest(custom_id=custom_id, model_id=model.id, body=body)
+
+
 def validate_inline_batch(svc: Services, account: dict, payload: object) -> ValidatedBatch:
     limits = svc.settings
     if not isinstance(payload, dict):
         raise ApiError(400, "The body must be a JSON object with a 'requests' array.")
-    if payload.get("input_file_id") is not None:
-        if not limits.file_batches_enabled:
-            raise ApiError(400, "File batches are not enabled.", param="input_file_id")
-        raise ApiError(400, "File batches are not available on this server yet.", param="input_file_id")
     requests = payload.get("requests")
     if not isinstance(requests, list) or not requests:
         raise ApiError(400, "requests must be a non-empty array of requests.", param="requests")
@@ -151,46 +204,81 @@ def validate_inline_batch(svc: Services, account: dict, payload: object) -> Vali
         raise ApiError(400, f"The batch holds {len(requests)} requests; at most {limits.max_requests_per_batch} "
                             "are allowed. Split it into several batches.", param="requests")
     metadata = validate_metadata(payload.get("metadata"))
-    endpoints = allowed_endpoints(svc)
     seen: set[str] = set()
     endpoint: str | None = None
     valid: list[ValidRequest] = []
     for i, req in enumerate(requests):
-        if not isinstance(req, dict):
-            raise _fault(i, None, "each request must be an object")
-        custom_id = req.get("custom_id")
-        if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 512:
-            raise _fault(i, custom_id, "custom_id must be a string of 1-512 characters")
-        if custom_id in seen:
-            raise _fault(i, custom_id, f"custom_id '{custom_id}' is used more than once")
-        seen.add(custom_id)
-        method = req.get("method", "POST")
-        if method != "POST":
-            raise _fault(i, custom_id, f"method must be POST, not '{method}'")
-        url = req.get("url", CHAT)
-        if url not in endpoints:
-            raise _fault(i, custom_id, f"url '{url}' is not supported: "
-                         + ("/v1/chat/completions is the only endpoint batches serve" if len(endpoints) == 1
-                            else "batches serve " + ", ".join(endpoints)))
+        try:
+            request = check_request(svc, account, req, endpoint, seen)
+        except Problem as problem:
+            raise _fault(i, req.get("custom_id") if isinstance(req, dict) else None, problem.message) from None
         if endpoint is None:
-            endpoint = url
-        elif url != endpoint:
-            raise _fault(i, custom_id, f"every request of a batch must use the same url ('{endpoint}'), not '{url}'")
-        body = req.get("body")
-        if not isinstance(body, dict):
-            raise _fault(i, custom_id, "body must be an object")
-        name = body.get("model")
-        if not isinstance(name, str) or not name:
-            raise _fault(i, custom_id, "body.model is required")
-        model = svc.catalog.lookup(name)
-        if model is None or not may_use_model(account, model.id):
-            raise _fault(i, custom_id, f"Model '{name}' not found")
-        if model.auto:
-            raise _fault(i, custom_id, f"Model '{name}' is an auto model; auto models cannot be used in a batch")
-        if model.backend is None or url not in model.endpoints:
-            raise _fault(i, custom_id, f"Model '{name}' does not serve {url}")
-        problem = _check_body(url, body)
-        if problem:
-            raise _fault(i, custom_id, problem)
-        valid.append(ValidRequest(custom_id=custom_id, model_id=model.id, body=body))
+            endpoint = req.get("url", CHAT)
+        valid.append(request)
     return ValidatedBatch(endpoint=endpoint or CHAT, requests=valid, metadata=metadata)
+
+
+MAX_REPORTED_PROBLEMS = 100  # errors.data of a refused file lists this many; the last one says how many more
+
+
+def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
+                        ) -> tuple[list[ValidRequest], list[dict]]:
+    """Every line of an input file: (the requests, []) when all are valid, else ([], every problem found,
+    each {code, message, param, line}, up to MAX_REPORTED_PROBLEMS). One model for the whole file."""
+    s = svc.settings
+    problems: list[dict] = []
+    valid: list[ValidRequest] = []
+    seen: set[str] = set()
+    model_id: str | None = None
+    lines = 0
+
+    def report(line: int, code: str, message: str) -> None:
+        problems.append({"code": code, "message": message, "param": None, "line": line})
+
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue  # empty lines are ignored
+        lines += 1
+        if len(raw) > s.max_line_bytes:
+            report(number, "line_too_large", f"The line is {len(raw)} bytes, more than the limit of "
+                                             f"{s.max_line_bytes} bytes.")
+            continue
+        try:
+            entry = json.loads(raw)
+        except (ValueError, RecursionError):
+            report(number, "invalid_json_line", "This line is not parseable as valid JSON.")
+            continue
+        if holds_unpaired_surrogate(raw, entry):
+            report(number, "invalid_json_line", "This line holds an unpaired surrogate, which is not valid Unicode.")
+            continue
+        if isinstance(entry, dict) and set(entry) != {"custom_id", "method", "url", "body"}:
+            extra = sorted(set(entry) - {"custom_id", "method", "url", "body"})
+            missing = sorted({"custom_id", "method", "url", "body"} - set(entry))
+            report(number, "invalid_request", "Each line must hold exactly custom_id, method, url and body"
+                   + (f"; missing {', '.join(missing)}" if missing else "")
+                   + (f"; unexpected {', '.join(extra)}" if extra else "") + ".")
+            continue
+        try:
+            request = check_request(svc, account, entry, endpoint, seen)
+        except Problem as problem:
+            report(number, problem.code, problem.message)
+            continue
+        if model_id is None:
+            model_id = request.model_id
+        elif request.model_id != model_id:
+            report(number, "model_mismatch", f"Every line of a file must use the same model: this one uses "
+                                             f"'{entry['body']['model']}', earlier lines '{model_id}'.")
+            continue
+        valid.append(request)
+    if lines == 0:
+        report(0, "empty_file", "The file holds no requests.")
+    elif lines > s.max_requests_per_batch:
+        report(0, "too_many_tasks", f"The file holds {lines} requests; at most {s.max_requests_per_batch} are "
+                                    "allowed. Split it into several files.")
+    if problems:
+        if len(problems) > MAX_REPORTED_PROBLEMS:
+            more = len(problems) - MAX_REPORTED_PROBLEMS + 1
+            problems = problems[:MAX_REPORTED_PROBLEMS - 1] + [{
+                "code": "more_errors", "message": f"...and {more} more problems.", "param": None, "line": None}]
+        return [], problems
+    return valid, []

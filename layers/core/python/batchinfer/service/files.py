@@ -1,0 +1,190 @@
+"""Batch files (`/v1/files`): uploads of JSONL input files (purpose `batch`) and the output and error files
+batches write (purpose `batch_output`). Only batch files exist: nothing else can use them.
+
+A file is one S3 object and one DynamoDB record under the account's `by_owner` partition. Its size and
+SHA-256 are fixed when it is written, so every download has the same bytes and the same ETag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+
+from ..domain import new_file_id
+from ..errors import ApiError
+from ..layout import file_object
+from ..records import Account, File, FileItem
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+from .accounts import Principal
+
+UPLOAD = "batch"
+RESULT = "batch_output"
+EXPIRES_AFTER_SECONDS = (3600, 2592000)  # what OpenAI accepts for expires_after / output_expires_after
+NOT_ENABLED = "File batches are not enabled."
+
+
+def check_enabled(svc: Services, param: str | None = None) -> None:
+    if not svc.settings.file_batches_enabled:
+        raise ApiError(400, NOT_ENABLED, code="file_batches_disabled", param=param)
+
+
+def expires_after_seconds(anchor: object, seconds: object, param: str) -> int:
+    """The seconds of an `expires_after` / `output_expires_after` ({anchor: created_at, seconds})."""
+    if anchor != "created_at":
+        raise ApiError(400, f"{param}[anchor] must be 'created_at'.", param=f"{param}[anchor]")
+    try:
+        value = int(str(seconds).strip())
+    except ValueError:
+        value = -1
+    low, high = EXPIRES_AFTER_SECONDS
+    if not low <= value <= high:
+        raise ApiError(400, f"{param}[seconds] must be a whole number of seconds from {low} to {high}.",
+                       param=f"{param}[seconds]")
+    return value
+
+
+def file_object_of(item: FileItem) -> dict:
+    """The file as the OpenAI SDK parses it (`FileObject`)."""
+    return {"id": item["id"], "object": "file", "bytes": item["bytes"], "created_at": item["created_at"],
+            "expires_at": item.get("expires_at"), "filename": item["filename"], "purpose": item["purpose"],
+            "status": "processed", "status_details": None}
+
+
+def _not_found(file_id: str) -> ApiError:
+    return ApiError(404, f"No such File object: {file_id}", code="file_not_found", param="file_id")
+
+
+def stored_file(svc: Services, account_id: str, file_id: str) -> FileItem | None:
+    """The account's file, or None: not there, another account's, or expired."""
+    item = File.get(svc.table, file_id) if file_id.startswith("file-") else None
+    if item is None or item.get("account_id") != account_id:
+        return None
+    if item.get("expires_at") and item["expires_at"] <= svc.now():
+        return None
+    return item
+
+
+def owned_file(svc: Services, principal: Principal, file_id: str) -> FileItem:
+    item = stored_file(svc, principal.account_id, file_id)
+    if item is None:
+        raise _not_found(file_id)
+    return item
+
+
+def _stored_upload_bytes(svc: Services, account_id: str) -> int:
+    """What the account's unexpired uploads hold now (result files do not count)."""
+    now = svc.now()
+    return sum(int(f["bytes"]) for f in File.all_of_owner(svc.table, account_id)
+               if f.get("purpose") == UPLOAD and not (f.get("expires_at") and f["expires_at"] <= now))
+
+
+def upload(svc: Services, principal: Principal, *, filename: str, purpose: object, data: bytes,
+           expires_after: int | None) -> dict:
+    """Store an uploaded input file. Checks come first; nothing is stored for a refused upload."""
+    s = svc.settings
+    check_enabled(svc)
+    if purpose != UPLOAD:
+        raise ApiError(400, f"purpose must be 'batch', not {purpose!r}: only batch input files can be uploaded.",
+                       param="purpose")
+    if len(data) > s.max_file_bytes:
+        raise ApiError(413, f"The file is {len(data)} bytes, larger than the limit of {s.max_file_bytes} bytes.",
+                       param="file")
+    stored = _stored_upload_bytes(svc, principal.account_id)
+    if stored + len(data) > s.max_stored_file_bytes:
+        raise ApiError(413, f"This upload would take your stored files past the limit of "
+                            f"{s.max_stored_file_bytes} bytes ({stored} bytes stored now); delete files you no "
+                            "longer need.", code="file_storage_exceeded", param="file")
+    now = svc.now()
+    try:
+        Account.count_upload(svc.table, principal.account_id, now // 3600, s.max_uploads_per_hour)
+    except ConditionFailed:
+        raise ApiError(429, f"You have uploaded {s.max_uploads_per_hour} files this hour, the most allowed; try "
+                            "again next hour.", code="too_many_uploads",
+                       retry_after=3600 - now % 3600) from None
+    file_id = new_file_id()
+    svc.blobs.put(file_object(file_id), data, "application/jsonl")
+    item = File.new(file_id=file_id, account_id=principal.account_id, filename=filename or "upload",
+                    purpose=UPLOAD, size=len(data), sha256=hashlib.sha256(data).hexdigest(), now=now,
+                    expires_at=now + (expires_after or s.file_retention_seconds),
+                    owner_created_us=time.time_ns() // 1000)
+    svc.table.transact([File.create(svc.table, item)])
+    return file_object_of(item)
+
+
+def write_result_file(svc: Services, *, account_id: str, batch_id: str, filename: str, chunks: Iterable[bytes],
+                      expires_at: int | None, file_id: str | None = None) -> FileItem | None:
+    """Write a batch's output or error file from its lines; None (and nothing stored) when it has none.
+    `file_id`: the id the batch reserved for it, so that a writer that starts again writes the same file."""
+    digest, size = hashlib.sha256(), 0
+
+    def counted() -> Iterable[bytes]:
+        nonlocal size
+        for chunk in chunks:
+            if chunk:
+                digest.update(chunk)
+                size += len(chunk)
+                yield chunk
+
+    file_id = file_id or new_file_id()
+    svc.blobs.put_stream(file_object(file_id), counted(), "application/jsonl")
+    if size == 0:
+        svc.blobs.delete(file_object(file_id))
+        return None
+    item = File.new(file_id=file_id, account_id=account_id, filename=filename, purpose=RESULT, size=size,
+                    sha256=digest.hexdigest(), now=svc.now(), expires_at=expires_at,
+                    owner_created_us=time.time_ns() // 1000, batch_id=batch_id)
+    svc.table.put(item)  # a writer that starts again overwrites its own record with the same bytes' figures
+    return item
+
+
+def list_files(svc: Services, principal: Principal, *, after: str | None, limit: int, order: str,
+               purpose: str | None) -> dict:
+    if not 1 <= limit <= 10000:
+        raise ApiError(400, "limit must be between 1 and 10000.", param="limit")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"order must be 'asc' or 'desc', not '{order}'.", param="order")
+    start = None
+    if after:
+        anchor = File.get(svc.table, after) if after.startswith("file-") else None
+        if anchor is None or anchor.get("account_id") != principal.account_id:
+            raise ApiError(400, f"after: no file found with id '{after}'.", param="after")
+        start = File.owner_cursor(anchor)
+    now = svc.now()
+    items: list[FileItem] = []
+    while len(items) <= limit:
+        page, start = File.of_owner(svc.table, principal.account_id, limit + 1 - len(items), start,
+                                    newest_first=order == "desc")
+        items.extend(f for f in page if not (f.get("expires_at") and f["expires_at"] <= now)
+                     and (purpose is None or f.get("purpose") == purpose))
+        if not start:
+            break
+    data = [file_object_of(i) for i in items[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
+
+
+def content(svc: Services, principal: Principal, file_id: str) -> tuple[FileItem, bytes | None, str | None]:
+    """(file, its bytes, None) for a file small enough for one API answer, else (file, None, a short-lived
+    URL to download it from)."""
+    item = owned_file(svc, principal, file_id)
+    if item["bytes"] > svc.settings.export_redirect_bytes:
+        return item, None, svc.blobs.presigned_get(file_object(file_id))
+    data = svc.blobs.get(file_object(file_id))
+    if data is None:  # deleted meanwhile
+        raise _not_found(file_id)
+    return item, data, None
+
+
+def delete(svc: Services, principal: Principal, file_id: str) -> dict:
+    """Delete a file for good. A batch created from an upload keeps its own copy of the requests; a deleted
+    result file is not written again (its batch keeps naming it, its download answers 404)."""
+    owned_file(svc, principal, file_id)
+    svc.blobs.delete(file_object(file_id))
+    File.delete(svc.table, file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+def read_upload(svc: Services, item: FileItem) -> bytes | None:
+    return svc.blobs.get(file_object(item["id"]))

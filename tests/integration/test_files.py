@@ -1,0 +1,194 @@
+"""Batch files and batches from a file, through the real API handler (Mangum, API Gateway events) and the
+real worker and sweeper handlers, as the OpenAI SDK sends them (multipart layout from the wire contracts)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from tests.helpers import new_key
+from tests.integration.test_api import error, finish, ok, settings, sim_requests
+
+BOUNDARY = "672e0c9c1d2ba60237426016355a8290"
+
+
+def multipart(data: bytes, filename: str = "batchinput.jsonl", purpose: str = "batch",
+              expires_after: tuple[str, str] | None = None) -> bytes:
+    """The body `client.files.create(file=..., purpose=...)` sends: scalar fields first, the file last."""
+    fields = [("purpose", purpose)]
+    if expires_after:
+        fields += [("expires_after[anchor]", expires_after[0]), ("expires_after[seconds]", expires_after[1])]
+    out = b""
+    for name, value in fields:
+        out += (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").encode()
+    out += (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return out
+
+
+def upload(api, key: str, data: bytes, **kwargs):
+    return api("POST", "/v1/files", key, body=multipart(data, **kwargs),
+               headers={"content-type": f"multipart/form-data; boundary={BOUNDARY}"})
+
+
+def line(custom_id: str, content: str = "hello", model: str = "glm-5.3-flash", url: str = "/v1/chat/completions",
+         **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": url,
+            "body": {"model": model, "messages": [{"role": "user", "content": content}], **body}}
+
+
+def jsonl(*lines: dict | str) -> bytes:
+    return b"".join((x if isinstance(x, str) else json.dumps(x)).encode() + b"\n" for x in lines)
+
+
+def create_from(api, key: str, file_id: str, **extra):
+    return api("POST", "/v1/batches", key, json_body={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                                                     "completion_window": "24h", **extra})
+
+
+def content(api, key: str, file_id: str) -> tuple[bytes, str]:
+    reply = api("GET", f"/v1/files/{file_id}/content", key, headers={"accept": "application/binary"})
+    assert reply.status == 200, reply.body
+    return reply.body, reply.headers["etag"]
+
+
+def test_upload_list_retrieve_download_delete(api, svc):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    data = jsonl(line("a"), line("b"))
+    uploaded = ok(upload(api, key, data))
+    assert uploaded["id"].startswith("file-") and uploaded["object"] == "file"
+    assert (uploaded["bytes"], uploaded["filename"], uploaded["purpose"]) == (len(data), "batchinput.jsonl", "batch")
+    assert uploaded["status"] == "processed" and uploaded["expires_at"] == uploaded["created_at"] + 30 * 86400
+    assert ok(api("GET", f"/v1/files/{uploaded['id']}", key)) == uploaded
+    second = ok(upload(api, key, data, filename="two.jsonl", expires_after=("created_at", "3600")))
+    assert second["expires_at"] == second["created_at"] + 3600
+    listed = ok(api("GET", "/v1/files", key))
+    assert [f["id"] for f in listed["data"]] == [second["id"], uploaded["id"]] and listed["has_more"] is False
+    page = ok(api("GET", "/v1/files", key, query={"limit": "1", "order": "asc"}))
+    assert [f["id"] for f in page["data"]] == [uploaded["id"]] and page["has_more"] is True
+    rest = ok(api("GET", "/v1/files", key, query={"limit": "1", "order": "asc", "after": uploaded["id"]}))
+    assert [f["id"] for f in rest["data"]] == [second["id"]] and rest["has_more"] is False
+    body, etag = content(api, key, uploaded["id"])
+    assert body == data and etag == f'"{hashlib.sha256(data).hexdigest()}"'
+    assert ok(api("DELETE", f"/v1/files/{uploaded['id']}", key)) == {"id": uploaded["id"], "object": "file",
+                                                                       "deleted": True}
+    for method, path in (("GET", ""), ("GET", "/content"), ("DELETE", "")):
+        error(api(method, f"/v1/files/{uploaded['id']}{path}", key), 404, "No such File object",
+              code="file_not_found")
+
+
+def test_uploads_refused_with_a_clear_error(api, svc):
+    settings(svc, file_batches_enabled=True, max_uploads_per_hour=2, max_stored_file_bytes=100)
+    _, key = new_key(svc)
+    error(upload(api, key, b"x", purpose="fine-tune"), 400, "purpose must be 'batch'")
+    error(upload(api, key, b"x", expires_after=("last_active_at", "3600")), 400, "expires_after[anchor]")
+    error(upload(api, key, b"x", expires_after=("created_at", "60")), 400, "expires_after[seconds]")
+    error(api("POST", "/v1/files", key, json_body={"purpose": "batch"}), 400, "multipart/form-data")
+    too_big = upload(api, key, b"y" * 101)
+    error(too_big, 413, "stored files past the limit", code="file_storage_exceeded")
+    assert too_big.headers["x-should-retry"] == "false"
+    ok(upload(api, key, b"z" * 10))
+    ok(upload(api, key, b"z" * 10))
+    third = upload(api, key, b"z" * 10)
+    error(third, 429, "uploaded 2 files this hour", code="too_many_uploads")
+    assert 0 < int(third.headers["retry-after"]) <= 3600
+    settings(svc, file_batches_enabled=False)
+    error(upload(api, key, b"z"), 400, "File batches are not enabled", code="file_batches_disabled")
+
+
+def test_a_batch_from_a_file_runs_and_writes_its_result_files(api, svc, sim_control):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    lines = [line(f"q-{i}", f"question {i}") for i in range(5)]
+    lines[3] = line("q-3", "[[sim:400]] refuse this")  # the simulated backend answers 400 for it
+    uploaded = ok(upload(api, key, jsonl(*lines[:3], "", *lines[3:])))  # an empty line is ignored
+    created = ok(create_from(api, key, uploaded["id"], metadata={"project": "eval-42"}))
+    assert created["status"] == "validating" and created["input_file_id"] == uploaded["id"]
+    # Deleting the upload does not affect the batch created from it.
+    ok(api("DELETE", f"/v1/files/{uploaded['id']}", key))
+    final = finish(svc, created["id"])
+    batch = ok(api("GET", f"/v1/batches/{created['id']}", key))
+    assert batch["status"] == "completed" and batch["errors"] is None
+    assert batch["request_counts"] == {"total": 5, "completed": 4, "failed": 1}, batch
+    assert batch["finalizing_at"] is not None and final["output_file_id"] and final["error_file_id"]
+    results = {r["custom_id"]: r for r in ok(api("GET", f"/v1/batches/{created['id']}/results", key))["data"]}
+    out, out_etag = content(api, key, batch["output_file_id"])
+    assert out_etag == f'"{hashlib.sha256(out).hexdigest()}"' and content(api, key, batch["output_file_id"])[0] == out
+    outputs = [json.loads(x) for x in out.splitlines()]
+    assert sorted(o["custom_id"] for o in outputs) == ["q-0", "q-1", "q-2", "q-4"]
+    for o in outputs:
+        assert o["response"] == results[o["custom_id"]]["response"] and o["error"] is None
+        assert o["id"] == results[o["custom_id"]]["id"]
+    errors = [json.loads(x) for x in content(api, key, batch["error_file_id"])[0].splitlines()]
+    assert [e["custom_id"] for e in errors] == ["q-3"] and errors[0]["error"] is None
+    assert errors[0]["response"]["status_code"] == 400 and errors[0]["response"]["body"]["error"]["message"]
+    listed = {f["id"]: f for f in ok(api("GET", "/v1/files", key))["data"]}
+    assert listed[batch["output_file_id"]]["purpose"] == "batch_output"
+    assert ok(api("GET", "/v1/files", key, query={"purpose": "batch"}))["data"] == []
+    # Deleting the batch deletes its result files.
+    ok(api("DELETE", f"/v1/batches/{created['id']}", key))
+    error(api("GET", f"/v1/files/{batch['output_file_id']}", key), 404)
+    assert ok(api("GET", "/v1/files", key))["data"] == []
+
+
+def test_an_invalid_file_fails_the_batch_with_every_problem_and_runs_nothing(api, svc, sim_control):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    data = jsonl(line("a"), "{not json", line("a"), line("b", model="qwen3.6-35b"),
+                 line("c", url="/v1/embeddings"), line("d", stream=True),
+                 {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions"}, line("f", model="nope"))
+    uploaded = ok(upload(api, key, data))
+    created = ok(create_from(api, key, uploaded["id"]))
+    final = finish(svc, created["id"])
+    batch = ok(api("GET", f"/v1/batches/{created['id']}", key))
+    assert batch["status"] == "failed" and final["failed_at"]
+    assert batch["output_file_id"] is None and batch["error_file_id"] is None
+    problems = [(p["line"], p["code"]) for p in batch["errors"]["data"]]
+    assert problems == [(2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "model_mismatch"),
+                        (5, "url_mismatch"), (6, "invalid_body"), (7, "invalid_request"), (8, "model_not_found")]
+    assert all(p["message"] for p in batch["errors"]["data"])
+    assert sim_requests(sim_control) == 0
+    # An empty file, and too many lines.
+    empty = ok(upload(api, key, b"\n\n"))
+    failed = finish(svc, ok(create_from(api, key, empty["id"]))["id"])
+    assert [p["code"] for p in failed["errors"]["data"]] == ["empty_file"]
+    settings(svc, max_requests_per_batch=2)
+    many = ok(upload(api, key, jsonl(line("x"), line("y"), line("z"))))
+    failed = finish(svc, ok(create_from(api, key, many["id"]))["id"])
+    assert [p["code"] for p in failed["errors"]["data"]] == ["too_many_tasks"]
+    assert sim_requests(sim_control) == 0
+
+
+def test_create_from_a_file_refuses_bad_calls(api, svc):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    _, other = new_key(svc)
+    theirs = ok(upload(api, other, jsonl(line("a"))))
+    error(create_from(api, key, theirs["id"]), 400, "not found", code="file_not_found")
+    error(create_from(api, key, "file-nope"), 400, "not found", code="file_not_found")
+    mine = ok(upload(api, key, jsonl(line("a"))))
+    error(create_from(api, key, mine["id"], completion_window="1h"), 400, "completion_window")
+    error(create_from(api, key, mine["id"], endpoint="/v1/completions"), 400, "endpoint")
+    error(create_from(api, key, mine["id"], output_expires_after={"anchor": "created_at", "seconds": 60}), 400,
+          "output_expires_after[seconds]")
+    # Another account's file is found nowhere.
+    for method, path in (("GET", ""), ("GET", "/content"), ("DELETE", "")):
+        error(api(method, f"/v1/files/{theirs['id']}{path}", key), 404)
+    assert [f["id"] for f in ok(api("GET", "/v1/files", key))["data"]] == [mine["id"]]
+    assert ok(api("GET", "/v1/batches", key))["data"] == []
+    settings(svc, file_batches_enabled=False)
+    error(create_from(api, key, mine["id"]), 400, "File batches are not enabled")
+
+
+def test_a_file_batch_cancelled_while_validating_runs_nothing(api, svc, sim_control):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(*[line(f"q-{i}") for i in range(3)])))
+    created = ok(create_from(api, key, uploaded["id"]))
+    cancelled = ok(api("POST", f"/v1/batches/{created['id']}/cancel", key))
+    assert cancelled["status"] in ("cancelling", "cancelled")
+    final = finish(svc, created["id"])
+    assert final["status"] == "cancelled" and sim_requests(sim_control) == 0
+    batch = ok(api("GET", f"/v1/batches/{created['id']}", key))
+    assert batch["request_counts"]["total"] == 0 and batch["output_file_id"] is None
