@@ -1,17 +1,24 @@
 """Sweeper function: expiry, cancel completion, final statuses, retention and lease recovery."""
 
+import time
+
 from aws_lambda_powertools.metrics import MetricUnit
 
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.service.sweep import sweep_once
 
+STOP_BEFORE_TIMEOUT_SECONDS = 15
+
 
 @logger.inject_lambda_context
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict, context: object) -> dict:
-    counts = sweep_once(services())
+    # Long steps (result files, exports) stop well before the invocation would time out; the next run
+    # carries on where they stopped.
+    deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000 - STOP_BEFORE_TIMEOUT_SECONDS
+    counts = sweep_once(services(), deadline=deadline)
     for name, value in counts.items():
         metrics.add_metric(name=f"Batches{name.capitalize()}", unit=MetricUnit.Count, value=value)
     return counts

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
+from batchinfer.layout import batch_key
 from tests.helpers import new_key
 from tests.integration.test_api import error, finish, ok, settings, sim_requests
 
@@ -192,3 +195,44 @@ def test_a_file_batch_cancelled_while_validating_runs_nothing(api, svc, sim_cont
     assert final["status"] == "cancelled" and sim_requests(sim_control) == 0
     batch = ok(api("GET", f"/v1/batches/{created['id']}", key))
     assert batch["request_counts"]["total"] == 0 and batch["output_file_id"] is None
+
+
+def test_result_files_resume_where_a_killed_writer_stopped(api, svc, monkeypatch):
+    """The sweeper dies while writing a result file: the next run resumes the same multipart upload from
+    the saved cursor, and the file has exactly the bytes (and the SHA-256 ETag) of the results."""
+    from batchinfer.service import finalize
+
+    settings(svc, file_batches_enabled=True, result_part_bytes=400)
+    monkeypatch.setattr("moto.s3.models.S3_UPLOAD_PART_MIN_SIZE", 1)  # small parts, so that there are several
+    monkeypatch.setattr(finalize, "EXPORT_PAGE", 2)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(*[line(f"q-{i:02d}", f"question {i}") for i in range(12)])))
+    batch_id = ok(create_from(api, key, uploaded["id"]))["id"]
+    real_put_part, calls = svc.blobs.put_part, []
+
+    def killed_on_the_third_part(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 3:
+            raise RuntimeError("the sweeper was killed")
+        return real_put_part(*args, **kwargs)
+
+    monkeypatch.setattr(svc.blobs, "put_part", killed_on_the_third_part)
+    with pytest.raises(RuntimeError, match="killed"):
+        finish(svc, batch_id)
+    cut = svc.table.get(*batch_key(batch_id))
+    assert cut["status"] == "finalizing" and len(cut["writing"]["output"]["parts"]) == 2
+    final = finish(svc, batch_id)
+    assert final["status"] == "completed"
+    state = final["writing"]["output"]
+    assert state["upload_id"] == cut["writing"]["output"]["upload_id"] and len(state["parts"]) > 3  # resumed
+    assert calls[2] == calls[3] == 3  # the part being written when it died was written again, not skipped
+    results = ok(api("GET", f"/v1/batches/{batch_id}/results", key))["data"]
+    expected = b"".join(json.dumps({"id": r["id"], "custom_id": r["custom_id"], "response": r["response"],
+                                    "error": None}, separators=(",", ":")).encode() + b"\n" for r in results)
+    data, etag = content(api, key, final["output_file_id"])
+    assert data == expected and etag == f'"{hashlib.sha256(expected).hexdigest()}"'
+    assert ok(api("GET", f"/v1/files/{final['output_file_id']}", key))["bytes"] == len(expected)
+    assert final["error_file_id"] is None
+    # A run holding an old cursor cannot advance the finished writer again.
+    assert finalize.write(svc, cut, ("output",)) is None
+    assert content(api, key, final["output_file_id"])[0] == expected

@@ -267,17 +267,34 @@ class Batch:
         that starts again writes the same files). Fenced on nothing of it running or open."""
         to = batch_transition(batch["status"], BatchStatus.FINALIZING)
         return t.op_update(*batch_key(batch["id"]),
-                           "SET #status = :to, finalizing_at = :now, result_file_ids = :ids",
+                           "SET #status = :to, finalizing_at = :now, result_file_ids = :ids, "
+                           "writing = if_not_exists(writing, :empty)",
                            vals={":to": to.value, ":now": now, ":ids": file_ids, ":old": batch["status"],
-                                 ":zero": 0},
+                                 ":zero": 0, ":empty": {}},
                            condition="#status = :old AND in_flight = :zero AND #open = :zero "
                                      "AND attribute_not_exists(deleting) AND attribute_not_exists(result_file_ids)")
 
     @staticmethod
     def reserve_result_files(t: Table, batch: BatchItem, file_ids: dict[str, str]) -> None:
         """Result file ids for a batch that ends without finalizing (cancelled, or failed while validating)."""
-        t.update(*batch_key(batch["id"]), "SET result_file_ids = :ids", vals={":ids": file_ids},
-                 condition="attribute_not_exists(result_file_ids)")
+        t.update(*batch_key(batch["id"]), "SET result_file_ids = :ids, writing = if_not_exists(writing, :empty)",
+                 vals={":ids": file_ids, ":empty": {}}, condition="attribute_not_exists(result_file_ids)")
+
+    @staticmethod
+    def prepare_writers(t: Table, batch_id: str) -> None:
+        """Room for the cursors of the batch's resumable writers (service.finalize)."""
+        t.update(*batch_key(batch_id), "SET writing = if_not_exists(writing, :empty)", vals={":empty": {}})
+
+    @staticmethod
+    def save_writer(t: Table, batch_id: str, kind: str, state: dict, previous: dict | None) -> None:
+        """Save a writer's cursor, fenced on the cursor it advanced from (ConditionFailed: another run did)."""
+        if previous is None:
+            condition, vals = "attribute_not_exists(writing.#k)", {":new": state}
+        else:
+            condition = "writing.#k.#next = :old AND size(writing.#k.parts) = :parts"
+            vals = {":new": state, ":old": previous["next"], ":parts": len(previous["parts"])}
+        t.update(*batch_key(batch_id), "SET writing.#k = :new", vals=vals, names={"#k": kind},
+                 condition=condition + " AND attribute_not_exists(deleting)")
 
     @staticmethod
     def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int) -> Op:

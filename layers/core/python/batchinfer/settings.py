@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     max_file_bytes: int = 32 * 1024 * 1024  # one uploaded input file
     max_stored_file_bytes: int = 512 * 1024 * 1024  # an account's uploads kept at once (413 past it)
     max_uploads_per_hour: int = 60  # an account's uploads per clock hour (429 past it)
+    # One part of a file sent through the Uploads API (POST /v1/uploads/{id}/parts; 413 past it). API Gateway
+    # HTTP API hands a binary body to Lambda base64-encoded (4/3 of its size) inside an invoke payload of at
+    # most 6,291,456 bytes, with the headers and request context beside it: a raw body of about 4.5 MB at the
+    # very most, multipart envelope included. 4 MiB (5.59 MB encoded) leaves room for that envelope and the
+    # event around it; the same default applies locally, so what passes here passes deployed.
+    max_upload_part_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     file_retention_seconds: int = 30 * 24 * 3600  # how long an uploaded input file is kept by default
     max_unfinished_batches: int = 10
     max_unfinished_requests: int = 100_000
@@ -68,6 +74,9 @@ class Settings(BaseSettings):
     # Exports whose results add up to more than this are written to S3 when the batch ends and downloaded
     # through a short-lived presigned URL (a Lambda answer carries at most 6 MB).
     export_redirect_bytes: int = 4 * 1024 * 1024
+    # Result files and large exports are written a part at a time (a resumable step); S3 wants parts of
+    # at least 5 MiB, but for the last.
+    result_part_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     inline_result_bytes: int = 32 * 1024  # larger results go to S3, a pointer stays in DynamoDB
     dispatcher_loop_seconds: float = 55.0  # how long one scheduled dispatcher invocation keeps refilling
     dispatcher_idle_sleep_seconds: float = 0.25

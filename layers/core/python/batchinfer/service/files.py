@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
 
 from ..domain import new_file_id
 from ..errors import ApiError
@@ -113,29 +112,14 @@ def upload(svc: Services, principal: Principal, *, filename: str, purpose: objec
     return file_object_of(item)
 
 
-def write_result_file(svc: Services, *, account_id: str, batch_id: str, filename: str, chunks: Iterable[bytes],
-                      expires_at: int | None, file_id: str | None = None) -> FileItem | None:
-    """Write a batch's output or error file from its lines; None (and nothing stored) when it has none.
-    `file_id`: the id the batch reserved for it, so that a writer that starts again writes the same file."""
-    digest, size = hashlib.sha256(), 0
-
-    def counted() -> Iterable[bytes]:
-        nonlocal size
-        for chunk in chunks:
-            if chunk:
-                digest.update(chunk)
-                size += len(chunk)
-                yield chunk
-
-    file_id = file_id or new_file_id()
-    svc.blobs.put_stream(file_object(file_id), counted(), "application/jsonl")
-    if size == 0:
-        svc.blobs.delete(file_object(file_id))
-        return None
+def register_result_file(svc: Services, *, file_id: str, account_id: str, batch_id: str, filename: str, size: int,
+                         sha256: str, expires_at: int | None) -> FileItem:
+    """The record of a batch's output or error file, once its bytes are written (service.finalize). A run
+    that writes it again writes the same record."""
     item = File.new(file_id=file_id, account_id=account_id, filename=filename, purpose=RESULT, size=size,
-                    sha256=digest.hexdigest(), now=svc.now(), expires_at=expires_at,
-                    owner_created_us=time.time_ns() // 1000, batch_id=batch_id)
-    svc.table.put(item)  # a writer that starts again overwrites its own record with the same bytes' figures
+                    sha256=sha256, now=svc.now(), expires_at=expires_at, owner_created_us=time.time_ns() // 1000,
+                    batch_id=batch_id)
+    svc.table.put(item)
     return item
 
 

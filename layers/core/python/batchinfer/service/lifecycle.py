@@ -9,9 +9,7 @@ from (inline, file, Message Batch), it ends here.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
 
 from ..domain import (
     FINAL_BATCH,
@@ -27,8 +25,7 @@ from ..ledger import Settlement, settle
 from ..records import Account, Batch, BatchItem, File, Idempotency, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
-from .files import write_result_file
-from .results import EXPORT_PAGE, export_stream, iter_results
+from . import finalize
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +63,9 @@ def _close_waiting(svc: Services, batch: BatchItem, stop: Stop) -> None:
             pass  # a worker or dispatcher moved it first; the next sweep looks again
 
 
-def settle_batch(svc: Services, batch_id: str) -> BatchItem | None:
-    """Give a batch its final status once nothing of it is running or left to start."""
+def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) -> BatchItem | None:
+    """Give a batch its final status once nothing of it is running or left to start. `deadline`
+    (time.monotonic()): when writing its result files or export must stop, to carry on in the next run."""
     batch = Batch.get(svc.table, batch_id)
     if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
         return batch
@@ -85,22 +83,26 @@ def settle_batch(svc: Services, batch_id: str) -> BatchItem | None:
         if batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
             return batch
     now = svc.now()
-    export = None
+    # What the batch leaves behind is written first, resumably (service.finalize): its output and error
+    # files if it came from a file; output.jsonl in S3 if it is too large for a Lambda answer.
+    kinds = ("output", "error") if batch.get("input_file_id") else ()
     if batch.get("result_bytes", 0) > svc.settings.export_redirect_bytes:
-        # Too large for a Lambda answer: write output.jsonl to S3 now that no result can change.
-        export = export_object(batch_id)
-        svc.blobs.put_stream(export, export_stream(svc, batch), "application/jsonl")
-    sets = {}
-    if batch.get("input_file_id"):  # a batch from a file ends with its output and error files
-        batch = _write_result_files(svc, batch, now)
-        if batch is None:
+        kinds += ("export",)
+    sets: dict = {}
+    if kinds:
+        batch = _prepare_writers(svc, batch, now, with_files=bool(batch.get("input_file_id")))
+        batch = finalize.write(svc, batch, kinds, deadline) if batch else None
+        if batch is None:  # out of time, or another run is writing: the next run carries on
             return Batch.get(svc.table, batch_id)
-        sets = {"output_file_id": batch["result_files"].get("output"), "error_file_id": batch["result_files"].get(
-            "error")}
+        writing = batch["writing"]
+        if "export" in kinds:
+            sets["export_object"] = export_object(batch_id)
+        if batch.get("input_file_id"):
+            sets["output_file_id"], sets["error_file_id"] = writing["output"]["file"], writing["error"]["file"]
     never_started = batch["total"] - dispatched if counts_as_failed_unstarted(stop) else 0
     ops = [Batch.finalize(svc.table, batch, final_status(stop), stop, now,
                           retention_ends=now + svc.settings.batch_retention_seconds,
-                          never_started_failed=never_started, export=export, sets=sets),
+                          never_started_failed=never_started, export=None, sets=sets),
            Account.release_unfinished(svc.table, batch["account_id"], batch["total"])]
     if batch.get("idempotency_key"):  # the key is remembered until a day after its batch ends
         ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
@@ -130,64 +132,21 @@ def fail_validation(svc: Services, batch: BatchItem, problems: list[dict]) -> bo
     return True
 
 
-CANCELLED_ERROR = {"code": "batch_cancelled", "message": "Not run: the batch was cancelled."}
-
-
-def result_file_lines(svc: Services, batch: BatchItem) -> tuple[Iterator[bytes], Iterator[bytes]]:
-    """The output file's lines (requests that succeeded) and the error file's (every other one), in
-    OpenAI's batch file shapes: an HTTP error in response.body.error, anything else in error."""
-    def lines(successes: bool) -> Iterator[bytes]:
-        for start in range(0, batch["total"], EXPORT_PAGE):
-            chunk = []
-            for r in iter_results(svc, batch, start, min(batch["total"], start + EXPORT_PAGE)):
-                if (r["status"] == "completed") != successes:
-                    continue
-                if successes:
-                    line = {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": None}
-                else:
-                    error = r["error"] or CANCELLED_ERROR
-                    if error.get("status"):  # the backend answered with an HTTP error
-                        line = {"id": r["id"], "custom_id": r["custom_id"], "error": None, "response": {
-                            "status_code": error["status"], "request_id": error.get("request_id"),
-                            "body": {"error": {"message": error.get("message"), "type": error.get("type"),
-                                               "code": error.get("code")}}}}
-                    else:
-                        line = {"id": r["id"], "custom_id": r["custom_id"], "response": None,
-                                "error": {"code": error.get("code"), "message": error.get("message")}}
-                chunk.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
-            yield b"".join(chunk)
-
-    return lines(True), lines(False)
-
-
-def _write_result_files(svc: Services, batch: BatchItem, now: int) -> BatchItem | None:
-    """Finalizing a batch from a file: write its output and error files under ids chosen once, so a run
-    cut off midway and started again writes the same files. Returns the batch with `result_files`
-    ({output, error}: ids, None where a file would be empty), or None if it changed meanwhile."""
-    ids = batch.get("result_file_ids")
-    if not ids:
-        ids = {"output": new_file_id(), "error": new_file_id()}
-        try:
+def _prepare_writers(svc: Services, batch: BatchItem, now: int, with_files: bool) -> BatchItem | None:
+    """Before the first writer runs: a batch in progress becomes finalizing; a batch from a file gets the
+    ids of its result files, chosen once. Returns the batch as it is now, or None if it changed."""
+    try:
+        if with_files and not batch.get("result_file_ids"):
+            ids = {"output": new_file_id(), "error": new_file_id()}
             if batch["status"] == BatchStatus.IN_PROGRESS.value:
                 svc.table.transact([Batch.begin_finalizing(svc.table, batch, now, ids)])
-            else:  # cancelling, or stopped before it started: no finalizing step
+            else:  # cancelling: no finalizing step
                 Batch.reserve_result_files(svc.table, batch, ids)
-        except ConditionFailed:
-            return None
-        batch = Batch.get(svc.table, batch["id"])
-        if batch is None:
-            return None
-        ids = batch["result_file_ids"]
-    expires_after = batch.get("output_expires_after")
-    expires_at = now + int(expires_after) if expires_after else now + svc.settings.batch_retention_seconds
-    outputs, errors = result_file_lines(svc, batch)
-    written = {}
-    for kind, chunks in (("output", outputs), ("error", errors)):
-        item = write_result_file(svc, account_id=batch["account_id"], batch_id=batch["id"],
-                                 filename=f"{batch['id']}_{kind}.jsonl", chunks=chunks, expires_at=expires_at,
-                                 file_id=ids[kind])
-        written[kind] = item["id"] if item else None
-    return {**batch, "result_files": written}
+        elif "writing" not in batch:
+            Batch.prepare_writers(svc.table, batch["id"])
+    except ConditionFailed:
+        return None
+    return Batch.get(svc.table, batch["id"])
 
 
 def due_to_expire(batch: BatchItem, now: int) -> bool:

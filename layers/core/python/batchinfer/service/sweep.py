@@ -76,8 +76,9 @@ def recover_leases(svc: Services, limit: int = 100) -> int:
     return recovered
 
 
-def sweep_once(svc: Services) -> dict:
-    """One pass of the sweeper. Safe to run in several places at once: every change is conditional."""
+def sweep_once(svc: Services, deadline: float | None = None) -> dict:
+    """One pass of the sweeper. Safe to run in several places at once: every change is conditional.
+    `deadline` (time.monotonic()): when long steps (result files, exports) stop, to go on next pass."""
     now = svc.now()
     try:
         recovered = recover_leases(svc)
@@ -86,7 +87,7 @@ def sweep_once(svc: Services) -> dict:
     counts = {"recovered": recovered, "settled": 0, "expired": 0, "purged": 0}
     for item in Batch.active(svc.table):
         try:
-            counts_for = _sweep_batch(svc, item["id"], now)
+            counts_for = _sweep_batch(svc, item["id"], now, deadline)
         except Throttled:
             log.warning("throttled while sweeping batch %s; next pass", item["id"])
             continue
@@ -103,10 +104,10 @@ def sweep_once(svc: Services) -> dict:
     return counts
 
 
-def _sweep_batch(svc: Services, batch_id: str, now: int) -> list[str]:
+def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None = None) -> list[str]:
     """Settle one unfinished batch; expire it if its window closed with requests not yet started."""
     done: list[str] = []
-    after = settle_batch(svc, batch_id)
+    after = settle_batch(svc, batch_id, deadline)
     if after is not None and after.get("awaiting_validation") and not after.get("stop"):
         if validate_file_batch(svc, after) == "failed":
             done.append("settled")
@@ -116,7 +117,7 @@ def _sweep_batch(svc: Services, batch_id: str, now: int) -> list[str]:
     if due_to_expire(after, now):
         if stop_batch(svc, after, Stop.EXPIRE):
             done.append("expired")
-        after = settle_batch(svc, batch_id)
+        after = settle_batch(svc, batch_id, deadline)
         if after and after["status"] in FINAL_BATCH:
             done.append("settled")
     return done

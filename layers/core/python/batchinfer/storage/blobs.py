@@ -50,27 +50,57 @@ class Blobs:
 
     def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str, part_bytes: int = 8 << 20) -> int:
         """Upload an object of any size from an iterator, one part in memory at a time. Returns its size."""
-        upload = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type)
+        upload_id = self.start_multipart(key, content_type)
         parts, buffer, size = [], bytearray(), 0
         try:
             for chunk in chunks:
                 buffer += chunk
                 size += len(chunk)
                 if len(buffer) >= part_bytes:
-                    parts.append(self._part(key, upload["UploadId"], len(parts) + 1, bytes(buffer)))
+                    parts.append([len(parts) + 1, self.put_part(key, upload_id, len(parts) + 1, bytes(buffer))])
                     buffer.clear()
             if buffer or not parts:
-                parts.append(self._part(key, upload["UploadId"], len(parts) + 1, bytes(buffer)))
-            self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
-                                              MultipartUpload={"Parts": parts})
+                parts.append([len(parts) + 1, self.put_part(key, upload_id, len(parts) + 1, bytes(buffer))])
+            self.complete_multipart(key, upload_id, parts)
         except Exception:
-            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"])
+            self.abort_multipart(key, upload_id)
             raise
         return size
 
-    def _part(self, key: str, upload_id: str, number: int, data: bytes) -> dict:
-        answer = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data)
-        return {"ETag": answer["ETag"], "PartNumber": number}
+    # A multipart upload a step at a time (resumable writers keep the upload id and parts themselves).
+    def start_multipart(self, key: str, content_type: str) -> str:
+        return self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type)["UploadId"]
+
+    def put_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        """Write (or write again, the same bytes) part `number`; returns its ETag."""
+        return self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                   Body=data)["ETag"]
+
+    def complete_multipart(self, key: str, upload_id: str, parts: list) -> None:
+        """Finish the object from [number, etag] parts. Finishing it again (a run that stopped right after
+        finishing it, started again) is no error as long as the object is there."""
+        try:
+            self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={
+                "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in parts]})
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "NoSuchUpload" or not self.exists(key):
+                raise
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                raise
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise
 
     def presigned_get(self, key: str, seconds: int = 300) -> str:
         return self.s3.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": key},

@@ -1,0 +1,136 @@
+"""Writing what a batch leaves behind when it ends, as a resumable step: its output and error files (a
+batch from a file) and its output.jsonl export (a batch too large for one API answer).
+
+Each is an S3 multipart upload written a part at a time from the batch's results, which no longer change.
+After every part the cursor (upload id, parts written, the next request index) is saved on the batch item
+under a condition on the previous cursor, so a run cut off by its deadline, a crash or a timeout is picked
+up by the next run where it stopped, and two runs cannot both advance one file: the loser stops. A part
+is built from whole pages of results, so a part written again after a crash has the same bytes. The
+SHA-256 of a finished file is read back from S3 (a hash cannot be saved halfway), and becomes its ETag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+
+from ..layout import export_object, file_object
+from ..records import Batch, BatchItem
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+from .files import register_result_file
+from .results import EXPORT_PAGE, iter_results
+
+CANCELLED_ERROR = {"code": "batch_cancelled", "message": "Not run: the batch was cancelled."}
+
+
+def _output_line(r: dict) -> dict | None:
+    if r["status"] != "completed":
+        return None
+    return {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": None}
+
+
+def _error_line(r: dict) -> dict | None:
+    """OpenAI's error file line: an HTTP error in response.body.error, anything else in error."""
+    if r["status"] == "completed":
+        return None
+    error = r["error"] or CANCELLED_ERROR
+    if error.get("status"):
+        return {"id": r["id"], "custom_id": r["custom_id"], "error": None, "response": {
+            "status_code": error["status"], "request_id": error.get("request_id"),
+            "body": {"error": {"message": error.get("message"), "type": error.get("type"), "code": error.get("code")}}}}
+    return {"id": r["id"], "custom_id": r["custom_id"], "response": None,
+            "error": {"code": error.get("code"), "message": error.get("message")}}
+
+
+def _export_line(r: dict) -> dict:
+    return {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": r["error"]}
+
+
+LINES: dict[str, Callable[[dict], dict | None]] = {"output": _output_line, "error": _error_line,
+                                                    "export": _export_line}
+
+
+def _key(batch: BatchItem, kind: str) -> str:
+    return export_object(batch["id"]) if kind == "export" else file_object(batch["result_file_ids"][kind])
+
+
+def _lines(svc: Services, batch: BatchItem, kind: str, start: int, end: int) -> bytes:
+    shape = LINES[kind]
+    out = []
+    for r in iter_results(svc, batch, start, end):
+        line = shape(r)
+        if line is not None:
+            out.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+    return b"".join(out)
+
+
+def _sha256(svc: Services, key: str) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    for chunk in svc.blobs.stream(key):
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def write(svc: Services, batch: BatchItem, kinds: tuple[str, ...], deadline: float | None = None) -> BatchItem | None:
+    """Advance the batch's writers of `kinds` until they are done or `deadline` (time.monotonic()) comes.
+    Returns the batch with every writer done (`writing.<kind>.done`, and `.file` for result files: an id,
+    or None when the file would be empty), or None when time ran out or another run holds a writer."""
+    part_bytes = svc.settings.result_part_bytes
+    for kind in kinds:
+        while True:
+            state = (batch.get("writing") or {}).get(kind)
+            if state and state.get("done"):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            current = Batch.get(svc.table, batch["id"])
+            if current is None or (current.get("writing") or {}).get(kind) != state:
+                return None  # another run advanced this writer (or the batch went): it carries on
+            key = _key(batch, kind)
+            if state is None:
+                upload_id = svc.blobs.start_multipart(key, "application/jsonl")
+                new = {"upload_id": upload_id, "parts": [], "next": 0, "done": False}
+            else:
+                new = {**state, "parts": list(state["parts"])}
+                buffer, end = b"", new["next"]
+                # Whole pages until the part is big enough (S3 wants >= 5 MiB but for the last part).
+                while end < batch["total"] and len(buffer) < part_bytes:
+                    stop = min(batch["total"], end + EXPORT_PAGE)
+                    buffer += _lines(svc, batch, kind, end, stop)
+                    end = stop
+                if buffer:
+                    number = len(new["parts"]) + 1
+                    new["parts"].append([number, svc.blobs.put_part(key, new["upload_id"], number, buffer)])
+                new["next"] = end
+                if end >= batch["total"]:
+                    new.update(_complete(svc, batch, kind, key, new))
+            try:
+                Batch.save_writer(svc.table, batch["id"], kind, new, previous=state)
+            except ConditionFailed:
+                if state is None:  # another run started this writer at the same moment: keep its upload
+                    svc.blobs.abort_multipart(key, new["upload_id"])
+                return None  # another run advanced this writer: it carries on
+            batch = {**batch, "writing": {**(batch.get("writing") or {}), kind: new}}
+    return batch
+
+
+def _complete(svc: Services, batch: BatchItem, kind: str, key: str, state: dict) -> dict:
+    """The last part is written: finish the object (or drop it when it has no line) and fix its bytes."""
+    if not state["parts"]:
+        svc.blobs.abort_multipart(key, state["upload_id"])
+        return {"done": True, "file": None}
+    svc.blobs.complete_multipart(key, state["upload_id"], state["parts"])
+    if kind == "export":
+        return {"done": True}
+    sha256, size = _sha256(svc, key)
+    expires_after = batch.get("output_expires_after")
+    now = svc.now()
+    register_result_file(svc, file_id=batch["result_file_ids"][kind], account_id=batch["account_id"],
+                         batch_id=batch["id"], filename=f"{batch['id']}_{kind}.jsonl", size=size, sha256=sha256,
+                         expires_at=now + int(expires_after) if expires_after else
+                         now + svc.settings.batch_retention_seconds)
+    return {"done": True, "file": batch["result_file_ids"][kind]}
