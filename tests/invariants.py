@@ -7,11 +7,12 @@ request records it summarises is caught.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
 from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState
-from batchinfer.layout import account_key, batch_key, model_budget_key, requests_object
+from batchinfer.layout import account_key, batch_key, file_key, file_object, model_budget_key, requests_object
 from batchinfer.runtime import Services
 from batchinfer.service import batches
 from batchinfer.service.accounts import Principal
@@ -48,6 +49,42 @@ def _all_results(svc: Services, who: Principal, batch_id: str, page_size: int) -
             return out
         assert page["data"], "has_more with an empty page"
         after = page["last_id"]
+
+
+def _file_lines(svc: Services, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    item = svc.table.get(*file_key(file_id))
+    assert item is not None, f"result file {file_id} has no record"
+    data = svc.blobs.get(file_object(file_id))
+    assert data is not None, f"result file {file_id} has no bytes"
+    assert item["bytes"] == len(data) and item["sha256"] == hashlib.sha256(data).hexdigest(), "size or SHA-256 off"
+    lines = [json.loads(line) for line in data.splitlines()]
+    assert lines, f"result file {file_id} is empty (it should be null instead)"
+    return lines
+
+
+def _assert_result_files(svc: Services, batch: dict, results: list[dict]) -> None:
+    """A batch from a file: its output and error files hold one line per request between them, the output
+    file every success as /results shows it, the error file every other request."""
+    outputs = _file_lines(svc, batch.get("output_file_id"))
+    errors = _file_lines(svc, batch.get("error_file_id"))
+    by_id = {r["custom_id"]: r for r in results}
+    seen = [line["custom_id"] for line in outputs + errors]
+    assert sorted(seen) == sorted(by_id), "result files do not hold one line per request"
+    for line in outputs:
+        result = by_id[line["custom_id"]]
+        assert result["status"] == "completed" and line == {
+            "id": result["id"], "custom_id": result["custom_id"], "response": result["response"], "error": None}
+    for line in errors:
+        result = by_id[line["custom_id"]]
+        assert result["status"] != "completed" and line["id"] == result["id"]
+        assert (line["response"] is None) != (line["error"] is None), line
+        if line["response"] is not None:
+            assert line["response"]["status_code"] == result["error"]["status"], (line, result)
+            assert line["response"]["body"]["error"]["code"] == result["error"]["code"]
+        else:
+            assert line["error"]["code"] == (result["error"] or {}).get("code", "batch_cancelled"), (line, result)
 
 
 def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
@@ -121,6 +158,9 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
             assert result["status"] != "expired"
         if stop is None:
             assert result["status"] in ("completed", "failed"), result
+
+    if batch.get("input_file_id") and not batch.get("errors"):
+        _assert_result_files(svc, batch, results)
 
     # --- Counts ---------------------------------------------------------------------------------------
     n_completed = sum(r["status"] == "completed" for r in results)

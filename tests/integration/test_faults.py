@@ -859,6 +859,52 @@ def test_noisy_backend_every_request_ends_and_adds_up(svc, sim_control, monkeypa
     assert final["cost_unknown_attempts"] == len(unanswered) >= timed_out > 0, (final, stats)
 
 
+def submit_file(svc, who, requests: list[dict]) -> str:
+    """A batch from an uploaded file of these requests (as the OpenAI SDK creates one)."""
+    from batchinfer.service import files
+
+    data = b"".join(json.dumps({"method": "POST", "url": "/v1/chat/completions", **r}).encode() + b"\n"
+                    for r in requests)
+    upload = files.upload(svc, who, filename="in.jsonl", purpose="batch", data=data, expires_after=None)
+    body = {"input_file_id": upload["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    obj, created = batches.create_batch(svc, who, json.dumps(body).encode(), None)
+    assert created and obj["status"] == "validating"
+    return obj["id"]
+
+
+def test_noisy_backend_file_batch_writes_one_line_per_request(svc, sim_control):
+    """Retries, final failures and timeouts in a batch from a file: its result files hold each request once,
+    successes in the output file and every other request in the error file, as /results shows them."""
+    configure(svc, backend_timeout_seconds=0.3, file_batches_enabled=True, max_attempts=2)
+    sim_config(sim_control, rate_429=0.15, rate_500=0.15, rate_timeout=0.1, timeout_sleep_seconds=1, seed=11)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"f-{i}", f"noisy file {i}", model=GLM) for i in range(30)]
+    requests[5] = chat_request("f-5", "[[sim:400]] refuse this", model=GLM)
+    batch_id = submit_file(svc, who, requests)
+    final = pump(svc, batch_id, clock_step=2)
+    assert final["status"] == "completed" and final["output_file_id"] and final["error_file_id"]
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert final["failed"] >= 2  # the invalid request, and at least one that failed both attempts
+
+
+def test_cancelled_file_batch_lists_unstarted_requests_in_its_error_file(svc, sim_control):
+    configure(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"c-{i}", f"cancel me {i}", model=GLM) for i in range(60)]
+    batch_id = submit_file(svc, who, requests)
+    sweep_once(svc)  # validated: its requests may now run
+    dispatch_in_groups(svc, GLM, [3])
+    batches.cancel_batch(svc, who, batch_id)
+    final = pump(svc, batch_id)
+    assert final["status"] == "cancelled"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    errors = [json.loads(x) for x in svc.blobs.get(f"files/{final['error_file_id']}/content").splitlines()]
+    assert sum(e["error"] == {"code": "batch_cancelled", "message": "Not run: the batch was cancelled."}
+               for e in errors) >= 57
+
+
 # --- 10: expiry and cancellation ----------------------------------------------------------------------
 
 def dispatch_in_groups(svc, model: str, sizes: list[int]) -> list[int]:
