@@ -236,3 +236,35 @@ def test_result_files_resume_where_a_killed_writer_stopped(api, svc, monkeypatch
     # A run holding an old cursor cannot advance the finished writer again.
     assert finalize.write(svc, cut, ("output",)) is None
     assert content(api, key, final["output_file_id"])[0] == expected
+
+
+def test_deleted_result_files_expired_uploads_and_idempotent_file_batches(api, svc):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(line("a"), line("b"))))
+    headers = {"idempotency-key": "file-job-1"}
+    body = {"input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    first = ok(api("POST", "/v1/batches", key, json_body=body, headers=headers))
+    again = api("POST", "/v1/batches", key, json_body=body, headers=headers)
+    assert ok(again)["id"] == first["id"] and again.headers["idempotent-replayed"] == "true"
+    reused = api("POST", "/v1/batches", key, json_body={**body, "metadata": {"x": "y"}}, headers=headers)
+    error(reused, 409, code="idempotency_key_reused")
+    assert reused.headers["x-should-retry"] == "false"  # the OpenAI SDK would retry a 409 otherwise
+    final = finish(svc, first["id"])
+    # A deleted result file is not written again: the batch keeps naming it, its download answers 404, and
+    # the results stay readable until the batch is deleted.
+    ok(api("DELETE", f"/v1/files/{final['output_file_id']}", key))
+    finish(svc, first["id"])
+    batch = ok(api("GET", f"/v1/batches/{first['id']}", key))
+    assert batch["output_file_id"] == final["output_file_id"]
+    error(api("GET", f"/v1/files/{final['output_file_id']}/content", key), 404)
+    assert [r["status"] for r in ok(api("GET", f"/v1/batches/{first['id']}/results", key))["data"]] == [
+        "completed", "completed"]
+    assert api("GET", f"/v1/batches/{first['id']}/output.jsonl", key).status == 200
+    # An upload past its expiry reads as not found everywhere and cannot start a batch.
+    short = ok(upload(api, key, jsonl(line("c")), expires_after=("created_at", "3600")))
+    base = svc.clock
+    svc.clock = lambda: base() + 3601
+    error(api("GET", f"/v1/files/{short['id']}", key), 404)
+    assert short["id"] not in [f["id"] for f in ok(api("GET", "/v1/files", key))["data"]]
+    error(create_from(api, key, short["id"]), 400, "not found", code="file_not_found")
