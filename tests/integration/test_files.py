@@ -10,7 +10,7 @@ import pytest
 
 from batchinfer.layout import batch_key
 from tests.helpers import new_key
-from tests.integration.test_api import error, finish, ok, settings, sim_requests
+from tests.integration.test_api import error, finish, ok, settings, sim_requests, step
 
 BOUNDARY = "672e0c9c1d2ba60237426016355a8290"
 
@@ -268,3 +268,39 @@ def test_deleted_result_files_expired_uploads_and_idempotent_file_batches(api, s
     error(api("GET", f"/v1/files/{short['id']}", key), 404)
     assert short["id"] not in [f["id"] for f in ok(api("GET", "/v1/files", key))["data"]]
     error(create_from(api, key, short["id"]), 400, "not found", code="file_not_found")
+
+
+def test_a_writer_out_of_time_keeps_what_it_read_and_the_next_run_goes_on(api, svc, monkeypatch):
+    """Each sweeper run has time for a couple of pages only: lines too few for a part wait in a carry object,
+    every run makes progress, and the file still has exactly the results' bytes."""
+    from batchinfer.service import finalize, lifecycle
+
+    settings(svc, file_batches_enabled=True)
+    monkeypatch.setattr(finalize, "EXPORT_PAGE", 2)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(*[line(f"q-{i:02d}", f"question {i}") for i in range(12)])))
+    batch_id = ok(create_from(api, key, uploaded["id"]))["id"]
+    # Run every request, with a sweeper that has no time left for writing: the batch stops at finalizing.
+    real_settle = lifecycle.settle_batch
+    monkeypatch.setattr("batchinfer.service.sweep.settle_batch",
+                        lambda svc, batch_id, deadline=None: real_settle(svc, batch_id, deadline=-1.0))
+    for _ in range(40):
+        step(svc)
+        if svc.table.get(*batch_key(batch_id))["status"] == "finalizing":
+            break
+    assert svc.table.get(*batch_key(batch_id))["status"] == "finalizing"
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(finalize.time, "monotonic", lambda: float(next(ticks)))
+    runs = 0
+    while (batch := svc.table.get(*batch_key(batch_id)))["status"] != "completed":
+        runs += 1
+        assert runs < 50, "no progress"
+        real_settle(svc, batch_id, deadline=float(next(ticks)) + 4)  # time for about two pages
+    assert runs > 3
+    results = ok(api("GET", f"/v1/batches/{batch_id}/results", key))["data"]
+    expected = b"".join(json.dumps({"id": r["id"], "custom_id": r["custom_id"], "response": r["response"],
+                                    "error": None}, separators=(",", ":")).encode() + b"\n" for r in results)
+    data, etag = content(api, key, batch["output_file_id"])
+    assert data == expected and etag == f'"{hashlib.sha256(expected).hexdigest()}"'
+    leftovers = svc.blobs.s3.list_objects_v2(Bucket=svc.settings.bucket_name, Prefix="files/").get("Contents", [])
+    assert not [o["Key"] for o in leftovers if ".carry-" in o["Key"]]

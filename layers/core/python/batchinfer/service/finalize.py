@@ -2,7 +2,8 @@
 batch from a file) and its output.jsonl export (a batch too large for one API answer).
 
 Each is an S3 multipart upload written a part at a time from the batch's results, which no longer change.
-After every part the cursor (upload id, parts written, the next request index) is saved on the batch item
+After every part (and when a run's time is up: lines too few for a part wait in a small "carry" object)
+the cursor (upload id, parts written, the next request index, the carry) is saved on the batch item
 under a condition on the previous cursor, so a run cut off by its deadline, a crash or a timeout is picked
 up by the next run where it stopped, and two runs cannot both advance one file: the loser stops. A part
 is built from whole pages of results, so a part written again after a crash has the same bytes. The
@@ -95,18 +96,29 @@ def write(svc: Services, batch: BatchItem, kinds: tuple[str, ...], deadline: flo
                 upload_id = svc.blobs.start_multipart(key, "application/jsonl")
                 new = {"upload_id": upload_id, "parts": [], "next": 0, "done": False}
             else:
-                new = {**state, "parts": list(state["parts"])}
-                buffer, end = b"", new["next"]
-                # Whole pages until the part is big enough (S3 wants >= 5 MiB but for the last part).
+                new = {**state, "parts": list(state["parts"]), "carry": None}
+                # Lines read by an earlier run that were too few for a part (S3 wants >= 5 MiB but for the
+                # last) wait in a carry object.
+                buffer = (svc.blobs.get(state["carry"]) or b"") if state.get("carry") else b""
+                end = new["next"]
+                out_of_time = False
+                # Whole pages until the part is big enough, the results end, or time runs out.
                 while end < batch["total"] and len(buffer) < part_bytes:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        out_of_time = True
+                        break
                     stop = min(batch["total"], end + EXPORT_PAGE)
                     buffer += _lines(svc, batch, kind, end, stop)
                     end = stop
-                if buffer:
+                if out_of_time:  # keep what was read: the next run goes on from `end`
+                    if buffer:
+                        new["carry"] = f"{key}.carry-{end}"
+                        svc.blobs.put(new["carry"], buffer)
+                elif buffer:
                     number = len(new["parts"]) + 1
                     new["parts"].append([number, svc.blobs.put_part(key, new["upload_id"], number, buffer)])
                 new["next"] = end
-                if end >= batch["total"]:
+                if end >= batch["total"] and not out_of_time:
                     new.update(_complete(svc, batch, kind, key, new))
             try:
                 Batch.save_writer(svc.table, batch["id"], kind, new, previous=state)
@@ -114,6 +126,8 @@ def write(svc: Services, batch: BatchItem, kinds: tuple[str, ...], deadline: flo
                 if state is None:  # another run started this writer at the same moment: keep its upload
                     svc.blobs.abort_multipart(key, new["upload_id"])
                 return None  # another run advanced this writer: it carries on
+            if state and state.get("carry") and state["carry"] != new.get("carry"):
+                svc.blobs.delete(state["carry"])  # its lines are in a part, or in the new carry, now
             batch = {**batch, "writing": {**(batch.get("writing") or {}), kind: new}}
     return batch
 
