@@ -2,10 +2,14 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+# The official SDKs at older majors for the e2e tests (not the service): the previous major of both
+# (requirements-sdk-previous.txt) and openai 1.x (requirements-sdk-openai1.txt).
+SDK_PREV := .venv-sdk-previous
+SDK_OPENAI1 := .venv-sdk-openai1
 export PYTHONPATH := $(CURDIR)/layers/core/python:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: venv run test lint synth layers bench clean
+.PHONY: venv sdk-previous sdk-openai1 run test lint synth layers bench clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
@@ -16,10 +20,20 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 venv: $(BIN)/.installed
 
+.venv-sdk-%/bin/.installed: requirements-sdk-%.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
+	test -x .venv-sdk-$*/bin/python || $(PYTHON) -m venv .venv-sdk-$*
+	.venv-sdk-$*/bin/python -m pip install --quiet --upgrade pip==25.3
+	.venv-sdk-$*/bin/python -m pip install --quiet -r requirements-sdk-$*.txt
+	touch $@
+
+sdk-previous: $(SDK_PREV)/bin/.installed
+sdk-openai1: $(SDK_OPENAI1)/bin/.installed
+
 run: venv  ## the local stack in the foreground: moto, simulated backend, API on 127.0.0.1:$${PORT:-8000}
 	$(BIN)/python -m local.run
 
-test: venv  ## lint, then every test (unit, integration, infra, e2e)
+test: venv sdk-previous sdk-openai1  ## lint, then every test (unit, integration, infra, e2e)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
@@ -36,4 +50,4 @@ bench: venv  ## the benchmarks against the local stack
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) cdk.out build .local .pytest_cache
+	rm -rf $(VENV) $(SDK_PREV) $(SDK_OPENAI1) cdk.out build .local .pytest_cache

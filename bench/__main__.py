@@ -1,6 +1,6 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
-Names: throughput ingest export cost fairness yield (all of them by default). `--quick` runs small sizes
+Names: throughput ingest export cost fairness yield file (all of them by default). `--quick` runs small sizes
 (a few minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
 """
 
@@ -22,6 +22,7 @@ BENCHMARKS = {
     "cost": ("bench.cost", ["--requests", "96", "--runs", "1"]),
     "fairness": ("bench.fairness", ["--scale", "0.2", "--runs", "1"]),
     "yield": ("bench.interactive_yield", ["--cycles", "3"]),
+    "file": ("bench.file_batch", ["--requests", "5000", "--runs", "1"]),
 }
 
 

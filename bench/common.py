@@ -1,7 +1,9 @@
-"""Start the local stack for a benchmark, and small helpers to submit and wait."""
+"""Start the local stack for a benchmark, small helpers to submit and wait, and the seeding of a large
+batch's results (clones of a small real run's) for the benchmarks that measure finalization."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -15,12 +17,17 @@ os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 import requests  # noqa: E402
 
 from batchinfer.api.app import create_app  # noqa: E402
+from batchinfer.domain import RequestState  # noqa: E402
+from batchinfer.layout import batch_key, lane_key, request_key  # noqa: E402
+from batchinfer.service import results  # noqa: E402
 from batchinfer.settings import Settings  # noqa: E402
+from batchinfer.storage.dynamo import serialize  # noqa: E402
 from local.run import start  # noqa: E402
 from local.servers import UvicornThread, free_port  # noqa: E402
 from local.simulated_backend import SimConfig  # noqa: E402
 
 FINAL = ("completed", "failed", "expired", "cancelled")
+MODEL = "glm-5.3-flash"
 
 
 def command_line(module: str) -> str:
@@ -49,7 +56,7 @@ def local_stack(latency: float = 0.0, budget: int | None = None, pollers: int = 
         stop()
 
 
-def chat(custom_id: str, text: str, model: str = "glm-5.3-flash") -> dict:
+def chat(custom_id: str, text: str, model: str = MODEL) -> dict:
     return {"custom_id": custom_id, "body": {"model": model, "messages": [{"role": "user", "content": text}]}}
 
 
@@ -71,3 +78,65 @@ def wait(session: requests.Session, base: str, batch_id: str, poll: float = 0.1,
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+# --- Seeding a finished batch -------------------------------------------------------------------------
+# Running tens of thousands of requests through moto takes hours, so the benchmarks of what happens when a
+# large batch ends write its results directly: clones of a small real batch's stored request items.
+
+def real_results(svc, session, base: str, prompt: str, failing: int = 0, size: int = 20
+                 ) -> tuple[list[dict], list[dict]]:
+    """The stored request items of a small batch run for real on the stack, (completed, failed): `size`
+    requests, the last `failing` of them refused by the simulator (400, not retried). Then every model's
+    batch budget is set to 0, so that nothing of a batch created afterwards is dispatched."""
+    texts = [f"{prompt} {i}" + (" [[sim:400]]" if i >= size - failing else "") for i in range(size)]
+    template = wait(session, base, create(session, base, [chat(f"t-{i}", t) for i, t in enumerate(texts)])["id"],
+                    poll=0.2)
+    items = list(svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
+                                     {":pk": f"BATCH#{template['id']}", ":r": "REQ#"}, consistent=True))
+    for model in svc.catalog.runnable:
+        model.batch_budget = 0
+    completed = [i for i in items if i["state"] == RequestState.COMPLETED]
+    failed = [i for i in items if i["state"] == RequestState.FAILED]
+    assert (len(completed), len(failed)) == (size - failing, failing), (len(completed), len(failed))
+    return completed, failed
+
+
+def seed_results(svc, batch_id: str, completed: list[dict], failed: list[dict] | None = None,
+                 failed_every: int = 0) -> dict:
+    """Give every request of a stored batch (one model, nothing of it dispatched) a request item cloned from
+    `completed`, or for every `failed_every`-th from `failed`, 25 per BatchWriteItem; then leave the batch
+    item as the last worker's settlement leaves it (every request counted, nothing open or in flight, the
+    lane gone): the sweeper finalizes it. Returns the counts written."""
+    stored = svc.table.get(*batch_key(batch_id))
+    (model,) = stored["lanes"]
+    n = stored["total"]
+    client, pending = svc.table.client, []
+    totals = {"completed": 0, "failed": 0, "in": 0, "out": 0, "bytes": 0}
+    for i, (custom_id, _, offset, length) in enumerate(results.index_entries(svc, batch_id, 0, n)):
+        if failed_every and i % failed_every == failed_every - 1:
+            item = failed[i % len(failed)]
+            totals["failed"] += 1
+        else:
+            item = completed[i % len(completed)]
+            totals["completed"] += 1
+            totals["in"] += item["response"]["body"]["usage"]["prompt_tokens"]
+            totals["out"] += item["response"]["body"]["usage"]["completion_tokens"]
+            totals["bytes"] += len(json.dumps(item["response"], separators=(",", ":")))
+        pk, sk = request_key(batch_id, i)
+        pending.append({"PutRequest": {"Item": serialize({
+            **item, "pk": pk, "sk": sk, "batch_id": batch_id, "index": i, "custom_id": custom_id,
+            "offset": offset, "length": length})}})
+        if len(pending) == 25 or i == n - 1:
+            request = {svc.table.name: pending}
+            while request:
+                request = client.batch_write_item(RequestItems=request).get("UnprocessedItems")
+            pending = []
+    svc.table.delete(*lane_key(model, stored["created_at"], batch_id))
+    svc.table.update(*batch_key(batch_id),
+                     "SET #status = :p, in_progress_at = :now, lanes.#m.#next = :n, completed = :c, failed = :f, "
+                     "input_tokens = :i, output_tokens = :o, result_bytes = :b",
+                     vals={":p": "in_progress", ":now": svc.now(), ":n": n, ":c": totals["completed"],
+                           ":f": totals["failed"], ":i": totals["in"], ":o": totals["out"], ":b": totals["bytes"]},
+                     names={"#m": model})
+    return totals

@@ -19,56 +19,25 @@ measured per call (bench/calls.py), to separate moto's speed from the service's.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import tracemalloc
 
-from batchinfer.layout import batch_key, lane_key, request_key
-from batchinfer.service import batches, results
+from batchinfer.layout import batch_key
+from batchinfer.service import batches
 from batchinfer.service.accounts import authenticate
-from batchinfer.storage.dynamo import serialize
 from bench.calls import LABEL, recording
-from bench.common import chat, command_line, create, local_stack, median, wait
+from bench.common import chat, command_line, create, local_stack, median, real_results, seed_results, wait
 from bench.ingest import reset_peak, rss_mb, spread
 
 GOAL_MB = 64
 TRACED_RESULTS = 5000  # tracemalloc slows the process: it watches the first chunks only
-MODEL = "glm-5.3-flash"
 
 
 def seed(svc, session, base: str, n: int, prompt: str) -> dict:
     """An n-request batch whose request items are clones of a small real batch's, ready to be finalized."""
-    template = wait(session, base, create(session, base, [chat(f"t-{i}", f"{prompt} {i}") for i in range(20)])["id"],
-                    poll=0.2)
-    items = list(svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
-                                     {":pk": f"BATCH#{template['id']}", ":r": "REQ#"}, consistent=True))
-    for model in svc.catalog.runnable:
-        model.batch_budget = 0  # nothing of the big batch is dispatched
+    completed, _ = real_results(svc, session, base, prompt)  # budgets at 0 from then on: nothing is dispatched
     batch = create(session, base, [chat(f"e-{i}", f"{prompt} {i}") for i in range(n)])
-    stored = svc.table.get(*batch_key(batch["id"]))
-    index = results.index_entries(svc, batch["id"], 0, n)
-    client, pending, totals = svc.table.client, [], {"in": 0, "out": 0, "bytes": 0}
-    for i, (custom_id, _, offset, length) in enumerate(index):
-        item = items[i % len(items)]
-        totals["in"] += item["response"]["body"]["usage"]["prompt_tokens"]
-        totals["out"] += item["response"]["body"]["usage"]["completion_tokens"]
-        totals["bytes"] += len(json.dumps(item["response"], separators=(",", ":")))
-        pk, sk = request_key(batch["id"], i)
-        pending.append({"PutRequest": {"Item": serialize({
-            **item, "pk": pk, "sk": sk, "batch_id": batch["id"], "index": i, "custom_id": custom_id,
-            "offset": offset, "length": length})}})
-        if len(pending) == 25 or i == n - 1:
-            request = {svc.table.name: pending}
-            while request:
-                request = client.batch_write_item(RequestItems=request).get("UnprocessedItems")
-            pending = []
-    svc.table.delete(*lane_key(MODEL, stored["created_at"], batch["id"]))
-    # As the last settlement leaves it; the sweeper does the rest.
-    svc.table.update(*batch_key(batch["id"]),
-                     "SET #status = :p, in_progress_at = :now, lanes.#m.#next = :n, completed = :n, "
-                     "input_tokens = :i, output_tokens = :o, result_bytes = :b",
-                     vals={":p": "in_progress", ":now": svc.now(), ":n": n, ":i": totals["in"], ":o": totals["out"],
-                           ":b": totals["bytes"]}, names={"#m": MODEL})
+    seed_results(svc, batch["id"], completed)
     return batch
 
 

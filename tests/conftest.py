@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -55,3 +60,64 @@ def svc(sim, sim_control):
         yield services
         use_services(None)
     client.cache_clear()
+
+
+# The official SDKs at each major the e2e tests cover: "newest" is this interpreter (.venv, requirements-dev.txt);
+# "previous" is .venv-sdk-previous, which holds only the SDKs at their previous major
+# (requirements-sdk-previous.txt) and is built by `make test`.
+ROOT = Path(__file__).resolve().parents[1]
+SDK_MAJORS = ("newest", "previous", "openai1")  # openai1: openai 1.x alone, which many batch scripts still use
+SDK_PINS = {"newest": ROOT / "requirements-dev.txt", "previous": ROOT / "requirements-sdk-previous.txt",
+            "openai1": ROOT / "requirements-sdk-openai1.txt"}
+SDKS = ("openai", "anthropic")
+SDK_BUILD_HINT = "run `make test` (it builds .venv-sdk-* from requirements-sdk-*.txt)"
+
+
+def pinned(major: str) -> dict[str, str]:
+    """The SDK versions a major's requirements file pins, e.g. {"openai": "3.57.0", "anthropic": "2.14.0"}."""
+    text = SDK_PINS[major].read_text()
+    return {sdk: m[1] for sdk in SDKS if (m := re.search(rf"^{sdk}==(\S+)", text, re.M))}
+
+
+@functools.cache
+def _sdk_versions(python: str, sdks: tuple[str, ...] = SDKS) -> dict[str, str] | str:
+    """The SDK versions an interpreter imports, or its error output when it cannot import them."""
+    code = "import " + ", ".join(sdks) + "; print(" + ", ".join(f"{sdk}.__version__" for sdk in sdks) + ")"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    if out.returncode != 0:
+        return out.stderr.strip()
+    return dict(zip(sdks, out.stdout.split(), strict=True))
+
+
+@pytest.fixture(scope="session")
+def sdk_interpreters() -> dict[str, str]:
+    """The interpreter of each SDK major."""
+    return {"newest": sys.executable, "previous": str(ROOT / ".venv-sdk-previous" / "bin" / "python"),
+            "openai1": str(ROOT / ".venv-sdk-openai1" / "bin" / "python")}
+
+
+@pytest.fixture(scope="session")
+def sdk_python(sdk_interpreters):
+    """sdk_python(major) is the interpreter of that SDK major, once it is checked to import exactly the pinned
+    SDKs, "previous" one major below "newest". A missing or stale venv fails the test that calls it (no skip)."""
+
+    def interpreter(major: str) -> str:
+        python = sdk_interpreters[major]
+        if not os.access(python, os.X_OK):
+            pytest.fail(f"{python} does not exist: {SDK_BUILD_HINT}", pytrace=False)
+        pins = pinned(major)
+        versions = _sdk_versions(python, tuple(pins))
+        if versions != pins:
+            pytest.fail(f"{python} has {versions!r}, {SDK_PINS[major].name} pins {pins!r}: {SDK_BUILD_HINT}",
+                        pytrace=False)
+        if major == "previous":
+            newest = pinned("newest")
+            for sdk in SDKS:
+                below = int(newest[sdk].split(".")[0]) - 1
+                assert versions[sdk].split(".")[0] == str(below), (
+                    f"{SDK_PINS[major].name}: {sdk} {versions[sdk]} is not the previous major ({below}.x) of "
+                    f"{sdk} {newest[sdk]}")
+        return python
+
+    return interpreter

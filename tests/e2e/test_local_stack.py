@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,9 +17,11 @@ from batchinfer.api.app import create_app
 from batchinfer.settings import Settings
 from local.run import start
 from local.servers import UvicornThread, free_port
+from tests.conftest import SDK_MAJORS, pinned
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = Path(__file__).with_name("spec_examples")
+SDK_SCRIPTS = Path(__file__).with_name("sdk_scripts")
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_BASE = "https://freeinference.org/v1"
 
@@ -79,20 +82,55 @@ def test_spec_python_example_runs_unchanged(stack):
     assert lines[1].startswith("q-1 Simulated answer from glm-5.3-flash to: Name three prime numbers.")
 
 
-def test_spec_openai_file_script_runs_unchanged(stack, tmp_path):
+def sdk_env(stack) -> dict[str, str]:
+    """The environment of an SDK script: the stack's base URL and key, and no PYTHONPATH (the SDK venvs need
+    nothing of the service)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "FREEINFERENCE_BASE_URL": stack["base"], "FREEINFERENCE_API_KEY": stack["key"]}
+
+
+@pytest.mark.parametrize("sdk_major", SDK_MAJORS)
+def test_spec_openai_file_script_runs_unchanged(stack, tmp_path, sdk_python, sdk_major):
     """The spec's OpenAI SDK script (upload, create from the file, poll, read both result files), with the
-    official `openai` SDK; only the base URL, the key and the poll interval change."""
+    official `openai` SDK at its newest and its previous major; only the base URL, the key and the poll interval
+    change."""
+    python = sdk_python(sdk_major)
     source = (EXAMPLES / "file_openai_example.py").read_text()
     assert SPEC_BASE in source and "time.sleep(30)" in source
     script = source.replace(SPEC_BASE, stack["base"]).replace("time.sleep(30)", "time.sleep(0.3)")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path, env={**os.environ, "FREEINFERENCE_API_KEY": stack["key"]})
+    out = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env=sdk_env(stack))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[0] == "completed BatchRequestCounts(completed=2, failed=0, total=2)", lines
+    # `print(batch.status, batch.request_counts)`: the counts' repr is the SDK's, e.g.
+    # "BatchRequestCounts(completed=2, failed=0, total=2)"; only its fields are checked.
+    first = re.fullmatch(r"(\w+) \w*\((.*)\)", lines[0] if lines else "")
+    assert first and first[1] == "completed", lines
+    assert dict(re.findall(r"(\w+)=(\d+)", first[2])) == {"completed": "2", "failed": "0", "total": "2"}, lines
     assert lines[1].startswith("q-0 Simulated answer from glm-5.3-flash to: Summarize the plot of Hamlet")
     assert lines[2].startswith("q-1 Simulated answer from glm-5.3-flash to: Name three prime numbers.")
     assert len(lines) == 3  # no error file: everything succeeded
+
+
+@pytest.mark.parametrize("sdk_major", SDK_MAJORS)
+def test_openai_sdk_pages_files_and_batches_one_item_at_a_time(stack, tmp_path, sdk_python, sdk_major):
+    """`for f in client.files.list(limit=1)` and `for b in client.batches.list(limit=1)` (the SDK follows
+    `after=<last id>` until `has_more` is false) end, and yield every item of the one-page listing once, in its
+    order, with the SDK at its newest and its previous major."""
+    python = sdk_python(sdk_major)
+    out = subprocess.run([python, str(SDK_SCRIPTS / "list_paging.py")], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env=sdk_env(stack))
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["openai"].split(".")[0] == pinned(sdk_major)["openai"].split(".")[0], seen["openai"]
+    assert all(b and b[0] == "completed" and b[1] for b in seen["batches"].values()), seen["batches"]
+    for kind, own in (("files", seen["uploads"] + [b[1] for b in seen["batches"].values()]),
+                      ("batches", list(seen["batches"]))):
+        one_page, paged = seen[f"{kind}_one_page"], seen[f"{kind}_paged"]
+        assert seen[f"{kind}_one_page_has_more"] is False
+        assert set(own) <= set(one_page) and len(set(one_page)) == len(one_page), (kind, own, one_page)
+        assert seen[f"{kind}_first_page"] == [1, True], kind  # limit=1 is honoured: one item, more to come
+        assert paged == one_page, (kind, paged, one_page)  # ends, every item once, nothing skipped
 
 
 def test_cancel_delete_and_idempotency_flows(stack):

@@ -304,3 +304,13 @@ def test_a_writer_out_of_time_keeps_what_it_read_and_the_next_run_goes_on(api, s
     assert data == expected and etag == f'"{hashlib.sha256(expected).hexdigest()}"'
     leftovers = svc.blobs.s3.list_objects_v2(Bucket=svc.settings.bucket_name, Prefix="files/").get("Contents", [])
     assert not [o["Key"] for o in leftovers if ".carry-" in o["Key"]]
+
+
+def test_any_filename_downloads(api, svc):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(line("a")), filename='données "q1" 😀.jsonl'))
+    assert uploaded["filename"] == 'données "q1" 😀.jsonl'
+    reply = api("GET", f"/v1/files/{uploaded['id']}/content", key)
+    assert reply.status == 200 and reply.headers["content-disposition"].startswith('attachment; filename="donn')
+    assert "filename*=UTF-8''donn%C3%A9es%20%22q1%22%20%F0%9F%98%80.jsonl" in reply.headers["content-disposition"]

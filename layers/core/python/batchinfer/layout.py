@@ -140,5 +140,20 @@ def file_object(file_id: str) -> str:
     return f"{FILES_PREFIX}{file_id}/content"
 
 
+def upload_key(upload_id: str) -> tuple[str, str]:
+    """A file being sent in parts (the Uploads API), until it is completed into a file or cancelled."""
+    return f"UPLOAD#{upload_id}", "UPLOAD"
+
+
+def upload_parts_prefix(upload_id: str) -> str:
+    """Where an upload's parts lie until it is completed or cancelled: under `files/`, so that the data
+    bucket's files lifecycle rule also removes the parts of an upload nobody completed or cancelled."""
+    return f"{FILES_PREFIX}{upload_id}/parts/"
+
+
+def upload_part_object(upload_id: str, part_id: str) -> str:
+    return f"{upload_parts_prefix(upload_id)}{part_id}"
+
+
 def batch_prefix(batch_id: str) -> str:
     return f"{BATCHES_PREFIX}{batch_id}/"

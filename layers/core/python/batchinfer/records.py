@@ -47,6 +47,7 @@ from .layout import (
     request_key,
     request_sk,
     retry_due,
+    upload_key,
     usage_key,
 )
 from .storage.dynamo import ConditionFailed, Table
@@ -320,11 +321,13 @@ class Batch:
         t.delete(*batch_key(batch_id))
 
     @staticmethod
-    def of_owner(t: Table, account_id: str, limit: int, start: dict | None) -> tuple[list[BatchItem], dict | None]:
-        """One page of an account's batches, newest first."""
+    def of_owner(t: Table, account_id: str, limit: int, start: dict | None, newest_first: bool = True,
+                 ) -> tuple[list[BatchItem], dict | None]:
+        """One page of an account's batches, newest first (or oldest first)."""
         return t.query("owner_pk = :o AND begins_with(owner_sk, :b)",
                        {":o": owner_partition(account_id), ":b": OWNER_BATCH_PREFIX},
-                       index="by_owner", forward=False, limit=limit, start=start)  # type: ignore[return-value]
+                       index="by_owner", forward=not newest_first, limit=limit,
+                       start=start)  # type: ignore[return-value]
 
     @staticmethod
     def owner_cursor(batch: BatchItem) -> dict:
@@ -760,3 +763,81 @@ class Idempotency:
         """Raises ConditionFailed when the record is gone already."""
         t.update(*idempotency_key(account_id, key), "SET deleted = :yes, #ttl = :ttl",
                  vals={":yes": True, ":ttl": until}, condition="attribute_exists(pk)")
+
+
+# --- Upload (a file sent in parts) ----------------------------------------------------------------------
+
+class UploadItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    id: str
+    account_id: str
+    filename: str
+    purpose: str
+    mime_type: str
+    bytes: int  # declared when created: the parts it is completed from must add up to it
+    created_at: int
+    expires_at: int  # a pending upload is gone from then on
+    status: str  # Upload.PENDING, COMPLETED or CANCELLED
+    parts: dict[str, int]  # part id -> its size; its bytes are one S3 object each (layout.upload_part_object)
+    received: int  # the sizes of every part added, together
+    file_expires_after: int  # the file's own expires_after (seconds), if the create call gave one
+    file_id: str  # once completed: the file made of its parts
+    part_ids: list[str]  # once completed: the parts it was made of, in order
+    ttl: int  # DynamoDB forgets the record a day after it expires
+
+
+class Upload:
+    """A file sent in parts (the Uploads API): pending while parts are added, then completed into a file
+    (`File`) or cancelled; each of those is fenced on it still being pending."""
+
+    PENDING, COMPLETED, CANCELLED = "pending", "completed", "cancelled"
+
+    @staticmethod
+    def new(*, upload_id: str, account_id: str, filename: str, purpose: str, mime_type: str, size: int, now: int,
+            expires_at: int, file_expires_after: int | None) -> UploadItem:
+        pk, sk = upload_key(upload_id)
+        item: UploadItem = {"pk": pk, "sk": sk, "id": upload_id, "account_id": account_id, "filename": filename,
+                            "purpose": purpose, "mime_type": mime_type, "bytes": size, "created_at": now,
+                            "expires_at": expires_at, "status": Upload.PENDING, "parts": {}, "received": 0,
+                            "ttl": expires_at + 86400}
+        if file_expires_after:
+            item["file_expires_after"] = file_expires_after
+        return item
+
+    @staticmethod
+    def get(t: Table, upload_id: str) -> UploadItem | None:
+        return t.get(*upload_key(upload_id))  # type: ignore[return-value]
+
+    @staticmethod
+    def create(t: Table, item: UploadItem) -> None:
+        t.put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def add_part(t: Table, upload_id: str, part_id: str, size: int, now: int, max_received: int,
+                 max_parts: int) -> None:
+        """Record a part whose bytes are stored. Fenced on the upload being pending and unexpired, on its
+        parts staying within `max_received` bytes together and on fewer than `max_parts` parts (the record
+        must stay far below DynamoDB's 400 KB). ConditionFailed otherwise."""
+        t.update(*upload_key(upload_id), "SET #parts.#part = :size ADD #received :size", names={"#part": part_id},
+                 vals={":size": size, ":pending": Upload.PENDING, ":now": now, ":room": max_received - size,
+                       ":most": max_parts},
+                 condition="#status = :pending AND expires_at > :now AND #received <= :room "
+                           "AND size(#parts) < :most")
+
+    @staticmethod
+    def complete(t: Table, upload_id: str, file_id: str, part_ids: list[str], now: int) -> Op:
+        """pending -> completed into `file_id` (in one transaction with the file's record). Fenced on it
+        being pending and unexpired."""
+        return t.op_update(*upload_key(upload_id),
+                           "SET #status = :completed, file_id = :file, part_ids = :ids, completed_at = :now",
+                           vals={":completed": Upload.COMPLETED, ":file": file_id, ":ids": part_ids, ":now": now,
+                                 ":pending": Upload.PENDING},
+                           condition="#status = :pending AND expires_at > :now")
+
+    @staticmethod
+    def cancel(t: Table, upload_id: str, now: int) -> None:
+        """pending -> cancelled. ConditionFailed when it is not pending (any more)."""
+        t.update(*upload_key(upload_id), "SET #status = :cancelled, cancelled_at = :now",
+                 vals={":cancelled": Upload.CANCELLED, ":now": now, ":pending": Upload.PENDING},
+                 condition="#status = :pending")

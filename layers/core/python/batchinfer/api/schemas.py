@@ -196,3 +196,57 @@ FILE_OBJECT = _ok(FileObject, "The file")
 FILE_LIST = _ok(FileList, "A page of files")
 FILE_DELETED = _ok(FileDeleted, "Deleted")
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _ref(Upload)}}}}
+
+
+# --- The Uploads API (/v1/uploads): a file sent in parts ------------------------------------------------
+
+class CreateUpload(BaseModel):
+    """What `client.uploads.create` (and `upload_file_chunked`) sends."""
+
+    filename: str = Field(..., min_length=1, max_length=512)
+    purpose: Literal["batch"]
+    bytes: int = Field(..., ge=0, description="The file's size; at most the file limit (MAX_FILE_BYTES)")
+    mime_type: str = Field(..., min_length=1, max_length=512, description="e.g. application/jsonl")
+    expires_after: OutputExpiresAfter | None = Field(None, description="How long the completed file is kept")
+
+
+class UploadObject(BaseModel):
+    id: str = Field(..., description="upload_...")
+    object: Literal["upload"]
+    bytes: int
+    created_at: int
+    expires_at: int = Field(..., description="A pending upload is gone from then on (an hour after it was created)")
+    filename: str
+    purpose: Literal["batch"]
+    status: Literal["pending", "completed", "cancelled"]
+    file: FileObject | None = Field(..., description="The file, once completed")
+
+
+class UploadPart(BaseModel):
+    id: str = Field(..., description="part_...")
+    object: Literal["upload.part"]
+    created_at: int
+    upload_id: str
+
+
+class AddUploadPart(BaseModel):
+    data: bytes = Field(..., description="The part's bytes: at most MAX_UPLOAD_PART_BYTES (4 MiB by default)",
+                        json_schema_extra={"format": "binary"})
+
+
+class CompleteUpload(BaseModel):
+    part_ids: list[str] = Field(..., description="The parts, in the file's order; their sizes add up to `bytes`")
+    md5: str | None = Field(None, description="The file's MD5 (hexadecimal), checked when given")
+
+
+_MODELS = (*_MODELS, CreateUpload, UploadObject, UploadPart, AddUploadPart, CompleteUpload)  # for components()
+
+
+CREATE_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": _ref(CreateUpload)}}}}
+ADD_UPLOAD_PART_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {
+    "schema": _ref(AddUploadPart)}}}}
+COMPLETE_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": _ref(CompleteUpload)}}}}
+UPLOAD_OBJECT = _ok(UploadObject, "The upload")
+UPLOAD_PART = _ok(UploadPart, "The part")

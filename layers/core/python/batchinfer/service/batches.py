@@ -15,6 +15,7 @@ from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from . import files, intake, lifecycle, results
 from .accounts import Principal
+from .listing import owner_page
 from .validation import (
     UNPAIRED_SURROGATE,
     ValidatedBatch,
@@ -141,21 +142,8 @@ def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem
 def list_batches(svc: Services, principal: Principal, limit: int, after: str | None) -> dict:
     if not 1 <= limit <= 100:
         raise ApiError(400, "limit must be between 1 and 100.", param="limit")
-    start = None
-    if after:
-        anchor = Batch.get(svc.table, after) if after.startswith("batch_") else None
-        if anchor is None or anchor.get("account_id") != principal.account_id:
-            raise ApiError(400, f"after: no batch found with id '{after}'.", param="after")
-        start = Batch.owner_cursor(anchor)
-    items: list[dict] = []
-    while len(items) <= limit:
-        page, start = Batch.of_owner(svc.table, principal.account_id, limit + 1 - len(items), start)
-        items.extend(i for i in page if not i.get("deleting"))
-        if not start:
-            break
-    data = [batch_object(i) for i in items[:limit]]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
+    return owner_page(svc, principal, Batch, id_prefix="batch_", noun="batch", after=after, limit=limit,
+                      newest_first=True, visible=lambda b: not b.get("deleting"), shown=batch_object)
 
 
 def results_page(svc: Services, principal: Principal, batch_id: str, limit: int, after: str | None) -> dict:

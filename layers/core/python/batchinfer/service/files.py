@@ -17,6 +17,7 @@ from ..records import Account, File, FileItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from .accounts import Principal
+from .listing import owner_page
 
 UPLOAD = "batch"
 RESULT = "batch_output"
@@ -79,22 +80,30 @@ def _stored_upload_bytes(svc: Services, account_id: str) -> int:
                if f.get("purpose") == UPLOAD and not (f.get("expires_at") and f["expires_at"] <= now))
 
 
-def upload(svc: Services, principal: Principal, *, filename: str, purpose: object, data: bytes,
-           expires_after: int | None) -> dict:
-    """Store an uploaded input file. Checks come first; nothing is stored for a refused upload."""
+def check_storage(svc: Services, account_id: str, size: int, param: str = "file") -> None:
+    """413 when `size` more bytes would take the account's stored uploads past the limit."""
+    limit = svc.settings.max_stored_file_bytes
+    stored = _stored_upload_bytes(svc, account_id)
+    if stored + size > limit:
+        raise ApiError(413, f"This upload would take your stored files past the limit of {limit} bytes ({stored} "
+                            "bytes stored now); delete files you no longer need.", code="file_storage_exceeded",
+                       param=param)
+
+
+def admit_upload(svc: Services, principal: Principal, *, purpose: object, size: int, param: str = "file") -> None:
+    """The checks an input file passes before anything of it is stored, whichever way it comes (`upload`
+    below, or the Uploads API for a file sent in parts, service.uploads), then its place among the
+    account's uploads this hour (counted last: a refused upload does not count). `param`: what names the
+    size in the caller's request."""
     s = svc.settings
     check_enabled(svc)
     if purpose != UPLOAD:
         raise ApiError(400, f"purpose must be 'batch', not {purpose!r}: only batch input files can be uploaded.",
                        param="purpose")
-    if len(data) > s.max_file_bytes:
-        raise ApiError(413, f"The file is {len(data)} bytes, larger than the limit of {s.max_file_bytes} bytes.",
-                       param="file")
-    stored = _stored_upload_bytes(svc, principal.account_id)
-    if stored + len(data) > s.max_stored_file_bytes:
-        raise ApiError(413, f"This upload would take your stored files past the limit of "
-                            f"{s.max_stored_file_bytes} bytes ({stored} bytes stored now); delete files you no "
-                            "longer need.", code="file_storage_exceeded", param="file")
+    if size > s.max_file_bytes:
+        raise ApiError(413, f"The file is {size} bytes, larger than the limit of {s.max_file_bytes} bytes.",
+                       param=param)
+    check_storage(svc, principal.account_id, size, param)
     now = svc.now()
     try:
         Account.count_upload(svc.table, principal.account_id, now // 3600, s.max_uploads_per_hour)
@@ -102,12 +111,26 @@ def upload(svc: Services, principal: Principal, *, filename: str, purpose: objec
         raise ApiError(429, f"You have uploaded {s.max_uploads_per_hour} files this hour, the most allowed; try "
                             "again next hour.", code="too_many_uploads",
                        retry_after=3600 - now % 3600) from None
+
+
+def upload_record(svc: Services, principal: Principal, *, file_id: str, filename: str, size: int, sha256: str,
+                  expires_after: int | None) -> FileItem:
+    """The record of an input file whose bytes are stored (layout.file_object), to be created."""
+    now = svc.now()
+    return File.new(file_id=file_id, account_id=principal.account_id, filename=filename or "upload", purpose=UPLOAD,
+                    size=size, sha256=sha256, now=now,
+                    expires_at=now + (expires_after or svc.settings.file_retention_seconds),
+                    owner_created_us=time.time_ns() // 1000)
+
+
+def upload(svc: Services, principal: Principal, *, filename: str, purpose: object, data: bytes,
+           expires_after: int | None) -> dict:
+    """Store an uploaded input file. Checks come first; nothing is stored for a refused upload."""
+    admit_upload(svc, principal, purpose=purpose, size=len(data))
     file_id = new_file_id()
     svc.blobs.put(file_object(file_id), data, "application/jsonl")
-    item = File.new(file_id=file_id, account_id=principal.account_id, filename=filename or "upload",
-                    purpose=UPLOAD, size=len(data), sha256=hashlib.sha256(data).hexdigest(), now=now,
-                    expires_at=now + (expires_after or s.file_retention_seconds),
-                    owner_created_us=time.time_ns() // 1000)
+    item = upload_record(svc, principal, file_id=file_id, filename=filename, size=len(data),
+                         sha256=hashlib.sha256(data).hexdigest(), expires_after=expires_after)
     svc.table.transact([File.create(svc.table, item)])
     return file_object_of(item)
 
@@ -129,24 +152,11 @@ def list_files(svc: Services, principal: Principal, *, after: str | None, limit:
         raise ApiError(400, "limit must be between 1 and 10000.", param="limit")
     if order not in ("asc", "desc"):
         raise ApiError(400, f"order must be 'asc' or 'desc', not '{order}'.", param="order")
-    start = None
-    if after:
-        anchor = File.get(svc.table, after) if after.startswith("file-") else None
-        if anchor is None or anchor.get("account_id") != principal.account_id:
-            raise ApiError(400, f"after: no file found with id '{after}'.", param="after")
-        start = File.owner_cursor(anchor)
     now = svc.now()
-    items: list[FileItem] = []
-    while len(items) <= limit:
-        page, start = File.of_owner(svc.table, principal.account_id, limit + 1 - len(items), start,
-                                    newest_first=order == "desc")
-        items.extend(f for f in page if not (f.get("expires_at") and f["expires_at"] <= now)
-                     and (purpose is None or f.get("purpose") == purpose))
-        if not start:
-            break
-    data = [file_object_of(i) for i in items[:limit]]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
+    return owner_page(svc, principal, File, id_prefix="file-", noun="file", after=after, limit=limit,
+                      newest_first=order == "desc", shown=file_object_of,
+                      visible=lambda f: not (f.get("expires_at") and f["expires_at"] <= now)
+                      and (purpose is None or f.get("purpose") == purpose))
 
 
 def content(svc: Services, principal: Principal, file_id: str) -> tuple[FileItem, bytes | None, str | None]:

@@ -11,6 +11,7 @@ from ...runtime import Services
 from ...service import batches
 from ...service.accounts import Principal
 from ..auth import caller, services_of
+from ..bodies import declared_over
 from ..envelopes import OPENAI, OpenAIRoute, error_responses
 from ..schemas import BATCH_LIST, BATCH_OBJECT, CREATE_BATCH_BODY, DELETED_BATCH, RESULTS_PAGE
 
@@ -23,10 +24,7 @@ async def create(request: Request, who: Principal = Depends(caller), svc: Servic
                  ) -> JSONResponse:
     # The body is read raw and parsed once (50,000 requests: no pydantic model per request); its schema
     # is declared for the OpenAPI document only.
-    declared = request.headers.get("content-length")
-    # ASCII digits only ('²' is a digit to str.isdigit, not to int()), and no int() of thousands of digits.
-    if declared and declared.isascii() and declared.isdigit() and (
-            len(declared.lstrip("0")) > 18 or int(declared) > svc.settings.max_body_bytes):
+    if declared_over(request, svc.settings.max_body_bytes):
         raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
     raw = await request.body()
     obj, created = await run_in_threadpool(batches.create_batch, svc, who, raw,

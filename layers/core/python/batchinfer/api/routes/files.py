@@ -4,18 +4,28 @@ enabled"; files already stored stay readable and deletable."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
 
 from ...errors import ApiError
 from ...runtime import Services
 from ...service import files
 from ...service.accounts import Principal
 from ..auth import caller, services_of
+from ..bodies import declared_over, form_with_file
 from ..envelopes import OPENAI, OpenAIRoute, error_responses
 from ..schemas import FILE_DELETED, FILE_LIST, FILE_OBJECT, UPLOAD_BODY
+
+
+def attachment(filename: str) -> str:
+    """Content-Disposition for any filename: an ASCII fallback, and the name itself per RFC 6266/5987 (a header
+    holds Latin-1 only, so a raw non-ASCII or quoted name would break the answer)."""
+    fallback = "".join(c if 0x20 <= ord(c) < 0x7F and c not in '"\\' else "_" for c in filename) or "file"
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
+
 
 router = APIRouter(prefix="/v1/files", route_class=OpenAIRoute, tags=["files"])
 
@@ -25,20 +35,11 @@ router = APIRouter(prefix="/v1/files", route_class=OpenAIRoute, tags=["files"])
 async def upload_file(request: Request, who: Principal = Depends(caller), svc: Services = Depends(services_of)
                       ) -> dict:
     files.check_enabled(svc)
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared[:18]) > svc.settings.max_file_bytes + 65536:
+    if declared_over(request, svc.settings.max_file_bytes + 65536):  # refused before its bytes are read
         raise ApiError(413, f"The file is larger than the limit of {svc.settings.max_file_bytes} bytes.",
                        param="file")
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise ApiError(400, "Upload the file as multipart/form-data with a 'file' part and purpose=batch.",
-                       param="file")
-    try:
-        form = await request.form(max_files=1, max_fields=8)
-    except Exception as error:  # a malformed multipart body is the caller's mistake, not a 500
-        raise ApiError(400, f"The multipart body could not be read: {error}", param="file") from None
-    part = form.get("file")
-    if not isinstance(part, UploadFile):
-        raise ApiError(400, "The upload has no 'file' part.", param="file")
+    form, part = await form_with_file(
+        request, "file", "Upload the file as multipart/form-data with a 'file' part and purpose=batch.", max_fields=8)
     expires_after = None
     if form.get("expires_after[anchor]") is not None or form.get("expires_after[seconds]") is not None:
         expires_after = files.expires_after_seconds(form.get("expires_after[anchor]"),
@@ -73,7 +74,7 @@ def file_content(file_id: str, who: Principal = Depends(caller),
     if location:
         return RedirectResponse(location, status_code=302, headers={"ETag": etag})
     return Response(data, media_type="application/jsonl", headers={
-        "ETag": etag, "Content-Disposition": f'attachment; filename="{item["filename"]}"'})
+        "ETag": etag, "Content-Disposition": attachment(item["filename"])})
 
 
 @router.delete("/{file_id}", summary="Delete a file", responses=error_responses(OPENAI),

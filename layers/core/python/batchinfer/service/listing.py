@@ -1,0 +1,34 @@
+"""Cursor paging over an account's records (batches, files) as the SDKs page: `after` names the last
+item of the previous page, and `has_more` is false on the last page (an SDK that never sees it keeps
+asking). Items the caller must not see (being deleted, expired) are skipped without shortening a page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ApiError
+from ..runtime import Services
+from .accounts import Principal
+
+
+def owner_page(svc: Services, principal: Principal, record: Any, *, id_prefix: str, noun: str, after: str | None,
+               limit: int, newest_first: bool, visible: Callable[[dict], bool],
+               shown: Callable[[dict], dict]) -> dict:
+    """One page of the account's `record`s (records.Batch or records.File): OpenAI's list envelope."""
+    start = None
+    if after:
+        anchor = record.get(svc.table, after) if after.startswith(id_prefix) else None
+        if anchor is None or anchor.get("account_id") != principal.account_id:
+            raise ApiError(400, f"after: no {noun} found with id '{after}'.", param="after")
+        start = record.owner_cursor(anchor)
+    items: list[dict] = []
+    while len(items) <= limit:
+        page, start = record.of_owner(svc.table, principal.account_id, limit + 1 - len(items), start,
+                                      newest_first=newest_first)
+        items.extend(i for i in page if visible(i))
+        if not start:
+            break
+    data = [shown(i) for i in items[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
