@@ -156,7 +156,12 @@ def test_an_invalid_file_fails_the_batch_with_every_problem_and_runs_nothing(api
     empty = ok(upload(api, key, b"\n\n"))
     failed = finish(svc, ok(create_from(api, key, empty["id"]))["id"])
     assert [p["code"] for p in failed["errors"]["data"]] == ["empty_file"]
-    settings(svc, max_requests_per_batch=2)
+    settings(svc, max_line_bytes=300)  # a line over the limit is named, the others still checked
+    long_line = ok(upload(api, key, jsonl(line("ok"), line("long", "x" * 400), line("ok"))))
+    failed = finish(svc, ok(create_from(api, key, long_line["id"]))["id"])
+    assert [(p["line"], p["code"]) for p in failed["errors"]["data"]] == [(2, "line_too_large"),
+                                                                           (3, "duplicate_custom_id")]
+    settings(svc, max_requests_per_batch=2, max_line_bytes=4 * 1024 * 1024)
     many = ok(upload(api, key, jsonl(line("x"), line("y"), line("z"))))
     failed = finish(svc, ok(create_from(api, key, many["id"]))["id"])
     assert [p["code"] for p in failed["errors"]["data"]] == ["too_many_tasks"]
