@@ -179,3 +179,32 @@ def test_batchctl_admin_against_running_stack(stack):
     assert s.post(f"{stack['base']}/batches", json=body).status_code == 200
     batchctl("admin", "revoke-key", key)
     assert s.get(f"{stack['base']}/batches").status_code == 401
+
+
+def test_redirected_downloads_never_send_the_api_key_to_storage(stack, monkeypatch):
+    """A file download is a 302 to a short-lived storage URL (as every large one is on AWS). The official SDK
+    follows it, and the service's key must not travel with it: the storage side sees no Authorization."""
+    from openai import OpenAI
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    seen: list[dict] = []
+
+    async def storage(request):  # stands in for S3: records what arrives, serves the object's bytes
+        seen.append(dict(request.headers))
+        return Response(svc.blobs.get(request.path_params["key"]), media_type="application/octet-stream")
+
+    svc = stack["svc"]
+    fake_s3 = UvicornThread(Starlette(routes=[Route("/{key:path}", storage)]), free_port()).start()
+    try:
+        monkeypatch.setattr(svc.blobs, "presigned_get",
+                            lambda key, seconds=300: f"{fake_s3.url}/{key}?X-Amz-Signature=x")
+        client = OpenAI(base_url=stack["base"], api_key=stack["key"])
+        data = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "glm-5.3-flash"'
+        data += b', "messages": [{"role": "user", "content": "hi"}]}}\n'
+        uploaded = client.files.create(file=("in.jsonl", data, "application/jsonl"), purpose="batch")
+        assert client.files.content(uploaded.id).content == data
+    finally:
+        fake_s3.stop()
+    assert len(seen) == 1 and "authorization" not in seen[0] and "x-api-key" not in seen[0], seen
