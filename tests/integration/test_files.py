@@ -91,6 +91,10 @@ def test_uploads_refused_with_a_clear_error(api, svc):
     too_big = upload(api, key, b"y" * 101)
     error(too_big, 413, "stored files past the limit", code="file_storage_exceeded")
     assert too_big.headers["x-should-retry"] == "false"
+    settings(svc, max_direct_upload_bytes=50)  # past what one request carries: the Uploads API, said how
+    direct = upload(api, key, b"z" * 51)
+    error(direct, 413, "upload_file_chunked", code="file_too_large_for_one_request")
+    assert "part_size=4194304" in direct.json()["error"]["message"] and direct.headers["x-should-retry"] == "false"
     ok(upload(api, key, b"z" * 10))
     ok(upload(api, key, b"z" * 10))
     third = upload(api, key, b"z" * 10)

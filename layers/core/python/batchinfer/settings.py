@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     # very most, multipart envelope included. 4 MiB (5.59 MB encoded) leaves room for that envelope and the
     # event around it; the same default applies locally, so what passes here passes deployed.
     max_upload_part_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    # The largest file POST /v1/files takes in one request, for the same reason (larger ones: the Uploads API).
+    max_direct_upload_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     file_retention_seconds: int = 30 * 24 * 3600  # how long an uploaded input file is kept by default
     max_unfinished_batches: int = 10
     max_unfinished_requests: int = 100_000
