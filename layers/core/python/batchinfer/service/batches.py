@@ -78,9 +78,9 @@ def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[Val
         raise ApiError(400, "Give either requests (an inline batch) or input_file_id (a batch from a file), "
                             "not both.", param="requests")
     endpoint = payload.get("endpoint")
-    problem = endpoint_problem(allowed_endpoints(svc), endpoint)
+    problem = endpoint_problem(allowed_endpoints(svc), endpoint, name="endpoint")
     if problem:
-        raise ApiError(400, problem.replace("url", "endpoint", 1), param="endpoint")
+        raise ApiError(400, problem, param="endpoint")
     if payload.get("completion_window") != "24h":
         raise ApiError(400, f"completion_window must be '24h', not {payload.get('completion_window')!r}.",
                        param="completion_window")

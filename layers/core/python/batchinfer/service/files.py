@@ -123,16 +123,20 @@ def upload_record(svc: Services, principal: Principal, *, file_id: str, filename
                     owner_created_us=time.time_ns() // 1000)
 
 
+def too_large_for_one_request(svc: Services, size: int | None) -> ApiError:
+    """The 413 for a file past what one request carries through API Gateway + Lambda: use the Uploads API."""
+    limit, part = svc.settings.max_direct_upload_bytes, svc.settings.max_upload_part_bytes
+    said = f"The file is {size} bytes; one" if size is not None else "One"
+    return ApiError(413, f"{said} request carries at most {limit} bytes here. Send larger files in parts with the "
+                         "Uploads API: client.uploads.upload_file_chunked(file=..., mime_type='application/jsonl', "
+                         f"purpose='batch', part_size={part}).", param="file", code="file_too_large_for_one_request")
+
+
 def upload(svc: Services, principal: Principal, *, filename: str, purpose: object, data: bytes,
            expires_after: int | None) -> dict:
     """Store an uploaded input file. Checks come first; nothing is stored for a refused upload."""
-    limit = svc.settings.max_direct_upload_bytes
-    if len(data) > limit and purpose == UPLOAD:  # what one request can carry through API Gateway + Lambda
-        part = svc.settings.max_upload_part_bytes
-        raise ApiError(413, f"The file is {len(data)} bytes; one request carries at most {limit} bytes here. Send "
-                            "larger files in parts with the Uploads API: client.uploads.upload_file_chunked(file=..., "
-                            f"mime_type='application/jsonl', purpose='batch', part_size={part}).", param="file",
-                       code="file_too_large_for_one_request")
+    if len(data) > svc.settings.max_direct_upload_bytes and purpose == UPLOAD:
+        raise too_large_for_one_request(svc, len(data))
     admit_upload(svc, principal, purpose=purpose, size=len(data))
     file_id = new_file_id()
     svc.blobs.put(file_object(file_id), data, "application/jsonl")

@@ -145,10 +145,11 @@ class Problem(Exception):
         self.message = message
 
 
-def endpoint_problem(endpoints: tuple[str, ...], url: object) -> str | None:
+def endpoint_problem(endpoints: tuple[str, ...], url: object, name: str = "url") -> str | None:
+    """What is wrong with an endpoint (a request's `url`, a file batch's `endpoint`), or None."""
     if url in endpoints:
         return None
-    return f"url '{url}' is not supported: " + (
+    return f"{name} '{url}' is not supported: " + (
         "/v1/chat/completions is the only endpoint batches serve" if len(endpoints) == 1
         else "batches serve " + ", ".join(endpoints))
 

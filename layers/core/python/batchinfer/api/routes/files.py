@@ -10,7 +10,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import ApiError
 from ...runtime import Services
 from ...service import files
 from ...service.accounts import Principal
@@ -35,9 +34,9 @@ router = APIRouter(prefix="/v1/files", route_class=OpenAIRoute, tags=["files"])
 async def upload_file(request: Request, who: Principal = Depends(caller), svc: Services = Depends(services_of)
                       ) -> dict:
     files.check_enabled(svc)
-    if declared_over(request, svc.settings.max_file_bytes + 65536):  # refused before its bytes are read
-        raise ApiError(413, f"The file is larger than the limit of {svc.settings.max_file_bytes} bytes.",
-                       param="file")
+    # Refused before its bytes are read: past what one request carries (the multipart envelope aside).
+    if declared_over(request, svc.settings.max_direct_upload_bytes + 65536):
+        raise files.too_large_for_one_request(svc, None)
     form, part = await form_with_file(
         request, "file", "Upload the file as multipart/form-data with a 'file' part and purpose=batch.", max_fields=8)
     expires_after = None
