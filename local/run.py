@@ -74,9 +74,9 @@ def local_settings() -> Settings:
     """The settings of `make run`: the environment's, with the extensions that are built on unless the
     environment says otherwise (a deployment turns them on in its config)."""
     settings = Settings()
-    if "file_batches_enabled" not in settings.model_fields_set:
-        settings = settings.model_copy(update={"file_batches_enabled": True})
-    return settings
+    built = {name: True for name in ("file_batches_enabled", "message_batches_enabled")
+             if name not in settings.model_fields_set}
+    return settings.model_copy(update=built) if built else settings
 
 
 def main() -> None:
@@ -86,7 +86,8 @@ def main() -> None:
     base = f"http://127.0.0.1:{settings.port}/v1"
     print(f"""
 Batch inference is running locally (Ctrl-C stops it).
-  API base URL       {base}
+  API base URL       {base}   (OpenAI SDK: base_url={base})
+  Anthropic base URL http://127.0.0.1:{settings.port}/anthropic   (Anthropic SDK: base_url=...)
   API key            {key}   (also in .local/api-key)
   moto (AWS)         http://127.0.0.1:{moto_port}
   simulated backend  http://127.0.0.1:{sim_port}  (a test double: deterministic answers, not a model)

@@ -17,6 +17,13 @@ Markers inside message content:
   [[sim:big:N]]                       -> an answer of about N bytes
   [[sim:flaky:N:CODE]]                -> the first N requests with this exact body fail with CODE
                                          (429, 500 or timeout), later ones succeed
+  [[sim:tool:NAME]]                   -> in the LAST message only (so a tool loop ends once the tool's answer
+                                         is sent back): a call of tool NAME with input {"query": <the first word
+                                         of the answer>}; chat answers finish_reason "tool_calls" with one
+                                         tool_calls entry (id "call_<16 hex>") and content null, /v1/messages
+                                         answers stop_reason "tool_use" with one tool_use block (id
+                                         "toolu_<16 hex>"); max_tokens is not applied to it
+Anthropic tool_result blocks count as the text of their content; tool_use blocks add no text.
 Control API:
   GET/PUT /_sim/config      read / update any subset of the SimConfig fields (seed re-seeds)
   GET /_sim/stats           total_requests, by_status, by_path, in_flight, max_in_flight, busy_seconds (the sum
@@ -58,6 +65,7 @@ _MARK_FAIL = "[[sim:fail-always]]"
 _ANY_MARK_RE = re.compile(r"\[\[sim:[^\]]*\]\]")
 _BIG_RE = re.compile(r"\[\[sim:big:(\d+)\]\]")
 _FLAKY_RE = re.compile(r"\[\[sim:flaky:(\d+):(429|500|timeout)\]\]")
+_TOOL_RE = re.compile(r"\[\[sim:tool:([A-Za-z0-9_-]{1,64})\]\]")  # the tool names both APIs accept
 # status -> (OpenAI error type, OpenAI error code, Anthropic error type)
 _ERROR_KINDS = {400: ("invalid_request_error", None, "invalid_request_error"),
                 500: ("server_error", None, "api_error"),
@@ -122,9 +130,16 @@ def generate_answer(prompt: Prompt) -> tuple[str, int, bool]:
 def _text_of(content: Any, param: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list):  # content parts; non-text parts (images, ...) are ignored
-        return " ".join(p if isinstance(p, str) else p["text"] for p in content
-                        if isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("text"), str)))
+    if isinstance(content, list):  # content parts; non-text parts (images, tool_use, ...) are ignored
+        texts = []
+        for k, p in enumerate(content):
+            if isinstance(p, str):
+                texts.append(p)
+            elif isinstance(p, dict) and isinstance(p.get("text"), str):
+                texts.append(p["text"])
+            elif isinstance(p, dict) and p.get("type") == "tool_result":  # Anthropic: the tool's answer is text
+                texts.append(_text_of(p.get("content"), f"{param}[{k}].content"))
+        return " ".join(texts)
     raise SimError(400, f"Invalid type for '{param}': expected a string or an array of parts", param=param)
 
 
@@ -186,13 +201,29 @@ def _parse_embeddings(body: Any) -> Prompt:
     return Prompt(model, items, items[-1])
 
 
+def tool_call_of(p: Prompt) -> tuple[str, str, dict[str, str]] | None:
+    """(16 hex id, tool name, input) when the prompt's last message holds [[sim:tool:NAME]], else None.
+    Only the last message counts, so once the tool's answer is sent back the double answers in text."""
+    match = _TOOL_RE.search(p.texts[-1]) if p.texts else None
+    if match is None:
+        return None
+    text, _, _ = generate_answer(p)
+    return p.digest.hex()[:16], match.group(1), {"query": text.split()[0]}
+
+
 def _build_chat(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
     text, n_out, cut = generate_answer(p)
-    message = {"role": "assistant", "content": text, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    finish = "length" if cut else "stop"
+    if call := tool_call_of(p):
+        call_id, name, tool_input = call
+        arguments = json.dumps(tool_input)
+        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
+            {"id": f"call_{call_id}", "type": "function", "function": {"name": name, "arguments": arguments}}]}
+        finish, n_out = "tool_calls", len(arguments.split())
     return {"id": f"chatcmpl-{p.digest.hex()[:16]}", "object": "chat.completion", "created": int(time.time()),
             "model": p.model, "system_fingerprint": "fp_simulated",
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": "length" if cut else "stop"}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             "usage": {"prompt_tokens": p.prompt_tokens, "completion_tokens": n_out,
                       "total_tokens": p.prompt_tokens + n_out}}
 
@@ -210,8 +241,14 @@ def _build_responses(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
 
 def _build_anthropic(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
     text, n_out, cut = generate_answer(p)
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    stop = "max_tokens" if cut else "end_turn"
+    if call := tool_call_of(p):
+        call_id, name, tool_input = call
+        content = [{"type": "tool_use", "id": f"toolu_{call_id}", "name": name, "input": tool_input}]
+        stop, n_out = "tool_use", len(json.dumps(tool_input).split())
     return {"id": f"msg_{p.digest.hex()[:16]}", "type": "message", "role": "assistant", "model": p.model,
-            "content": [{"type": "text", "text": text}], "stop_reason": "max_tokens" if cut else "end_turn",
+            "content": content, "stop_reason": stop,
             "stop_sequence": None, "usage": {"input_tokens": p.prompt_tokens, "output_tokens": n_out}}
 
 

@@ -15,11 +15,10 @@ from local.lambda_runtime import invoke, poll_once
 
 
 def make_services(sim_url: str, **overrides) -> Services:
-    settings = Settings(table_name="batchinfer-test", bucket_name="batchinfer-test", stage="test",
-                        backend_timeout_seconds=overrides.pop("backend_timeout_seconds", 5.0),
-                        retry_base_seconds=0.0, retry_max_seconds=0.0,
-                        # Tests step the pipeline one stage at a time; pulling is tested on its own.
-                        worker_pull=overrides.pop("worker_pull", False), **overrides)
+    settings = Settings(**{"table_name": "batchinfer-test", "bucket_name": "batchinfer-test", "stage": "test",
+                           "backend_timeout_seconds": 5.0, "retry_base_seconds": 0.0, "retry_max_seconds": 0.0,
+                           # Tests step the pipeline one stage at a time; pulling is tested on its own.
+                           "worker_pull": False, **overrides})
     ddb, s3, sqs = clients_for(settings)
     bootstrap.create_table(ddb, settings.table_name)
     bootstrap.create_bucket(s3, settings.bucket_name)

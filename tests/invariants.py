@@ -14,7 +14,8 @@ import math
 from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState
 from batchinfer.layout import account_key, batch_key, file_key, file_object, model_budget_key, requests_object
 from batchinfer.runtime import Services
-from batchinfer.service import batches
+from batchinfer.service import batches, message_batches
+from batchinfer.service import results as results_module
 from batchinfer.service.accounts import Principal
 
 FINAL_RESULT = {"completed", "failed", "cancelled", "expired"}
@@ -87,6 +88,30 @@ def _assert_result_files(svc: Services, batch: dict, results: list[dict]) -> Non
             assert line["error"]["code"] == (result["error"] or {}).get("code", "batch_cancelled"), (line, result)
 
 
+ANTHROPIC_RESULT = {"completed": "succeeded", "failed": "errored", "cancelled": "canceled", "expired": "expired"}
+
+
+def _assert_message_batch_results(svc: Services, who: Principal, batch: dict, results: list[dict]) -> None:
+    """A Message Batch's results stream: LF-terminated lines, none blank, one per request in order, each
+    the Anthropic form of its result."""
+    raw = b"".join(message_batches.results_lines(svc, who, batch["id"]))
+    assert b"\r" not in raw and b"\n\n" not in raw and (not raw or raw.endswith(b"\n")), raw[:200]
+    lines = [json.loads(line) for line in raw.split(b"\n")[:-1]]
+    assert len(lines) == len(results)
+    for line, result in zip(lines, results, strict=True):
+        assert line["custom_id"] == result["custom_id"]
+        assert line["result"]["type"] == ANTHROPIC_RESULT[result["status"]], (line, result)
+        if result["status"] == "completed":
+            assert line["result"]["message"] == result["response"]["body"]
+            assert line["result"]["message"]["type"] == "message"
+        elif result["status"] == "failed":
+            error = line["result"]["error"]
+            assert error["type"] == "error" and error["error"]["message"], line
+            assert error["error"]["type"] in results_module.ANTHROPIC_ERROR_TYPES, line
+        else:
+            assert set(line["result"]) == {"type"}, line
+
+
 def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
                              custom_ids: list[str] | None = None) -> dict:
     """Assert every property of a finished batch's ledger; returns the batch item for further checks.
@@ -111,23 +136,34 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         assert item["state"] in {s.value for s in FINAL_REQUEST}, f"request {index} not final: {item['state']}"
         assert "due_pk" not in item, f"final request {index} still due in {item['due_pk']} (would be recovered)"
         assert 0 <= item.get("attempt", 0) <= svc.settings.max_attempts, f"request {index}: {item.get('attempt')}"
+    rejected = {i for i, e in enumerate(results_module.index_entries(svc, batch_id, 0, total)) if len(e) > 4}
+    assert len(rejected) == batch.get("rejected", 0), (rejected, batch.get("rejected"))
+    assert not rejected & set(by_index), "a request rejected at intake was dispatched"
     if status == "completed":
-        assert len(by_index) == total, f"completed batch with {total - len(by_index)} requests never dispatched"
+        assert len(by_index) == total - len(rejected), \
+            f"completed batch with {total - len(rejected) - len(by_index)} requests never dispatched"
     dispatched = sum(int(lane["next"]) for lane in batch["lanes"].values())
     assert dispatched == len(by_index), f"lanes say {dispatched} dispatched, {len(by_index)} request items exist"
 
     # --- Results: paged and exported, every request once, in submission order -----------------------
     expected_ids = custom_ids if custom_ids is not None else _submitted_custom_ids(svc, batch_id)
     assert len(expected_ids) == total
-    for page_size in (max(7, total // 3 + 1), 1000):  # several pages, then one
-        results = _all_results(svc, who, batch_id, page_size)
+    message_batch = batch.get("api") == "anthropic"
+    if message_batch:  # read as the Anthropic API shows them: one stream, once ended
+        results = list(results_module.iter_results(svc, batch, 0, total))
         assert [r["custom_id"] for r in results] == expected_ids, "results not one each in submission order"
-        assert [r["id"] for r in results] == [f"batch_req_{i + 1}" for i in range(total)]
-    exported = [json.loads(line) for chunk in batches.export_lines(svc, who, batch_id)
-                for line in chunk.splitlines() if line.strip()]
-    assert [e["custom_id"] for e in exported] == expected_ids, "export not one each in submission order"
-    for line, result in zip(exported, results, strict=True):
-        assert line == {k: result[k] for k in ("id", "custom_id", "response", "error")}, "export differs from results"
+        _assert_message_batch_results(svc, who, batch, results)
+    else:
+        for page_size in (max(7, total // 3 + 1), 1000):  # several pages, then one
+            results = _all_results(svc, who, batch_id, page_size)
+            assert [r["custom_id"] for r in results] == expected_ids, "results not one each in submission order"
+            assert [r["id"] for r in results] == [f"batch_req_{i + 1}" for i in range(total)]
+        exported = [json.loads(line) for chunk in batches.export_lines(svc, who, batch_id)
+                    for line in chunk.splitlines() if line.strip()]
+        assert [e["custom_id"] for e in exported] == expected_ids, "export not one each in submission order"
+        for line, result in zip(exported, results, strict=True):
+            assert line == {k: result[k] for k in ("id", "custom_id", "response", "error")}, \
+                "export differs from results"
 
     stop = batch.get("stop")
     for index, result in enumerate(results):
@@ -142,7 +178,9 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         else:
             assert result["response"] is None, result
             assert result["error"] and result["error"].get("code"), f"result {index} without an error code: {result}"
-        if item is None or item["state"] == RequestState.UNSTARTED.value:  # never ran
+        if index in rejected:
+            assert result["status"] == "failed" and result["error"]["message"], result
+        elif item is None or item["state"] == RequestState.UNSTARTED.value:  # never ran
             assert NEVER_RUN[status] is not None, f"request {index} never ran in a {status} batch"
             assert result["status"] == NEVER_RUN[status], (index, status, result)
             expected_code = {"failed": "batch_failed", "expired": "batch_expired"}.get(status)
@@ -165,8 +203,16 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
     # --- Counts ---------------------------------------------------------------------------------------
     n_completed = sum(r["status"] == "completed" for r in results)
     n_failed = sum(r["status"] in ("failed", "expired") for r in results)  # expired ones count as failed
-    counts = obj["request_counts"]
-    assert counts == {"total": total, "completed": n_completed, "failed": n_failed}, (counts, n_completed, n_failed)
+    if message_batch:
+        counts = message_batches.request_counts(batch)
+        assert counts == {"processing": 0, "succeeded": n_completed,
+                          "errored": sum(r["status"] == "failed" for r in results),
+                          "canceled": sum(r["status"] == "cancelled" for r in results),
+                          "expired": sum(r["status"] == "expired" for r in results)}, counts
+    else:
+        counts = obj["request_counts"]
+        assert counts == {"total": total, "completed": n_completed, "failed": n_failed}, \
+            (counts, n_completed, n_failed)
 
     # --- Usage and cost add up to the stored request records ----------------------------------------
     input_tokens = output_tokens = 0
@@ -207,8 +253,9 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
     assert account.get("in_flight", 0) == 0, f"account in_flight {account.get('in_flight')}"
 
     # --- Account counters: only unfinished batches count (all of an account's batches are final here) ---
-    owned = list(svc.table.query_all("owner_pk = :o AND begins_with(owner_sk, :b)",
-                                     {":o": f"ACCOUNT#{batch['account_id']}", ":b": "BATCH#"}, index="by_owner"))
+    owned = [o for prefix in ("BATCH#", "MSGBATCH#") for o in svc.table.query_all(
+        "owner_pk = :o AND begins_with(owner_sk, :b)", {":o": f"ACCOUNT#{batch['account_id']}", ":b": prefix},
+        index="by_owner")]
     owned = [svc.table.get(o["pk"], o["sk"]) for o in owned]
     unfinished = [b for b in owned if b and b["status"] not in {s.value for s in FINAL_BATCH}]
     assert account.get("unfinished_batches", 0) == len(unfinished), (account.get("unfinished_batches"), unfinished)

@@ -826,8 +826,10 @@ def test_extensions_that_are_off(api, svc):
                     headers={"anthropic-version": "2023-06-01"})
         anthropic_error(reply, 403, "permission_error", "Message Batches are not enabled")
         anthropic_error(api("POST", f"{prefix}/v1/messages/batches", json_body=body), 401, "authentication_error")
-        assert ok(api("GET", f"{prefix}/v1/messages/batches", key))["data"] == []
-        anthropic_error(api("GET", f"{prefix}/v1/messages/batches/msgbatch_1", key), 404, "not_found_error")
+        version = {"anthropic-version": "2023-06-01"}
+        assert ok(api("GET", f"{prefix}/v1/messages/batches", key, headers=version))["data"] == []
+        anthropic_error(api("GET", f"{prefix}/v1/messages/batches/msgbatch_1", key, headers=version), 404,
+                        "not_found_error")
 
     error(api("PUT", "/v1/batch_webhook", key, json_body={"url": "https://example.com/hooks/freeinference"}), 400,
           "Batch webhooks are not enabled", code="webhooks_disabled")

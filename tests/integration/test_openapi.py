@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from batchinfer.api.app import create_app
-from batchinfer.service import batches
+from batchinfer.service import batches, message_batches
 from batchinfer.service.accounts import authenticate
 from tests.helpers import chat_request, drive, new_key
 
@@ -55,8 +55,10 @@ class World:
     """What is stored before the run: the caller's key and batches, and ids to aim requests at."""
 
     key: str
-    batch_ids: list[str]
+    batch_ids: list[str]  # OpenAI-shaped batches and Message Batches (each reads as not found on the other API)
     foreign_batch_id: str
+    message_batch_ids: list[str]
+    message_batches_to_delete: dict[str, list[str]]  # base URL -> ended Message Batches its delete may take
     seen: Counter = field(default_factory=Counter)  # (operation, status) -> cases
 
     def headers(self, auth: str) -> dict[str, str]:
@@ -65,7 +67,9 @@ class World:
 
 
 def seed(svc) -> World:
-    svc.settings = svc.settings.model_copy(update={"max_body_bytes": MAX_BODY_BYTES})
+    # Room for every batch the run creates: the unfinished-batch limit has its own tests.
+    svc.settings = svc.settings.model_copy(update={"max_body_bytes": MAX_BODY_BYTES, "message_batches_enabled": True,
+                                                   "max_unfinished_batches": 1000})
     _, key = new_key(svc)
     who = authenticate(svc, key)
 
@@ -82,7 +86,26 @@ def seed(svc) -> World:
     _, other_key = new_key(svc)
     other = authenticate(svc, other_key)
     foreign, _ = batches.create_batch(svc, other, json.dumps({"requests": [chat_request("f", "x")]}).encode(), None)
-    return World(key=key, batch_ids=[finished, queued, cancelled], foreign_batch_id=foreign["id"])
+
+    def create_messages(entries: list[dict]) -> str:
+        item, _ = message_batches.create(svc, who, json.dumps({"requests": entries}).encode(), None, "2026-10-21")
+        return item["id"]
+
+    ended = create_messages([message_entry("ok", "one"), message_entry("bad", "two", model="nope")])
+    assert drive(svc, ended, clock_step=2)["status"] == "completed"
+    running = create_messages([message_entry(f"m-{i}", f"queued {i}") for i in range(3)])
+    message_ids = [ended, running]
+    # Every request errored at intake: ended at once. Each base URL's delete gets its own (the first to run
+    # would delete every one of them).
+    to_delete = {prefix: [create_messages([message_entry("x", "ended at once", model="nope")]) for _ in range(2)]
+                 for prefix in ("", "/anthropic")}
+    return World(key=key, batch_ids=[finished, queued, cancelled, *message_ids], foreign_batch_id=foreign["id"],
+                 message_batch_ids=message_ids, message_batches_to_delete=to_delete)
+
+
+def message_entry(custom_id: str, content: str, model: str = "glm-5.3-flash") -> dict:
+    return {"custom_id": custom_id, "params": {"model": model, "max_tokens": 16,
+                                               "messages": [{"role": "user", "content": content}]}}
 
 
 # Schemathesis draws strings that UTF-8 can encode; JSON can also spell half a surrogate pair ("\ud800"), as
@@ -122,6 +145,9 @@ def case_groups(operation, world: World) -> dict[str, tuple[st.SearchStrategy, s
     stored: list[st.SearchStrategy] = []
     if "batch_id" in path:
         ids = st.sampled_from([*world.batch_ids, world.foreign_batch_id])
+        if operation.method.upper() == "DELETE" and "/messages/" in operation.path:
+            prefix = "/anthropic" if operation.path.startswith("/anthropic") else ""
+            ids = st.sampled_from([*world.batch_ids, *world.message_batches_to_delete[prefix]])
         stored.append(ids.flatmap(lambda batch_id: operation.as_strategy(path_parameters={"batch_id": batch_id})))
     if "after" in query:
         if "batch_id" in path:  # results: pages of the finished batch, and result ids int() cannot read
@@ -132,6 +158,15 @@ def case_groups(operation, world: World) -> dict[str, tuple[st.SearchStrategy, s
         else:
             stored.append(st.sampled_from(world.batch_ids[:2]).flatmap(
                 lambda after: operation.as_strategy(query={"after": after})))
+    if {"after_id", "before_id"} & query:
+        name = sorted({"after_id", "before_id"} & query)
+        stored.append(st.tuples(st.sampled_from(name), st.sampled_from(world.message_batch_ids)).flatmap(
+            lambda pair: operation.as_strategy(query={pair[0]: pair[1], "limit": 1})))
+    if operation.method.upper() == "POST" and operation.path.endswith("/v1/messages/batches"):
+        entries = st.lists(st.tuples(st.from_regex(r"[A-Za-z0-9_-]{1,8}", fullmatch=True), TEXT), min_size=1,
+                           max_size=3, unique_by=lambda r: r[0])
+        stored.append(entries.flatmap(lambda es: operation.as_strategy(
+            body={"requests": [message_entry(c, t) for c, t in es]})))
     if operation.method.upper() == "POST" and operation.path == "/v1/batches":
         stored.append(create_bodies(TEXT).flatmap(lambda body: operation.as_strategy(body=body)))
         hostile = create_bodies(HOSTILE_TEXT, MODEL | HOSTILE_TEXT)
@@ -189,7 +224,7 @@ def test_every_operation_answers_as_its_document_says(svc, openapi_schema):
     assert not failures, "\n\n".join(f"{label}\n{text}" for label, text in failures.items())
     # The run reached what it is for: every operation, real objects in the answers the schemas describe, and
     # refusals of a missing or unknown key.
-    assert len(ops) == 29, [op.label for op in ops]
+    assert len(ops) == 33, [op.label for op in ops]
     statuses: dict[str, set[int]] = {}
     for label, status in world.seen:
         statuses.setdefault(label, set()).add(status)
@@ -197,6 +232,12 @@ def test_every_operation_answers_as_its_document_says(svc, openapi_schema):
                   "GET /v1/batches/{batch_id}/results", "GET /v1/batches/{batch_id}/output.jsonl",
                   "POST /v1/batches/{batch_id}/cancel", "DELETE /v1/batches/{batch_id}"):
         assert 200 in statuses[label], (label, statuses[label])
+    for prefix in ("", "/anthropic"):
+        for label in ("POST {}/v1/messages/batches", "GET {}/v1/messages/batches",
+                      "GET {}/v1/messages/batches/{{batch_id}}", "GET {}/v1/messages/batches/{{batch_id}}/results",
+                      "POST {}/v1/messages/batches/{{batch_id}}/cancel", "DELETE {}/v1/messages/batches/{{batch_id}}"):
+            label = label.format(prefix)
+            assert 200 in statuses[label], (label, statuses[label])
     assert all(401 in statuses[op.label] for op in ops if op.path != "/health"), statuses
 
 

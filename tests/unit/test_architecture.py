@@ -17,7 +17,7 @@ PACKAGE = "batchinfer"
 # Lower layers first; a module may import its own layer or any below it.
 LAYERS = [
     {"batchinfer.domain", "batchinfer.layout", "batchinfer.settings", "batchinfer.errors", "batchinfer.catalog",
-     "batchinfer.observability"},
+     "batchinfer.observability", "batchinfer.messages_to_chat"},
     {"batchinfer.storage", "batchinfer.providers"},
     {"batchinfer.runtime"},
     {"batchinfer.records", "batchinfer.ledger"},

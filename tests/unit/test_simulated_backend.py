@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -220,6 +222,34 @@ def test_flaky_fails_first_n_then_succeeds(code: str, status: int) -> None:
     assert client.post(CHAT, json=body).status_code == status
 
 
+def messages_body(text: str = "Hello") -> dict:
+    return {"model": "claude-sim", "max_tokens": 64, "messages": [{"role": "user", "content": text}]}
+
+
+def test_messages_endpoint_has_the_same_faults_in_anthropics_envelope() -> None:
+    """The Messages endpoint draws the same faults as chat (one draw per request), answered as Anthropic
+    answers them, so Message Batches on an anthropic-kind backend meet every fault the others do."""
+    def anthropic_error(resp: httpx.Response, status: int, kind: str) -> None:
+        assert resp.status_code == status, resp.text
+        assert resp.json() == {"type": "error", "error": {"type": kind, "message": resp.json()["error"]["message"]}}
+
+    resp = make_client(rate_429=1.0).post("/v1/messages", json=messages_body())
+    anthropic_error(resp, 429, "rate_limit_error")
+    assert resp.headers["retry-after"] == "1"
+    anthropic_error(make_client(rate_500=1.0).post("/v1/messages", json=messages_body()), 500, "api_error")
+    anthropic_error(make_client(rate_timeout=1.0, timeout_sleep_seconds=0.01).post(
+        "/v1/messages", json=messages_body()), 504, "timeout_error")
+    client = make_client(timeout_sleep_seconds=0.01)
+    anthropic_error(client.post("/v1/messages", json=messages_body("x [[sim:fail-always]]")), 500, "api_error")
+    anthropic_error(client.post("/v1/messages", json=messages_body("x [[sim:400]]")), 400, "invalid_request_error")
+    flaky = messages_body("retry me [[sim:flaky:1:429]]")
+    assert [client.post("/v1/messages", json=flaky).status_code for _ in range(3)] == [429, 200, 200]
+    slow = make_client(latency_seconds=0.1)
+    start = time.monotonic()
+    assert slow.post("/v1/messages", json=messages_body()).status_code == 200
+    assert time.monotonic() - start >= 0.1
+
+
 def test_latency_applies() -> None:
     client = make_client(latency_seconds=0.1)
     start = time.monotonic()
@@ -348,6 +378,73 @@ def test_anthropic_messages_endpoint(client: TestClient) -> None:
     resp = client.post("/v1/messages", json={**body, "model": "reject-me"})
     assert resp.status_code == 400
     assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_chat_tool_marker_answers_a_tool_call(client: TestClient) -> None:
+    body = chat_body("What is the weather? [[sim:tool:get_weather]]")
+    data = client.post(CHAT, json=body).json()
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert re.fullmatch(r"call_[0-9a-f]{16}", call["id"])
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"query": "Simulated"}  # the answer's first word
+    assert data["usage"]["completion_tokens"] == len(call["function"]["arguments"].split())
+    assert client.post(CHAT, json=body).json()["choices"][0]["message"]["tool_calls"][0]["id"] == call["id"]
+    other = client.post(CHAT, json=chat_body("Another question [[sim:tool:get_weather]]")).json()
+    assert other["choices"][0]["message"]["tool_calls"][0]["id"] != call["id"]
+
+    # Sending the tool's answer back ends the loop: the marker only counts in the last message.
+    follow_up = {**body, "messages": [*body["messages"], choice["message"],
+                                      {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]}
+    answer = client.post(CHAT, json=follow_up).json()["choices"][0]
+    assert answer["finish_reason"] == "stop" and "tool_calls" not in answer["message"]
+    assert answer["message"]["content"].startswith("Simulated answer")
+
+
+def test_messages_tool_marker_answers_tool_use(client: TestClient) -> None:
+    body = {"model": "claude-sim", "max_tokens": 100,
+            "tools": [{"name": "search", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Look it up [[sim:tool:search]]"}]}]}
+    data = client.post("/v1/messages", json=body).json()
+    assert data["stop_reason"] == "tool_use" and data["stop_sequence"] is None
+    (block,) = data["content"]
+    assert block["type"] == "tool_use" and block["name"] == "search" and block["input"] == {"query": "Simulated"}
+    assert re.fullmatch(r"toolu_[0-9a-f]{16}", block["id"])
+    assert data["usage"]["output_tokens"] == 2
+
+    # The follow-up with tool_use / tool_result blocks is accepted; the tool result counts as the user's text.
+    tool_results = [{"type": "tool_result", "tool_use_id": block["id"], "content": "rainy in Oslo"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2",
+                     "content": [{"type": "text", "text": "and windy"}]}]
+    follow_up = {**body, "messages": [*body["messages"], {"role": "assistant", "content": data["content"]},
+                                      {"role": "user", "content": tool_results}]}
+    resp = client.post("/v1/messages", json=follow_up)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert answer["stop_reason"] == "end_turn" and answer["content"][0]["type"] == "text"
+    assert "to: rainy in Oslo and windy" in answer["content"][0]["text"]
+    assert answer["usage"]["input_tokens"] == 4 + 0 + 5 + 3 * 3  # the marker counts as a word; tool_use adds none
+
+
+def test_tool_marker_names_must_be_tool_names(client: TestClient) -> None:
+    data = client.post(CHAT, json=chat_body("x [[sim:tool:not a name]]")).json()
+    assert data["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sdks_read_simulated_tool_calls() -> None:
+    openai = pytest.importorskip("openai")
+    anthropic = pytest.importorskip("anthropic")
+    app = create_app()
+    chat = openai.OpenAI(base_url="http://testserver/v1", api_key="sim", http_client=TestClient(app))
+    answer = chat.chat.completions.create(model="gpt-sim", messages=[{"role": "user", "content": "[[sim:tool:f]]"}])
+    assert answer.choices[0].message.tool_calls[0].function.name == "f"
+    messages = anthropic.Anthropic(base_url="http://testserver", api_key="sim", http_client=TestClient(app))
+    msg = messages.messages.create(model="claude-sim", max_tokens=50,
+                                   messages=[{"role": "user", "content": "[[sim:tool:f]]"}])
+    assert msg.stop_reason == "tool_use" and msg.content[0].type == "tool_use" and msg.content[0].input == {
+        "query": "Simulated"}
 
 
 def test_models_list(client: TestClient) -> None:

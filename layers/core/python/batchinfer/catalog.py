@@ -43,13 +43,24 @@ _DLQ_SUFFIX = "-dlq"
 _HASH_CHARS = 8
 
 
+BackendFeature = Literal["images", "top_k", "documents"]
+
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+MESSAGES_ENDPOINT = "/v1/messages"
+
+
 class Backend(BaseModel):
-    # Only OpenAI-compatible backends so far; Anthropic backends arrive with the Message Batches issue.
-    kind: Literal["openai"] = "openai"
+    # openai: an OpenAI-compatible server (vLLM, Ollama, OpenAI, ...); anthropic: an Anthropic-compatible
+    # Messages server (Anthropic's API, or a proxy in front of it).
+    kind: Literal["openai", "anthropic"] = "openai"
     base_url: str
     api_key_env: str | None = None
     api_key_secret: str | None = None
     model: str | None = None  # the name the backend knows the model by, if not its catalog id
+    # What an `openai` backend takes beyond text, for Messages requests translated to it (image blocks,
+    # top_k, PDF documents); a request needing anything else errors rather than losing it.
+    features: list[BackendFeature] = Field(default_factory=lambda: ["images"])
 
 
 class Price(BaseModel):
@@ -66,6 +77,18 @@ class Model(BaseModel):
     batch_floor: int = 1
     price: Price = Field(default_factory=Price)
     endpoints: list[str] = Field(default_factory=lambda: ["/v1/chat/completions"])
+
+    def serves(self, endpoint: str) -> bool:
+        """Whether batches may send this model requests of `endpoint`. Anthropic Messages requests
+        (`/v1/messages`) go as they are to an `anthropic` backend, or translated to a chat completion to an
+        `openai` backend that serves chat; an `anthropic` backend serves nothing else."""
+        if self.backend is None or self.auto:
+            return False
+        if self.backend.kind == "anthropic":
+            return endpoint == MESSAGES_ENDPOINT
+        if endpoint == MESSAGES_ENDPOINT:
+            return CHAT_ENDPOINT in self.endpoints
+        return endpoint in self.endpoints
 
     @property
     def backend_model(self) -> str:

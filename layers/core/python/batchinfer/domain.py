@@ -210,6 +210,10 @@ def new_batch_id() -> str:
     return "batch_" + secrets.token_hex(16)
 
 
+def new_message_batch_id() -> str:
+    return "msgbatch_" + secrets.token_hex(16)
+
+
 def new_file_id() -> str:
     return "file-" + secrets.token_hex(12)
 

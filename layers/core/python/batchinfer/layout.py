@@ -72,7 +72,9 @@ def lanes_of(model_id: str) -> tuple[str, str]:
 
 # The `by_owner` index: an account's batches and files, by creation time.
 OWNER_BATCH_PREFIX = "BATCH#"
+OWNER_MESSAGE_BATCH_PREFIX = "MSGBATCH#"  # Message Batches: listed apart from the OpenAI-shaped ones
 OWNER_FILE_PREFIX = "FILE#"
+MESSAGE_BATCH_ID_PREFIX = "msgbatch_"
 
 
 def owner_partition(account_id: str) -> str:
@@ -80,8 +82,10 @@ def owner_partition(account_id: str) -> str:
 
 
 def owner_sort(created_us: int, batch_id: str) -> str:
-    """Sort key of an account's batch list: creation time in microseconds, so newest first holds."""
-    return f"{OWNER_BATCH_PREFIX}{created_us:018d}#{batch_id}"
+    """Sort key of an account's batch list (its Message Batches apart): creation time in microseconds, so
+    newest first holds."""
+    prefix = OWNER_MESSAGE_BATCH_PREFIX if batch_id.startswith(MESSAGE_BATCH_ID_PREFIX) else OWNER_BATCH_PREFIX
+    return f"{prefix}{created_us:018d}#{batch_id}"
 
 
 def owner_file_sort(created_us: int, file_id: str) -> str:

@@ -80,6 +80,8 @@ class Moves:
         elif outcome.to is RequestState.FAILED or (outcome.to is RequestState.UNSTARTED
                                                     and counts_as_failed_unstarted(stop)):
             bump(self.batch, "failed", 1)
+        if outcome.to is RequestState.UNSTARTED:  # a Message Batch shows these as canceled or expired
+            bump(self.batch, "unstarted", 1)
         for name in TALLIED:
             value = getattr(outcome, name)
             if value:

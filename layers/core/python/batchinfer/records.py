@@ -77,6 +77,8 @@ class BatchItem(TypedDict, total=False):
     lanes: dict[str, LaneState]  # model id -> lane progress
     completed: int
     failed: int
+    rejected: int  # requests that failed at intake (a Message Batch's invalid ones): in no lane, never run
+    unstarted: int  # requests that never ran because the batch stopped (cancelled, expired, failed)
     open: int  # requests dispatched and not yet final
     in_flight: int  # requests holding a slot
     input_tokens: int
@@ -158,15 +160,19 @@ class Batch:
     @staticmethod
     def new(*, batch_id: str, account_id: str, key_hash: str, endpoint: str, now: int, expires_at: int,
             metadata: dict | None, lanes: dict[str, int], owner_created_us: int, idempotency_key: str | None,
-            extra: dict | None = None) -> BatchItem:
-        """A batch as created: validating, every counter at zero. `lanes`: model id -> its request count."""
+            extra: dict | None = None, rejected: int = 0, status: BatchStatus = BatchStatus.VALIDATING
+            ) -> BatchItem:
+        """A batch as created: validating (or already in progress), every counter at zero but `failed`.
+        `lanes`: model id -> its request count; `rejected`: requests that failed at intake, which run nowhere
+        (a Message Batch checks each request on its own)."""
         pk, sk = batch_key(batch_id)
         item: BatchItem = {
             "pk": pk, "sk": sk, "id": batch_id, "account_id": account_id, "key_hash": key_hash,
-            "endpoint": endpoint, "status": BatchStatus.VALIDATING.value, "created_at": now,
-            "expires_at": expires_at, "metadata": metadata, "total": sum(lanes.values()),
-            "lanes": {m: {"next": 0, "total": n} for m, n in lanes.items()},
-            "completed": 0, "failed": 0, "open": 0, "in_flight": 0, "input_tokens": 0, "output_tokens": 0,
+            "endpoint": endpoint, "status": status.value, "created_at": now,
+            "expires_at": expires_at, "metadata": metadata, "total": sum(lanes.values()) + rejected,
+            "lanes": {m: {"next": 0, "total": n} for m, n in lanes.items()}, "rejected": rejected,
+            "completed": 0, "failed": rejected, "unstarted": 0, "open": 0, "in_flight": 0, "input_tokens": 0,
+            "output_tokens": 0,
             "cost_usd": 0.0, "cost_unknown_attempts": 0,
             "owner_pk": owner_partition(account_id), "owner_sk": owner_sort(owner_created_us, batch_id),
             "active_pk": ACTIVE_PARTITION, "active_sk": batch_id, "idempotency_key": idempotency_key,
@@ -237,13 +243,13 @@ class Batch:
     @staticmethod
     def finalize(t: Table, batch: BatchItem, final: BatchStatus, stop: Stop | None, now: int,
                  retention_ends: int, never_started_failed: int, export: str | None,
-                 sets: dict | None = None) -> Op:
+                 sets: dict | None = None, never_started: int = 0) -> Op:
         """Give the batch its final status, start its retention clock (`by_due` PURGE) and leave
         `by_active`. Fenced on the status and the stop the decision was made on, and on nothing of it
         running or open. `sets`: more fields the ending gives it (result files, validation errors)."""
         final = batch_transition(batch["status"], final)
         vals = {":final": final.value, ":now": now, ":exp": retention_ends, ":purge": PURGE_DUE,
-                ":never": never_started_failed, ":old": batch["status"], ":zero": 0}
+                ":never": never_started_failed, ":unstarted": never_started, ":old": batch["status"], ":zero": 0}
         more = dict(sets or {})
         if export:
             more["export_object"] = export
@@ -257,7 +263,7 @@ class Batch:
             *batch_key(batch["id"]),
             f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
             "due_at = :exp" + "".join(f", #{name} = :set_{name}" for name in more)
-            + " ADD failed :never REMOVE active_pk, active_sk, awaiting_validation",
+            + " ADD failed :never, unstarted :unstarted REMOVE active_pk, active_sk, awaiting_validation",
             vals=vals,
             condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
                       f"AND {same_stop}")
@@ -322,10 +328,11 @@ class Batch:
 
     @staticmethod
     def of_owner(t: Table, account_id: str, limit: int, start: dict | None, newest_first: bool = True,
-                 ) -> tuple[list[BatchItem], dict | None]:
-        """One page of an account's batches, newest first (or oldest first)."""
+                 prefix: str = OWNER_BATCH_PREFIX) -> tuple[list[BatchItem], dict | None]:
+        """One page of an account's batches (OpenAI-shaped, or with `prefix` its Message Batches), newest
+        first (or oldest first)."""
         return t.query("owner_pk = :o AND begins_with(owner_sk, :b)",
-                       {":o": owner_partition(account_id), ":b": OWNER_BATCH_PREFIX},
+                       {":o": owner_partition(account_id), ":b": prefix},
                        index="by_owner", forward=not newest_first, limit=limit,
                        start=start)  # type: ignore[return-value]
 

@@ -250,3 +250,61 @@ COMPLETE_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"applicati
     "schema": _ref(CompleteUpload)}}}}
 UPLOAD_OBJECT = _ok(UploadObject, "The upload")
 UPLOAD_PART = _ok(UploadPart, "The part")
+
+
+# --- Anthropic Message Batches ---------------------------------------------------------------------------
+
+class MessageBatchRequest(BaseModel):
+    custom_id: str = Field(..., pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Unique within the batch")
+    params: dict[str, Any] = Field(..., description="A Messages API request body (model, max_tokens, messages, ...)"
+                                                    "; checked on its own: a fault makes this request errored")
+
+
+class CreateMessageBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requests: list[MessageBatchRequest] = Field(..., min_length=1, max_length=50_000)
+
+
+class MessageBatchRequestCounts(BaseModel):
+    processing: int
+    succeeded: int
+    errored: int
+    canceled: int
+    expired: int
+
+
+class MessageBatch(BaseModel):
+    id: str = Field(..., description="msgbatch_...")
+    type: Literal["message_batch"] = "message_batch"
+    processing_status: Literal["in_progress", "canceling", "ended"]
+    request_counts: MessageBatchRequestCounts
+    created_at: str = Field(..., description="RFC 3339")
+    expires_at: str = Field(..., description="RFC 3339: created_at + 24 hours")
+    ended_at: str | None = None
+    cancel_initiated_at: str | None = None
+    archived_at: str | None = None
+    results_url: str | None = Field(None, description="Set once processing_status is 'ended'")
+
+
+class MessageBatchList(BaseModel):
+    data: list[MessageBatch]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class DeletedMessageBatch(BaseModel):
+    id: str
+    type: Literal["message_batch_deleted"] = "message_batch_deleted"
+
+
+_MODELS = (*_MODELS, CreateMessageBatch, MessageBatch, MessageBatchList, DeletedMessageBatch)  # for components()
+
+ANTHROPIC_HEADERS = [{"name": "anthropic-version", "in": "header", "required": True,
+                      "schema": {"type": "string", "enum": ["2023-06-01", "2026-10-21"]}}]
+CREATE_MESSAGE_BATCH_BODY = {"parameters": [IDEMPOTENCY_KEY],
+                             "requestBody": {"required": True, "content": {"application/json": {
+                                 "schema": _ref(CreateMessageBatch)}}}}
+MESSAGE_BATCH = _ok(MessageBatch, "The Message Batch")
+MESSAGE_BATCH_LIST = _ok(MessageBatchList, "A page of Message Batches")
+DELETED_MESSAGE_BATCH = _ok(DeletedMessageBatch, "Deleted")

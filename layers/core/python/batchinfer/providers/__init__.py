@@ -1,23 +1,51 @@
 """Model backends, by the catalog's backend `kind`: each kind is one module with
-`async call(model, endpoint, body, api_key, timeout) -> Attempt`. Adding a kind (e.g. `anthropic`) is a
-new module and a line here; the worker does not change. The only code that talks HTTP to backends."""
+`async call(model, endpoint, body, api_key, timeout, version) -> Attempt`. Adding a kind is a new module
+and a line here; the worker does not change. The only code that talks HTTP to backends.
+
+An Anthropic Messages request for a model on an `openai` backend is translated to a chat completion and
+its answer back to a message (`messages_to_chat`); intake already refused what the translation cannot carry.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 
-from ..catalog import Model
+from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt
-from . import openai_compat
+from ..messages_to_chat import to_chat, to_message
+from . import anthropic, openai_compat
 
 # Modules, not functions: a call looks the function up when it is made (tests can wrap it in place).
-PROVIDERS: dict[str, ModuleType] = {"openai": openai_compat}
+PROVIDERS: dict[str, ModuleType] = {"openai": openai_compat, "anthropic": anthropic}
 
 
-async def call_backend(model: Model, endpoint: str, body: dict, api_key: str | None, timeout: float) -> Attempt:
-    """One attempt of one request on the model's backend."""
+async def call_backend(model: Model, endpoint: str, body: dict, api_key: str | None, timeout: float,
+                       version: str | None = None) -> Attempt:
+    """One attempt of one request on the model's backend. `version`: a Messages request's
+    `anthropic-version`."""
     assert model.backend is not None
     provider = PROVIDERS.get(model.backend.kind)
     if provider is None:  # the catalog only admits known kinds; a new kind must be registered above
         raise LookupError(f"no provider for backend kind {model.backend.kind!r}")
-    return await provider.call(model, endpoint, body, api_key, timeout)
+    if endpoint == MESSAGES_ENDPOINT and model.backend.kind == "openai":
+        return await _translated(provider, model, body, api_key, timeout)
+    return await provider.call(model, endpoint, body, api_key, timeout, version=version)
+
+
+async def _translated(provider: ModuleType, model: Model, params: dict, api_key: str | None,
+                      timeout: float) -> Attempt:
+    try:
+        chat = to_chat(params, model.backend.features if model.backend else ())
+    except ValueError as error:  # intake checks the same rules; a catalog change since may still get here
+        return Attempt(status_code=400, message=str(error))
+    attempt = await provider.call(model, CHAT_ENDPOINT, chat, api_key, timeout)
+    if not attempt.ok or attempt.body is None:
+        return attempt
+    try:
+        message = to_message(attempt.body, str(params.get("model")),
+                                              params.get("stop_sequences") or ())
+    except ValueError as error:  # the backend ran it (its cost counts) but its answer cannot be shown
+        return dataclasses.replace(attempt, status_code=502, body=None,
+                                   message=f"The backend's answer could not be translated to a message: {error}")
+    return dataclasses.replace(attempt, body=message)

@@ -5,7 +5,6 @@ the other batch APIs (`intake`, `results`, `lifecycle`); this module only parses
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 from ..domain import FINAL_BATCH, parse_result_id
@@ -17,11 +16,9 @@ from . import files, intake, lifecycle, results
 from .accounts import Principal
 from .listing import owner_page
 from .validation import (
-    UNPAIRED_SURROGATE,
     ValidatedBatch,
     allowed_endpoints,
     endpoint_problem,
-    holds_unpaired_surrogate,
     validate_inline_batch,
     validate_metadata,
 )
@@ -33,34 +30,11 @@ NOT_FINISHED = "The batch has not finished; output.jsonl is available once it re
 
 # --- Create ------------------------------------------------------------------------------------------
 
-def parse_json_body(raw: bytes) -> object:
-    try:
-        payload = json.loads(raw) if raw.strip() else None
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "The body is not valid JSON.") from None
-    except RecursionError:
-        raise ApiError(400, "The body is nested too deeply.") from None
-    if holds_unpaired_surrogate(raw, payload):
-        raise ApiError(400, UNPAIRED_SURROGATE)
-    return payload
-
-
 def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str | None) -> tuple[dict, bool]:
     """Create an inline batch. Returns (batch object, created) — created is False for a replay."""
-    limits = svc.settings
-    if len(raw) > limits.max_body_bytes:
-        raise ApiError(413, f"The request body is larger than the limit of {limits.max_body_bytes} bytes.")
-    intake.check_idempotency_key(idem_key)
-    payload = parse_json_body(raw)
-    try:
-        digest = intake.body_hash(payload)
-    except RecursionError:
-        raise ApiError(400, "The body is nested too deeply.") from None
-    claim = intake.IdempotencyClaim(idem_key, digest) if idem_key else None
-    if claim:
-        existing = intake.replay(svc, principal, claim)
-        if existing:
-            return batch_object(existing), False
+    payload, claim, existing = intake.open_create(svc, principal, raw, idem_key)
+    if existing:
+        return batch_object(existing), False
     intake.admit(svc, principal)
     if isinstance(payload, dict) and payload.get("input_file_id") is not None:
         batch, extra = _file_batch(svc, principal, payload)
@@ -103,7 +77,8 @@ def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[Val
                             "needs a file uploaded with purpose 'batch'.", code="invalid_file_purpose",
                        param="input_file_id")
     extra.update({"input_file_id": file_id, "awaiting_validation": True})
-    return ValidatedBatch(endpoint=endpoint, requests=[], metadata=metadata), extra
+    # A file batch's window is always the 24 hours its completion_window says.
+    return ValidatedBatch(endpoint=endpoint, requests=[], metadata=metadata, window_seconds=24 * 3600), extra
 
 
 # --- Read --------------------------------------------------------------------------------------------

@@ -189,7 +189,7 @@ class Dispatcher:
             return []  # another dispatcher advanced the lane or took the slots; next pass
 
     def _positions(self, batch: dict, model_id: str, lane_next: int, k: int) -> list[Position]:
-        if len(batch["lanes"]) == 1:
+        if len(batch["lanes"]) == 1 and not batch.get("rejected"):  # its one lane is simply 0..n-1
             indexes = list(range(lane_next, lane_next + k))
         else:
             cache_key = (batch["id"], model_id)

@@ -22,7 +22,7 @@ from ..records import Batch, BatchItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from .files import register_result_file
-from .results import EXPORT_PAGE, iter_results
+from .results import EXPORT_PAGE, export_line_of, iter_results
 
 CANCELLED_ERROR = {"code": "batch_cancelled", "message": "Not run: the batch was cancelled."}
 
@@ -46,12 +46,7 @@ def _error_line(r: dict) -> dict | None:
             "error": {"code": error.get("code"), "message": error.get("message")}}
 
 
-def _export_line(r: dict) -> dict:
-    return {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": r["error"]}
-
-
-LINES: dict[str, Callable[[dict], dict | None]] = {"output": _output_line, "error": _error_line,
-                                                    "export": _export_line}
+LINES: dict[str, Callable[[dict], dict | None]] = {"output": _output_line, "error": _error_line}
 
 
 def _key(batch: BatchItem, kind: str) -> str:
@@ -59,7 +54,7 @@ def _key(batch: BatchItem, kind: str) -> str:
 
 
 def _lines(svc: Services, batch: BatchItem, kind: str, start: int, end: int) -> bytes:
-    shape = LINES[kind]
+    shape = export_line_of(batch) if kind == "export" else LINES[kind]
     out = []
     for r in iter_results(svc, batch, start, end):
         line = shape(r)

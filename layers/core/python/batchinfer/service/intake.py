@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..domain import new_batch_id
@@ -26,7 +27,14 @@ from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from .accounts import Principal, quota_used_up
 from .lifecycle import fail_validation
-from .validation import ValidatedBatch, validate_file_lines
+from .validation import (
+    UNPAIRED_SURROGATE,
+    RejectedRequest,
+    ValidatedBatch,
+    ValidRequest,
+    holds_unpaired_surrogate,
+    validate_file_lines,
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,36 @@ def body_hash(payload: object) -> str:
     """The hash of a request body, independent of key order and spacing (what a replay must match)."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def parse_json_body(raw: bytes) -> object:
+    """A create call's body, parsed; anything JSON (or UTF-8) cannot hold is the caller's 400."""
+    try:
+        payload = json.loads(raw) if raw.strip() else None
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "The body is not valid JSON.") from None
+    except RecursionError:
+        raise ApiError(400, "The body is nested too deeply.") from None
+    if holds_unpaired_surrogate(raw, payload):
+        raise ApiError(400, UNPAIRED_SURROGATE)
+    return payload
+
+
+def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None, api: str | None = None
+                ) -> tuple[object, IdempotencyClaim | None, BatchItem | None]:
+    """The first steps of every create call: the body's size, the Idempotency-Key, the parsed body, and the
+    batch an earlier call with the same key and body created (a replay), if any. `api`: part of what a replay
+    must match, so one key cannot answer for two kinds of batch."""
+    if len(raw) > svc.settings.max_body_bytes:
+        raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+    check_idempotency_key(idem_key)
+    payload = parse_json_body(raw)
+    try:
+        digest = body_hash(payload if api is None else {"api": api, "body": payload})
+    except RecursionError:
+        raise ApiError(400, "The body is nested too deeply.") from None
+    claim = IdempotencyClaim(idem_key, digest) if idem_key else None
+    return payload, claim, replay(svc, principal, claim) if claim else None
 
 
 def replay(svc: Services, principal: Principal, claim: IdempotencyClaim) -> BatchItem | None:
@@ -75,13 +113,13 @@ def admit(svc: Services, principal: Principal) -> None:
 
 
 def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
-          extra: dict | None = None) -> tuple[BatchItem, bool]:
+          extra: dict | None = None, new_id: Callable[[], str] = new_batch_id) -> tuple[BatchItem, bool]:
     """Store a new batch. Returns (batch item, created): created is False when a concurrent call with the
     same Idempotency-Key won the race and this call answers with its batch. `extra`: fields of the batch
-    item its API adds (where it came from, how it is shown)."""
+    item its API adds (where it came from, how it is shown); `new_id`: its API's kind of batch id."""
     limits = svc.settings
     try:
-        return _store_new_batch(svc, principal, batch, claim, extra), True
+        return _store_new_batch(svc, principal, batch, claim, extra, new_id()), True
     except ConditionFailed:
         if claim:  # a concurrent call with the same key won the race
             existing = replay(svc, principal, claim)
@@ -95,12 +133,17 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
                             f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
 
 
-def write_requests(svc: Services, batch_id: str, requests: list) -> dict[str, list[int]]:
+def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest]
+                   ) -> dict[str, list[int]]:
     """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
     chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
-    far inside 30 s. Returns each model's positions (its lane)."""
+    far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
+    lane. Returns each model's positions (its lane)."""
     lines, index, offset = [], [], 0
     for req in requests:
+        if isinstance(req, RejectedRequest):
+            index.append([req.custom_id, None, 0, 0, req.error])
+            continue
         line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
         lines.append(line)
         index.append([req.custom_id, req.model_id, offset, len(line)])
@@ -111,29 +154,32 @@ def write_requests(svc: Services, batch_id: str, requests: list) -> dict[str, li
                       json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
     lanes: dict[str, list[int]] = {}
     for position, req in enumerate(requests):
-        lanes.setdefault(req.model_id, []).append(position)
-    if len(lanes) > 1:  # a single-model lane is simply 0..n-1
+        if isinstance(req, ValidRequest):
+            lanes.setdefault(req.model_id, []).append(position)
+    if len(lanes) > 1 or sum(map(len, lanes.values())) < len(requests):  # else its one lane is simply 0..n-1
         for model_id, positions in lanes.items():
             svc.blobs.put(lane_object(batch_id, model_id), json.dumps(positions).encode())
     return lanes
 
 
 def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
-                     extra: dict | None) -> BatchItem:
+                     extra: dict | None, batch_id: str) -> BatchItem:
     s = svc.settings
     now = svc.now()
-    batch_id = new_batch_id()
     if len(batch.requests) > s.max_unfinished_requests:
         raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
     lanes = write_requests(svc, batch_id, batch.requests) if batch.requests else {}
+    rejected = sum(isinstance(r, RejectedRequest) for r in batch.requests)
     if "input_file_id" in (extra or {}):  # the batch's own copy: deleting the upload must not affect it
         svc.blobs.copy(file_object(extra["input_file_id"]), input_file_copy(batch_id))
     item = Batch.new(batch_id=batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
-                     endpoint=batch.endpoint, now=now, expires_at=now + s.batch_completion_window_seconds,
+                     endpoint=batch.endpoint, now=now,
+                     expires_at=now + (batch.window_seconds or s.batch_completion_window_seconds),
                      metadata=batch.metadata, lanes={m: len(p) for m, p in lanes.items()},
                      # Wall-clock microseconds, not the (injectable) service clock: only the order matters here.
                      owner_created_us=time.time_ns() // 1000,
-                     idempotency_key=claim.key if claim else None, extra=extra)
+                     idempotency_key=claim.key if claim else None, extra=extra, rejected=rejected,
+                     status=batch.status)
     t = svc.table
     ops = [Batch.create(t, item),
            Account.reserve_unfinished(t, principal.account_id, item["total"], s.max_unfinished_batches,

@@ -39,6 +39,11 @@ def dispatched_count(batch: BatchItem) -> int:
     return sum(lane["next"] for lane in batch["lanes"].values())
 
 
+def undispatched_count(batch: BatchItem) -> int:
+    """How many of the batch's requests are still to be dispatched (those rejected at intake never are)."""
+    return batch["total"] - batch.get("rejected", 0) - dispatched_count(batch)
+
+
 def stop_batch(svc: Services, batch: BatchItem, stop: Stop) -> bool:
     """Stop a batch from starting requests. Returns False if it was already stopped or finished."""
     # The lanes go in the same transaction, so a stopped batch never keeps a turn at dispatch.
@@ -74,8 +79,7 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
         return batch  # a file batch whose lines are still being checked
     if batch.get("in_flight", 0) > 0:
         return batch
-    dispatched = dispatched_count(batch)
-    if stop is None and (dispatched < batch["total"] or batch.get("open", 0) > 0):
+    if stop is None and (undispatched_count(batch) > 0 or batch.get("open", 0) > 0):
         return batch
     if stop is not None and batch.get("open", 0) > 0:
         _close_waiting(svc, batch, stop)
@@ -99,10 +103,11 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
             sets["export_object"] = export_object(batch_id)
         if batch.get("input_file_id"):
             sets["output_file_id"], sets["error_file_id"] = writing["output"]["file"], writing["error"]["file"]
-    never_started = batch["total"] - dispatched if counts_as_failed_unstarted(stop) else 0
+    never_started = undispatched_count(batch)
     ops = [Batch.finalize(svc.table, batch, final_status(stop), stop, now,
                           retention_ends=now + svc.settings.batch_retention_seconds,
-                          never_started_failed=never_started, export=None, sets=sets),
+                          never_started_failed=never_started if counts_as_failed_unstarted(stop) else 0,
+                          never_started=never_started, export=None, sets=sets),
            Account.release_unfinished(svc.table, batch["account_id"], batch["total"])]
     if batch.get("idempotency_key"):  # the key is remembered until a day after its batch ends
         ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
@@ -151,7 +156,7 @@ def _prepare_writers(svc: Services, batch: BatchItem, now: int, with_files: bool
 
 def due_to_expire(batch: BatchItem, now: int) -> bool:
     """Whether the batch's window closed with requests of it not yet started (and nothing stopped it)."""
-    return not batch.get("stop") and now >= batch["expires_at"] and dispatched_count(batch) < batch["total"]
+    return not batch.get("stop") and now >= batch["expires_at"] and undispatched_count(batch) > 0
 
 
 def cancel(svc: Services, batch: BatchItem) -> BatchItem:

@@ -22,13 +22,22 @@ def owner_page(svc: Services, principal: Principal, record: Any, *, id_prefix: s
         if anchor is None or anchor.get("account_id") != principal.account_id:
             raise ApiError(400, f"after: no {noun} found with id '{after}'.", param="after")
         start = record.owner_cursor(anchor)
+    items, has_more = collect_owned(
+        lambda begin, n: record.of_owner(svc.table, principal.account_id, n, begin, newest_first=newest_first),
+        start, limit, visible)
+    data = [shown(i) for i in items]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+def collect_owned(read: Callable[[dict | None, int], tuple[list[dict], dict | None]], start: dict | None,
+                  limit: int, visible: Callable[[dict], bool]) -> tuple[list[dict], bool]:
+    """Up to `limit` visible items from `start` on, reading pages with `read(start, how_many)`, and whether
+    more follow (one item beyond the page is read to know)."""
     items: list[dict] = []
     while len(items) <= limit:
-        page, start = record.of_owner(svc.table, principal.account_id, limit + 1 - len(items), start,
-                                      newest_first=newest_first)
+        page, start = read(start, limit + 1 - len(items))
         items.extend(i for i in page if visible(i))
         if not start:
             break
-    data = [shown(i) for i in items[:limit]]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
+    return items[:limit], len(items) > limit

@@ -8,7 +8,7 @@ yet dispatched have nothing stored at all and read as queued (or as their stoppe
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error
 from ..layout import INDEX_CHUNK, index_object
@@ -28,8 +28,11 @@ def index_entries(svc: Services, batch_id: str, start: int, end: int) -> list[li
     return entries
 
 
-def _result(svc: Services, batch: BatchItem, index: int, custom_id: str, stored: dict | None) -> dict:
+def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: dict | None) -> dict:
     stop = Stop(batch["stop"]) if batch.get("stop") else None
+    custom_id = entry[0]
+    if stored is None and len(entry) > 4:  # rejected at intake: its error is in its index entry
+        stored = {"state": RequestState.FAILED.value, "error": entry[4]}
     state = RequestState(stored["state"]) if stored else None
     response = None
     error = stored.get("error") if stored else unstarted_error(stop)
@@ -55,16 +58,72 @@ def iter_results(svc: Services, batch: BatchItem, start: int, end: int) -> Itera
                     stored[position[0]] = {"state": group["state"]}
     for offset, entry in enumerate(entries):
         index = start + offset
-        yield _result(svc, batch, index, entry[0], stored.get(index))
+        yield _result(svc, batch, index, entry, stored.get(index))
+
+
+# --- Export lines, by the API the batch belongs to -------------------------------------------------------
+
+def openai_export_line(r: dict) -> dict:
+    """A line of output.jsonl (an OpenAI-shaped batch)."""
+    return {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": r["error"]}
+
+
+# Anthropic's error types, for a stored error: by the backend's HTTP status, else by the service's code.
+_ANTHROPIC_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                             403: "permission_error", 404: "not_found_error", 408: "timeout_error",
+                             413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
+                             504: "timeout_error", 529: "overloaded_error"}
+_ANTHROPIC_TYPE_BY_CODE = {"model_not_found": "not_found_error", "timeout": "timeout_error",
+                           "batch_failed": "authentication_error", "owner_unauthorized": "authentication_error",
+                           "result_too_large": "api_error"}
+
+
+def anthropic_error_type(error: dict) -> str:
+    if error.get("type") in ANTHROPIC_ERROR_TYPES:
+        return error["type"]
+    status = error.get("status")
+    if status in _ANTHROPIC_TYPE_BY_STATUS:
+        return _ANTHROPIC_TYPE_BY_STATUS[status]
+    if isinstance(status, int) and status >= 500:
+        return "api_error"
+    return _ANTHROPIC_TYPE_BY_CODE.get(error.get("code") or "", "invalid_request_error" if status else "api_error")
+
+
+ANTHROPIC_ERROR_TYPES = frozenset({"invalid_request_error", "authentication_error", "billing_error",
+                                   "permission_error", "not_found_error", "rate_limit_error", "timeout_error",
+                                   "api_error", "overloaded_error", "request_too_large"})
+
+
+def message_batch_line(r: dict) -> dict:
+    """A line of a Message Batch's results, as Anthropic's MessageBatchIndividualResponse."""
+    status = r["status"]
+    if status == "completed":
+        result: dict = {"type": "succeeded", "message": r["response"]["body"]}
+    elif status == "cancelled":
+        result = {"type": "canceled"}
+    elif status == "expired":
+        result = {"type": "expired"}
+    else:  # failed (a result is only read once the batch has ended)
+        error = r["error"] or {}
+        inner = {"type": anthropic_error_type(error), "message": error.get("message") or "The request failed."}
+        result = {"type": "errored", "error": {"type": "error", "error": inner,
+                                               **({"request_id": error["request_id"]}
+                                                  if error.get("request_id") else {})}}
+    return {"custom_id": r["custom_id"], "result": result}
+
+
+def export_line_of(batch: BatchItem) -> Callable[[dict], dict]:
+    return message_batch_line if batch.get("api") == "anthropic" else openai_export_line
 
 
 def export_stream(svc: Services, batch: BatchItem) -> Iterator[bytes]:
-    """Every result as a JSONL line, in submission order, a thousand at a time (memory stays flat)."""
+    """Every result as a JSONL line (LF-terminated, none blank: the SDKs' line decoders need both), in
+    submission order, a thousand at a time (memory stays flat)."""
+    shape = export_line_of(batch)
     for start in range(0, batch["total"], EXPORT_PAGE):
         chunk = []
         for r in iter_results(svc, batch, start, min(batch["total"], start + EXPORT_PAGE)):
-            line = {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": r["error"]}
-            chunk.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+            chunk.append(json.dumps(shape(r), separators=(",", ":")).encode() + b"\n")
         yield b"".join(chunk)
 
 

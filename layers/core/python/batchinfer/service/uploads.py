@@ -33,7 +33,7 @@ from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from . import files
 from .accounts import Principal
-from .batches import parse_json_body
+from .intake import parse_json_body
 
 UPLOAD_SECONDS = 3600  # a pending upload expires an hour after it was created, as OpenAI's do
 MAX_PARTS = 1000  # parts one upload may hold (32 MiB in parts of 4 MiB is 8)

@@ -7,6 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..domain import BatchStatus
 from ..errors import ApiError
 from ..runtime import Services
 from .accounts import may_use_model
@@ -24,10 +25,20 @@ class ValidRequest:
 
 
 @dataclass(frozen=True)
+class RejectedRequest:
+    """A request refused at intake while the rest of its batch runs (Message Batches check each on its own)."""
+
+    custom_id: str
+    error: dict  # {code, message, type}: its result
+
+
+@dataclass(frozen=True)
 class ValidatedBatch:
     endpoint: str
-    requests: list[ValidRequest]
+    requests: list[ValidRequest | RejectedRequest]
     metadata: dict | None
+    status: BatchStatus = BatchStatus.VALIDATING  # what it is created as
+    window_seconds: int | None = None  # its completion window, when its API fixes one (else the setting's)
 
 
 def _fault(i: int, custom_id: object, message: str) -> ApiError:
@@ -96,7 +107,7 @@ def allowed_endpoints(svc: Services) -> tuple[str, ...]:
     return (CHAT,)
 
 
-def _non_finite(value: object) -> bool:
+def non_finite(value: object) -> bool:
     """Whether a parsed body holds NaN or Infinity: Python's json reads them, JSON (and the backends) do not."""
     stack = [value]
     while stack:
@@ -113,7 +124,7 @@ def _non_finite(value: object) -> bool:
 
 def _check_body(endpoint: str, body: dict) -> str | None:
     """What is wrong with a body for its endpoint, or None."""
-    if _non_finite(body):
+    if non_finite(body):
         return "body holds NaN or Infinity, which is not valid JSON"
     if body.get("stream") is True:
         return "stream must not be true in a batch"

@@ -138,9 +138,9 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
     return "stale"
 
 
-async def _attempt(model: Model, endpoint: str, body: dict, key: str | None, timeout: float) -> Attempt:
+async def _attempt(model: Model, batch: dict, body: dict, key: str | None, timeout: float) -> Attempt:
     try:
-        return await call_backend(model, endpoint, body, key, timeout)
+        return await call_backend(model, batch["endpoint"], body, key, timeout, version=batch.get("anthropic_version"))
     except Exception as error:  # a bug or an odd answer must not strand the request until its lease ends
         log.exception("backend call failed")
         return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
@@ -177,7 +177,7 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
     body = json.loads(await asyncio.to_thread(svc.blobs.get_range, requests_object(batch_id), req["offset"],
                                               req["length"]))["body"]
     key = await asyncio.to_thread(backend_key, svc, model)
-    attempt = await _attempt(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
+    attempt = await _attempt(model, batch, body, key, svc.settings.backend_timeout_seconds)
     if attempt.status_code == 429:
         await asyncio.to_thread(_backend_said_429, svc, model)
     outcome = _outcome(svc, running, batch_id, model, attempt)
@@ -259,7 +259,7 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
     key = await asyncio.to_thread(backend_key, svc, model)
 
     async def run(position: list, body: dict) -> tuple[Attempt, dict | None]:
-        attempt = await _attempt(model, batch["endpoint"], body, key, svc.settings.backend_timeout_seconds)
+        attempt = await _attempt(model, batch, body, key, svc.settings.backend_timeout_seconds)
         token = new_token()
         outcome = await asyncio.to_thread(_outcome, svc, {"index": position[0], "attempt": 1, "token": token},
                                           running["batch_id"], model, attempt)

@@ -1,14 +1,28 @@
 """`/v1/messages/batches` and `/anthropic/v1/messages/batches`: Anthropic Message Batches (Anthropic's
-error envelope). While they are off, they answer as the specification's "extension is off" table says."""
+error envelope), as the official `anthropic` SDKs call them. Every route needs `anthropic-version`
+(2023-06-01 or 2026-10-21) and refuses `anthropic-beta`. While Message Batches are off, creating one
+answers 403; those already created keep running and stay readable."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from ...errors import ApiError
+from ...runtime import Services
+from ...service import message_batches
 from ...service.accounts import Principal
-from ..auth import caller
+from ..auth import caller, services_of
+from ..bodies import declared_over
 from ..envelopes import ANTHROPIC, AnthropicRoute, error_responses, unmatched_paths_under
+from ..schemas import (
+    ANTHROPIC_HEADERS,
+    CREATE_MESSAGE_BATCH_BODY,
+    DELETED_MESSAGE_BATCH,
+    MESSAGE_BATCH,
+    MESSAGE_BATCH_LIST,
+)
 
 PREFIXES = ("", "/anthropic")  # the service's own base URL, and the one Anthropic clients are given
 
@@ -16,20 +30,86 @@ router = APIRouter(route_class=AnthropicRoute, tags=["message batches"])
 # A path under the Anthropic base URL that no route serves still answers in Anthropic's envelope.
 unmatched_paths_under(ANTHROPIC, "/anthropic/", "/v1/messages")
 
-for prefix in PREFIXES:
-    @router.post(prefix + "/v1/messages/batches", summary="Create a Message Batch (off)",
-                 responses=error_responses(ANTHROPIC, 403))
-    def create_message_batch(who: Principal = Depends(caller)) -> dict:
-        raise ApiError(403, "Message Batches are not enabled.")
 
-    @router.get(prefix + "/v1/messages/batches", summary="List Message Batches", responses=error_responses(ANTHROPIC))
-    def list_message_batches(who: Principal = Depends(caller)) -> dict:
-        return {"data": [], "has_more": False, "first_id": None, "last_id": None}
+def anthropic_version(request: Request) -> str:
+    """The `anthropic-version` the call was made under (checked once the key is: a call without a key is a
+    401 whatever its headers)."""
+    return message_batches.check_headers(request.headers.get("anthropic-version"),
+                                         request.headers.get("anthropic-beta"))
 
-    @router.get(prefix + "/v1/messages/batches/{batch_id}", summary="A Message Batch",
-                responses=error_responses(ANTHROPIC))
-    @router.delete(prefix + "/v1/messages/batches/{batch_id}", summary="Delete a Message Batch",
-                   responses=error_responses(ANTHROPIC))
-    def message_batch_not_found(batch_id: str, who: Principal = Depends(caller)) -> dict:
-        raise ApiError(404, f"No Message Batch found with id '{batch_id}'.")
 
+def _extra(*parts: dict) -> dict:
+    """openapi_extra: the Anthropic headers, plus any other parameters and shapes."""
+    merged: dict = {"parameters": list(ANTHROPIC_HEADERS)}
+    for part in parts:
+        for key, value in part.items():
+            merged[key] = merged.get(key, []) + value if key == "parameters" else value
+    return merged
+
+
+def _add_routes(prefix: str) -> None:
+    base = prefix + "/v1/messages/batches"
+
+    def base_url(request: Request) -> str:
+        """Where the client reached this API: results_url goes back to the same host and base path."""
+        return str(request.base_url).rstrip("/") + prefix
+
+    @router.post(base, summary="Create a Message Batch", responses=error_responses(ANTHROPIC, 403, 409, 410, 413, 429),
+                 openapi_extra=_extra(CREATE_MESSAGE_BATCH_BODY, MESSAGE_BATCH))
+    async def create_message_batch(request: Request, who: Principal = Depends(caller),
+                                   version: str = Depends(anthropic_version), svc: Services = Depends(services_of)
+                                   ) -> JSONResponse:
+        if not svc.settings.message_batches_enabled:  # before reading a body that would be refused anyway
+            raise ApiError(403, "Message Batches are not enabled.")
+        if declared_over(request, svc.settings.max_body_bytes):
+            raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+        raw = await request.body()
+        item, created = await run_in_threadpool(message_batches.create, svc, who, raw,
+                                                request.headers.get("idempotency-key"), version)
+        return JSONResponse(message_batches.message_batch_object(item, base_url(request)),
+                            headers=None if created else {"idempotent-replayed": "true"})
+
+    @router.get(base, summary="List Message Batches, newest first", responses=error_responses(ANTHROPIC),
+                openapi_extra=_extra(MESSAGE_BATCH_LIST))
+    def list_message_batches(request: Request, limit: int = Query(20, description="1-1000"),
+                             after_id: str | None = None, before_id: str | None = None,
+                             who: Principal = Depends(caller), version: str = Depends(anthropic_version),
+                             svc: Services = Depends(services_of)) -> dict:
+        return message_batches.list_page(svc, who, limit, after_id, before_id, base_url(request))
+
+    @router.get(base + "/{batch_id}", summary="Retrieve a Message Batch", responses=error_responses(ANTHROPIC),
+                openapi_extra=_extra(MESSAGE_BATCH))
+    def retrieve_message_batch(request: Request, batch_id: str, who: Principal = Depends(caller),
+                               version: str = Depends(anthropic_version), svc: Services = Depends(services_of)) -> dict:
+        return message_batches.message_batch_object(message_batches.owned(svc, who, batch_id), base_url(request))
+
+    @router.get(base + "/{batch_id}/results", response_model=None,
+                summary="Results, one JSON line per request in submission order, once ended",
+                responses={**error_responses(ANTHROPIC),
+                           200: {"description": "JSONL (LF line endings, no blank lines)",
+                                 "content": {"application/x-jsonl": {}}},
+                           302: {"description": "Large results: a short-lived URL to download them from"}},
+                openapi_extra=_extra())
+    def message_batch_results(batch_id: str, who: Principal = Depends(caller),
+                              version: str = Depends(anthropic_version), svc: Services = Depends(services_of)
+                              ) -> StreamingResponse | RedirectResponse:
+        location = message_batches.results_location(svc, who, batch_id)
+        if location:  # large results: a short-lived presigned S3 URL (the SDK follows the redirect)
+            return RedirectResponse(location, status_code=302)
+        return StreamingResponse(message_batches.results_lines(svc, who, batch_id), media_type="application/x-jsonl")
+
+    @router.post(base + "/{batch_id}/cancel", summary="Cancel: canceling until its running requests finish",
+                 responses=error_responses(ANTHROPIC), openapi_extra=_extra(MESSAGE_BATCH))
+    def cancel_message_batch(request: Request, batch_id: str, who: Principal = Depends(caller),
+                             version: str = Depends(anthropic_version), svc: Services = Depends(services_of)) -> dict:
+        return message_batches.message_batch_object(message_batches.cancel(svc, who, batch_id), base_url(request))
+
+    @router.delete(base + "/{batch_id}", summary="Delete an ended Message Batch with its results",
+                   responses=error_responses(ANTHROPIC), openapi_extra=_extra(DELETED_MESSAGE_BATCH))
+    def delete_message_batch(batch_id: str, who: Principal = Depends(caller),
+                             version: str = Depends(anthropic_version), svc: Services = Depends(services_of)) -> dict:
+        return message_batches.delete(svc, who, batch_id)
+
+
+for _prefix in PREFIXES:
+    _add_routes(_prefix)

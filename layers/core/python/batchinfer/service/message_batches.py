@@ -1,0 +1,315 @@
+"""The Anthropic Message Batches protocol (`/v1/messages/batches`): create, retrieve, list, results, cancel,
+delete, and how a Message Batch looks to Anthropic clients. Storage, scheduling, results and lifecycle are
+the other batches' (`intake`, `results`, `lifecycle`): this module only parses and presents.
+
+What differs from the OpenAI-shaped batches:
+- the whole batch is refused (400) only for its shape: the `requests` array, each `custom_id`
+  (1-64 of letters, digits, `_`, `-`, unique), the request-count and body-size limits. Each request's
+  `params` is then checked on its own, against the rules of the batch's `anthropic-version`; one that cannot
+  run as written is stored as an `errored` result at once and joins no lane, while the others run;
+- a model on an `openai` backend gets each request translated (`messages_to_chat`); what the translation
+  cannot carry makes that request errored, naming the parameter;
+- `request_counts` show every request as `processing` until the batch has ended, and `results_url`
+  appears only then; results and delete answer 400 before.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterator
+
+from ..catalog import MESSAGES_ENDPOINT
+from ..domain import FINAL_BATCH, BatchStatus, Stop, new_message_batch_id
+from ..errors import ApiError
+from ..layout import MESSAGE_BATCH_ID_PREFIX, OWNER_MESSAGE_BATCH_PREFIX
+from ..messages_to_chat import refused_everywhere, untranslatable
+from ..records import Batch, BatchItem
+from ..runtime import Services
+from . import intake, lifecycle, results
+from .accounts import Principal, may_use_model
+from .listing import collect_owned
+from .validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite
+
+API = "anthropic"  # the batch item's `api`
+WINDOW_SECONDS = 24 * 3600  # a Message Batch's completion window is always 24 hours
+
+# The top-level `params` each `anthropic-version` knows: a request naming anything else errors (nothing is
+# dropped). 2023-06-01 keeps the sampling parameters; 2026-10-21 (the 2.x SDKs) has none of them, and
+# adds `speed`.
+_COMMON_PARAMS = frozenset({
+    "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "tools", "tool_choice", "thinking",
+    "service_tier", "stream", "cache_control", "container", "mcp_servers", "output_config", "output_format",
+    "context_management", "inference_geo", "diagnostics"})
+VERSIONS: dict[str, frozenset[str]] = {
+    "2023-06-01": _COMMON_PARAMS | {"temperature", "top_p", "top_k"},
+    "2026-10-21": _COMMON_PARAMS | {"speed"},
+}
+_CUSTOM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ROLES = ("user", "assistant")
+
+NOT_ENDED = ("Message Batch '{id}' has not ended yet (processing_status '{status}'); {what} once it has "
+             "ended. Cancel it to end it sooner.")
+
+
+# --- Headers -----------------------------------------------------------------------------------------
+
+def check_headers(version: str | None, beta: str | None) -> str:
+    """The request's `anthropic-version`, once it is one this service serves; `anthropic-beta` is refused."""
+    if beta is not None:
+        raise ApiError(400, f"anthropic-beta: beta features are not available here (got '{beta}'). Remove the "
+                            "header (use client.messages.batches, not client.beta.messages.batches).",
+                       param="anthropic-beta")
+    if version is None:
+        raise ApiError(400, "anthropic-version: header is required (one of " + ", ".join(VERSIONS) + ").",
+                       param="anthropic-version")
+    if version not in VERSIONS:
+        raise ApiError(400, f"anthropic-version: '{version}' is not a version this service serves; use one of "
+                            + ", ".join(VERSIONS) + ".", param="anthropic-version")
+    return version
+
+
+# --- Create ------------------------------------------------------------------------------------------
+
+def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None, version: str
+           ) -> tuple[BatchItem, bool]:
+    """Create a Message Batch. Returns (batch item, created): created is False for a replay."""
+    limits = svc.settings
+    if not limits.message_batches_enabled:
+        raise ApiError(403, "Message Batches are not enabled.", code="message_batches_disabled")
+    payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, api=API)
+    if existing:
+        return existing, False
+    intake.admit(svc, principal)
+    batch = _validated(svc, principal.account, payload, version)
+    item, created = intake.store(svc, principal, batch, claim, {"api": API, "anthropic_version": version},
+                                 new_id=new_message_batch_id)
+    if created and not item["lanes"]:  # every request errored at intake: it has ended already
+        item = lifecycle.settle_batch(svc, item["id"]) or item
+    return item, created
+
+
+def _validated(svc: Services, account: dict, payload: object, version: str) -> ValidatedBatch:
+    """The batch's shape, checked at once (any fault refuses it), then each request's params on its own."""
+    limits = svc.settings
+    if not isinstance(payload, dict):
+        raise ApiError(400, "The body must be a JSON object with a 'requests' array.")
+    extra = sorted(set(payload) - {"requests"})
+    if extra:
+        raise ApiError(400, f"{extra[0]}: Extra inputs are not permitted.", param=extra[0])
+    requests = payload.get("requests")
+    if not isinstance(requests, list) or not requests:
+        raise ApiError(400, "requests: must be a non-empty array of {custom_id, params}.", param="requests")
+    if len(requests) > limits.max_requests_per_batch:
+        raise ApiError(400, f"requests: the batch holds {len(requests)} requests; at most "
+                            f"{limits.max_requests_per_batch} are allowed. Split it into several batches.",
+                       param="requests")
+    seen: set[str] = set()
+    for i, req in enumerate(requests):
+        where = f"requests[{i}]"
+        if not isinstance(req, dict):
+            raise ApiError(400, f"{where}: must be an object {{custom_id, params}}.", param=where)
+        custom_id = req.get("custom_id")
+        named = f"{where} (custom_id '{custom_id}')" if isinstance(custom_id, str) else where
+        extra = sorted(set(req) - {"custom_id", "params"})
+        if extra:
+            raise ApiError(400, f"{named}.{extra[0]}: Extra inputs are not permitted.", param=f"{where}.{extra[0]}")
+        if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
+            raise ApiError(400, f"{named}.custom_id: must be 1-64 letters, digits, '_' or '-'.",
+                           param=f"{where}.custom_id")
+        if custom_id in seen:
+            raise ApiError(400, f"{named}.custom_id: '{custom_id}' is used more than once; each custom_id must be "
+                                "unique within the batch.", param=f"{where}.custom_id")
+        seen.add(custom_id)
+        if "params" not in req:
+            raise ApiError(400, f"{named}.params: Field required.", param=f"{where}.params")
+    checked = [_checked(svc, account, req["custom_id"], req["params"], version) for req in requests]
+    return ValidatedBatch(endpoint=MESSAGES_ENDPOINT, requests=checked, metadata=None,
+                          status=BatchStatus.IN_PROGRESS, window_seconds=WINDOW_SECONDS)
+
+
+class _Errored(Exception):
+    def __init__(self, message: str, kind: str = "invalid_request_error", code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.error = {"code": code, "type": kind, "message": message}
+
+
+def _checked(svc: Services, account: dict, custom_id: str, params: object, version: str
+             ) -> ValidRequest | RejectedRequest:
+    try:
+        return ValidRequest(custom_id=custom_id, model_id=_model_for(svc, account, params, version), body=params)
+    except _Errored as errored:
+        return RejectedRequest(custom_id=custom_id, error=errored.error)
+
+
+def _model_for(svc: Services, account: dict, params: object, version: str) -> str:
+    """The catalog id of the model a request's params may run on as written, or _Errored saying why not."""
+    if not isinstance(params, dict):
+        raise _Errored("params: must be an object (a Messages API request body).")
+    unknown = sorted(set(params) - VERSIONS[version])
+    if unknown:
+        raise _Errored(f"{unknown[0]}: not a parameter of the Messages API at anthropic-version {version}.")
+    if non_finite(params):
+        raise _Errored("params: holds NaN or Infinity, which is not valid JSON.")
+    name = params.get("model")
+    if not isinstance(name, str) or not name:
+        raise _Errored("model: Field required (a string).")
+    max_tokens = params.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise _Errored("max_tokens: Field required (an integer of at least 1).")
+    _check_messages(params.get("messages"))
+    system = params.get("system")
+    if system is not None and not isinstance(system, str) and not (
+            isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system)):
+        raise _Errored("system: must be a string or an array of text blocks.")
+    if params.get("stream") not in (None, False):
+        raise _Errored("stream: a batched request cannot stream; leave it out.")
+    metadata = params.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise _Errored("metadata: must be an object.")
+        extra = sorted(set(metadata) - {"user_id"})
+        if extra:
+            raise _Errored(f"metadata.{extra[0]}: Extra inputs are not permitted.")
+    refused = refused_everywhere(params)
+    if refused:
+        raise _Errored(refused)
+    model = svc.catalog.lookup(name)
+    if model is None or not may_use_model(account, model.id):
+        raise _Errored(f"model: {name}", kind="not_found_error", code="model_not_found")
+    if model.auto:
+        raise _Errored(f"model: '{name}' is an auto model; auto models cannot be used in a batch.",
+                       code="model_not_found")
+    if not model.serves(MESSAGES_ENDPOINT):
+        raise _Errored(f"model: '{name}' does not serve Messages requests.", code="unsupported_endpoint")
+    assert model.backend is not None
+    if model.backend.kind == "openai":
+        problem = untranslatable(params, model.backend.features)
+        if problem:
+            raise _Errored(problem)
+    return model.id
+
+
+def _check_messages(messages: object) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise _Errored("messages: Field required (a non-empty array).")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise _Errored(f"messages[{i}].role: must be 'user' or 'assistant'.")
+        content = message.get("content")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list) or not all(isinstance(b, dict) and isinstance(b.get("type"), str)
+                                                    for b in content):
+            raise _Errored(f"messages[{i}].content: must be a string or an array of content blocks, each with "
+                           "a type.")
+
+
+# --- Read --------------------------------------------------------------------------------------------
+
+def _rfc3339(epoch: int | None) -> str | None:
+    if epoch is None:
+        return None
+    return dt.datetime.fromtimestamp(int(epoch), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ended(item: BatchItem) -> bool:
+    return item["status"] in FINAL_BATCH
+
+
+def request_counts(item: BatchItem) -> dict:
+    """Anthropic's five counters: all `processing` until the batch has ended; then they add up to the total."""
+    total = item["total"]
+    if not ended(item):
+        return {"processing": total, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+    stop = item.get("stop")
+    unstarted = int(item.get("unstarted", 0))
+    canceled = unstarted if stop == Stop.CANCEL.value else 0
+    expired = unstarted if stop == Stop.EXPIRE.value else 0
+    succeeded = int(item.get("completed", 0))
+    return {"processing": 0, "succeeded": succeeded, "errored": total - succeeded - canceled - expired,
+            "canceled": canceled, "expired": expired}
+
+
+def message_batch_object(item: BatchItem, base_url: str) -> dict:
+    """The batch as Anthropic's MessageBatch. `base_url`: where the client reached this API (its results_url
+    is on the same host and base path, so the SDK's second request comes back here)."""
+    status = item["status"]
+    ended_at = next((item[f"{s}_at"] for s in ("completed", "cancelled", "expired", "failed")
+                     if item.get(f"{s}_at") is not None), None)
+    processing = "ended" if ended(item) else "canceling" if status == BatchStatus.CANCELLING.value else "in_progress"
+    return {
+        "id": item["id"], "type": "message_batch", "processing_status": processing,
+        "request_counts": request_counts(item),
+        "ended_at": _rfc3339(ended_at) if ended(item) else None,
+        "created_at": _rfc3339(item["created_at"]), "expires_at": _rfc3339(item["expires_at"]),
+        "archived_at": None, "cancel_initiated_at": _rfc3339(item.get("cancelling_at")),
+        "results_url": f"{base_url}/v1/messages/batches/{item['id']}/results" if ended(item) else None,
+    }
+
+
+def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
+    """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
+    item = Batch.get(svc.table, batch_id) if batch_id.startswith(MESSAGE_BATCH_ID_PREFIX) else None
+    if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
+        raise ApiError(404, f"No Message Batch found with id '{batch_id}'.", code="batch_not_found")
+    return item
+
+
+def list_page(svc: Services, principal: Principal, limit: int, after_id: str | None, before_id: str | None,
+              base_url: str) -> dict:
+    """One page of the account's Message Batches, newest first: after `after_id` (older ones) or before
+    `before_id` (newer ones, the page nearest to it), as the SDK pages with first_id and last_id."""
+    if not 1 <= limit <= 1000:
+        raise ApiError(400, "limit: must be between 1 and 1000.", param="limit")
+    if after_id and before_id:
+        raise ApiError(400, "Give after_id or before_id, not both.", param="before_id")
+    anchor_id = after_id or before_id
+    start = None
+    if anchor_id:
+        name = "after_id" if after_id else "before_id"
+        anchor = Batch.get(svc.table, anchor_id) if anchor_id.startswith(MESSAGE_BATCH_ID_PREFIX) else None
+        if anchor is None or anchor.get("account_id") != principal.account_id:
+            raise ApiError(400, f"{name}: no Message Batch found with id '{anchor_id}'.", param=name)
+        start = Batch.owner_cursor(anchor)
+    newest_first = before_id is None
+    items, has_more = collect_owned(
+        lambda begin, n: Batch.of_owner(svc.table, principal.account_id, n, begin, newest_first=newest_first,
+                                        prefix=OWNER_MESSAGE_BATCH_PREFIX),
+        start, limit, visible=lambda b: not b.get("deleting"))
+    if not newest_first:
+        items.reverse()  # read oldest first from the anchor; shown newest first like every page
+    data = [message_batch_object(i, base_url) for i in items]
+    return {"data": data, "has_more": has_more, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
+
+
+def _ended_batch(svc: Services, principal: Principal, batch_id: str, what: str) -> BatchItem:
+    item = owned(svc, principal, batch_id)
+    if not ended(item):
+        processing = message_batch_object(item, "")["processing_status"]
+        raise ApiError(400, NOT_ENDED.format(id=batch_id, status=processing, what=what))
+    return item
+
+
+def results_location(svc: Services, principal: Principal, batch_id: str) -> str | None:
+    """A short-lived URL of the results written when a large batch ended, or None to stream them."""
+    return results.export_location(svc, _ended_batch(svc, principal, batch_id, "results can be read"))
+
+
+def results_lines(svc: Services, principal: Principal, batch_id: str) -> Iterator[bytes]:
+    """One JSON line per request, in submission order, LF-terminated and none blank."""
+    return results.export_stream(svc, _ended_batch(svc, principal, batch_id, "results can be read"))
+
+
+# --- Cancel and delete -------------------------------------------------------------------------------
+
+def cancel(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
+    """Canceling until its running requests finish, then ended with the unstarted ones canceled."""
+    return lifecycle.cancel(svc, owned(svc, principal, batch_id))
+
+
+def delete(svc: Services, principal: Principal, batch_id: str) -> dict:
+    item = _ended_batch(svc, principal, batch_id, "it can be deleted")
+    lifecycle.purge_batch(svc, item)
+    return {"id": batch_id, "type": "message_batch_deleted"}
