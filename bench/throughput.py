@@ -12,6 +12,7 @@ import time
 import httpx
 
 from batchinfer.layout import model_budget_key
+from bench.calls import recording
 from bench.common import chat, command_line, create, local_stack, median, wait
 
 # How often the benchmark asks the API whether the batch is done, as a user would; every poll is a few
@@ -29,6 +30,15 @@ async def direct(url: str, bodies: list[dict], concurrency: int) -> float:
         start = time.monotonic()
         await asyncio.gather(*(one(b) for b in bodies))
         return time.monotonic() - start
+
+
+def refill_gap(timeline: list[list[float]], slots: int) -> float:
+    """The median time a freed slot waits for its next call: with `slots` calls at most in flight, the k-th
+    call to start (k > slots) took the slot the (k - slots)-th answer freed."""
+    starts = sorted(t[0] for t in timeline)
+    ends = sorted(t[1] for t in timeline)
+    gaps = [max(0.0, starts[k] - ends[k - slots]) for k in range(slots, len(starts))]
+    return median(gaps) if gaps else 0.0
 
 
 def one_run(svc, session, base: str, n: int, budget: int, run: int) -> dict:
@@ -53,6 +63,7 @@ def one_run(svc, session, base: str, n: int, budget: int, run: int) -> dict:
     ended_epoch = time.time()
     done.set()
     stats = httpx.get(f"{sim_url}/_sim/stats").json()
+    timeline = httpx.get(f"{sim_url}/_sim/timeline").json()["requests"]
     bodies = [dict(r["body"], model="glm-5.3-flash") for r in reqs]
     direct_wall = asyncio.run(direct(f"{sim_url}/v1/chat/completions", bodies, budget))
     # Where the time goes: how full the backend was kept between its first call and its last answer (slots
@@ -60,6 +71,7 @@ def one_run(svc, session, base: str, n: int, budget: int, run: int) -> dict:
     # final status and the poll that sees it).
     span = stats["last_ended_at"] - stats["first_started_at"]
     return {"final": final, "wall": wall, "direct": direct_wall, "peak_counter": peak["in_flight"],
+            "gap": refill_gap(timeline, budget),
             "peak_backend": stats["max_in_flight"], "occupancy": stats["busy_seconds"] / (budget * span),
             "span": span, "before": stats["first_started_at"] - started_epoch,
             "after": ended_epoch - stats["last_ended_at"]}
@@ -77,8 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(args.runs):
         # A fresh stack per run: moto answers a GSI query by scanning the whole table, so a table still
         # holding earlier runs' requests slows every later run (DynamoDB's queries cost what they return).
-        with local_stack(latency=latency, budget=budget) as (svc, session, base):
+        with local_stack(latency=latency, budget=budget) as (svc, session, base), recording(svc) as rec:
             runs.append(one_run(svc, session, base, n, budget, i))
+            ours = [c for c in rec.calls if c.label not in ("bench", "api", "other")]  # the pipeline's own
+            runs[-1]["calls"] = {service: sum(c.service == service for c in ours) / n
+                                 for service in ("dynamodb", "sqs", "s3")}
     limit = budget / latency
 
     def med(key: str) -> float:
@@ -103,6 +118,12 @@ def main(argv: list[str] | None = None) -> None:
           f"from its first call to its last answer ({med('span'):.1f} s); {med('before'):.1f} s before the first "
           f"call, {med('after'):.1f} s after the last answer; a freed slot waits ~"
           f"{latency * (1 / occupancy - 1) * 1000:.0f} ms to be refilled per {latency:g} s request")
+    gaps = [r["gap"] * 1000 for r in runs]
+    print(f"  median gap between an answer and the next call on the freed slot: {median(gaps):.1f} ms "
+          f"{each(gaps, '.1f')}")
+    calls = {service: median([r["calls"][service] for r in runs]) for service in ("dynamodb", "sqs", "s3")}
+    print("  AWS calls per request (median) of the dispatcher, workers, sweeper and event source mapping: "
+          + ", ".join(f"{s} {v:.2f}" for s, v in calls.items()) + " (the create call and the polls not counted)")
     print(f"  reproduce: {command_line('bench.throughput')}")
 
 

@@ -28,7 +28,8 @@ Control API:
   GET/PUT /_sim/config      read / update any subset of the SimConfig fields (seed re-seeds)
   GET /_sim/stats           total_requests, by_status, by_path, in_flight, max_in_flight, busy_seconds (the sum
                             of every request's time in flight), first_started_at, last_ended_at (epoch seconds)
-  POST /_sim/stats/reset    reset the counters and the flaky-attempt memory
+  GET /_sim/timeline        [started, ended] (epoch seconds) of every request since the last reset
+  POST /_sim/stats/reset    reset the counters, the timeline and the flaky-attempt memory
 Run: python -m local.simulated_backend --host 127.0.0.1 --port 8100 [--latency 0.0] [--rate-429 0]
      [--rate-500 0] [--rate-timeout 0] [--timeout-sleep 30] [--seed 0]   (defaults from SIM_* env vars)
 """
@@ -57,6 +58,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_BIG_BYTES = 64 * 1024 * 1024
+TIMELINE_MAX = 200_000  # requests whose start and end times GET /_sim/timeline keeps (since the last reset)
 EMBEDDING_DIM = 8
 _WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "granite", "harbor",
           "indigo", "juniper", "kestrel", "lagoon", "meadow", "nimbus", "orchid", "quartz")
@@ -286,6 +288,7 @@ class _SimState:
         self.busy_seconds = 0.0
         self.first_started_at: float | None = None
         self.last_ended_at: float | None = None
+        self.timeline: list[tuple[float, float]] = []  # (started, ended) of each request, the last TIMELINE_MAX
 
     def stats(self) -> dict[str, Any]:
         return {"total_requests": self.total, "by_status": dict(sorted(self.by_status.items())),
@@ -367,6 +370,8 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
             state.by_status[str(status)] += 1
             state.last_ended_at = time.time()
             state.busy_seconds += state.last_ended_at - started
+            if len(state.timeline) < TIMELINE_MAX:
+                state.timeline.append((started, state.last_ended_at))
 
     return endpoint
 
@@ -407,6 +412,10 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
     @app.get("/_sim/stats")
     async def get_stats() -> dict[str, Any]:
         return state.stats()
+
+    @app.get("/_sim/timeline")
+    async def get_timeline() -> dict[str, Any]:
+        return {"requests": [[round(a, 6), round(b, 6)] for a, b in state.timeline]}
 
     @app.post("/_sim/stats/reset")
     async def reset_stats() -> dict[str, Any]:

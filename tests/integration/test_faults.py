@@ -1263,3 +1263,173 @@ def test_message_batch_window_closing_expires_unstarted_requests(svc, sim_contro
     assert message_batches.request_counts(final) == {"processing": 0, "succeeded": 2, "errored": 1,
                                                      "canceled": 0, "expired": 4}
     assert sim_stats(sim_control)["total_requests"] == 2
+
+
+# --- The slot pump: a worker holding slots and claims ahead (service.work.SlotPump) ------------------------
+
+def budget_in_flight(svc, model: str = GLM) -> int:
+    return int((svc.table.get(*model_budget_key(model)) or {}).get("in_flight", 0))
+
+
+def slot_leases(svc, model: str = GLM) -> list[dict]:
+    return list(svc.table.query_all("pk = :pk AND begins_with(sk, :s)", {":pk": f"MODEL#{model}", ":s": "SLOTS#"},
+                                    consistent=True))
+
+
+def run_pump(svc, slots: int, seconds: float = 30.0) -> Counter:
+    """One worker invocation's pump on GLM, as process_and_pull runs it after its message."""
+    deadline = time.monotonic() + seconds
+    return asyncio.run(work.SlotPump(svc, svc.catalog.get(GLM), deadline).run(slots))
+
+
+def test_pump_runs_a_batch_within_its_slots_and_gives_them_back(svc, sim_control):
+    set_budgets(svc, {GLM: 4})
+    sim_config(sim_control, latency_seconds=0.05)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"p-{i}", f"pumped {i}" + (" [[sim:flaky:1:500]]" if i == 5 else "")) for i in range(30)]
+    batch_id = submit(svc, who, requests)
+
+    outcome = run_pump(svc, slots=10)
+
+    assert outcome["completed"] >= 29, outcome
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 4  # the budget's 4, not the 10 asked for
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 30
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control, monkeypatch):
+    configure(svc, lease_seconds=60)
+    set_budgets(svc, {GLM: 4})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"d-{i}", f"dies pumping {i}") for i in range(12)]
+    batch_id = submit(svc, who, requests)
+    calls = []
+    real_attempt = work._attempt
+
+    async def attempt_then_die(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 3:  # the process dies: nothing it does from here on reaches the table
+            raise SystemExit("worker process died")
+        return await real_attempt(*args, **kwargs)
+
+    monkeypatch.setattr(work, "_attempt", attempt_then_die)
+    for name in ("close_group", "give_back_slots", "record_position"):
+        real = getattr(work, name)
+
+        def dead(*args, real=real, **kwargs):
+            if len(calls) > 3:
+                raise SystemExit("worker process died")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(work, name, dead)
+    with pytest.raises(BaseException):  # noqa: B017 - whatever the dying process raised
+        run_pump(svc, slots=4)
+    monkeypatch.undo()
+    assert budget_in_flight(svc) == 4 and len(slot_leases(svc)) == 1  # slots held by a dead worker
+
+    sweep_once(svc)
+    assert budget_in_flight(svc) == 4  # nothing is recovered before its lease runs out
+    svc.clock.advance(61)
+    sweep_once(svc)
+    assert slot_leases(svc) == [] and budget_in_flight(svc) == 0  # the lease's slots went back
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 12
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_control, monkeypatch):
+    from batchinfer.service.sweep import _recover_group
+
+    configure(svc, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"h-{i}", f"hand back {i}") for i in range(8)]
+    batch_id = submit(svc, who, requests)
+    real_attempt = work._attempt
+    recovered = []
+
+    async def attempt(model, batch, body, *args, **kwargs):
+        if not recovered:  # the sweeper recovers the first group while its members are queued or running
+            groups = list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)",
+                                              {":pk": f"BATCH#{batch_id}", ":g": "GRP#"}, consistent=True))
+            recovered.append(groups[0]["sk"])
+            await asyncio.to_thread(_recover_group, svc, groups[0])
+        return await real_attempt(model, batch, body, *args, **kwargs)
+
+    monkeypatch.setattr(work, "_attempt", attempt)
+    outcome = run_pump(svc, slots=2, seconds=5)
+    monkeypatch.undo()
+
+    assert outcome["lease_lost"] > 0, outcome  # the pump's writes for that group lost to the recovery
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 8
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypatch):
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"w-{i}", f"window {i}") for i in range(20)]
+    batch_id = submit(svc, who, requests)
+    real_attempt = work._attempt
+    after_close = []
+
+    async def attempt(*args, **kwargs):
+        if svc.clock.offset:
+            after_close.append(1)
+        answer = await real_attempt(*args, **kwargs)
+        svc.clock.advance(601) if not svc.clock.offset else None  # the window closes after the first answer
+        return answer
+
+    monkeypatch.setattr(work, "_attempt", attempt)
+    outcome = run_pump(svc, slots=2, seconds=5)
+    monkeypatch.undo()
+
+    assert outcome["handed_back"] > 0, outcome  # claimed ahead, never started: handed back
+    assert len(after_close) <= 1  # at most the call that was already running on the other slot
+    final = pump(svc, batch_id)
+    assert final["status"] == "expired"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == final["completed"] <= 3
+
+
+def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
+    from batchinfer.service.capacity import track_interactive
+
+    set_budgets(svc, {GLM: 8})
+    svc.catalog = Catalog(models=[m.model_copy(update={"batch_floor": 2}) if m.id == GLM else m
+                                  for m in svc.catalog.models])
+    sim_config(sim_control, latency_seconds=0.3)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"s-{i}", f"shrink {i}") for i in range(60)]
+    batch_id = submit(svc, who, requests)
+    seen: list[int] = []
+
+    def interactive_load_arrives() -> None:
+        time.sleep(1.0)
+        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
+        time.sleep(0.3 + 2 * work.SlotPump.POLL_SECONDS + 0.2)  # running calls may finish; then no new ones
+        for _ in range(10):
+            seen.append(sim_stats(sim_control)["in_flight"])
+            time.sleep(0.1)
+        track_interactive(svc, GLM, -6)
+
+    load = threading.Thread(target=interactive_load_arrives)
+    load.start()
+    run_pump(svc, slots=8, seconds=4)
+    load.join()
+
+    assert max(seen) <= 2, seen  # the pump kept to the shrunk budget
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 60
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])

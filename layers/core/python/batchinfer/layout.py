@@ -60,6 +60,11 @@ def model_budget_key(model_id: str) -> tuple[str, str]:
     return f"MODEL#{model_id}", "BUDGET"
 
 
+def slot_lease_key(model_id: str, lease_id: str) -> tuple[str, str]:
+    """A slot lease: some of a model's batch slots, held by one worker invocation (service.work's pump)."""
+    return f"MODEL#{model_id}", f"SLOTS#{lease_id}"
+
+
 def lane_key(model_id: str, created_at: int, batch_id: str) -> tuple[str, str]:
     """A lane: the undispatched requests of one batch on one model; exists while it has any."""
     return f"MODEL#{model_id}", f"LANE#{created_at:012d}#{batch_id}"

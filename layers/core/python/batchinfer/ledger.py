@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
 from .layout import group_key, request_key, retry_due
-from .records import Account, Batch, Budget, Group, Lane, Request, Usage
+from .records import Account, Batch, Budget, Group, Lane, Request, SlotLease, Usage
 from .runtime import Services
 
 SLOT_HOLDERS = (RequestState.DISPATCHED, RequestState.RUNNING)
@@ -64,14 +64,16 @@ class Moves:
     account_in_flight: int = 0
     cost_usd: float = 0.0
 
-    def add(self, was: RequestState, outcome: Settlement, stop: Stop | None) -> None:
+    def add(self, was: RequestState, outcome: Settlement, stop: Stop | None, leased: bool = False) -> None:
+        """`leased`: the request ran in a SlotLease's slots, which go back to the budget with the lease."""
         def bump(counters: dict, name: str, by: float) -> None:
             counters[name] = counters.get(name, 0) + by
 
         request_transition(was, outcome.to)
         if was in SLOT_HOLDERS:  # the slot goes back
             bump(self.batch, "in_flight", -1)
-            bump(self.model, "in_flight", -1)
+            if not leased:
+                bump(self.model, "in_flight", -1)
             self.account_in_flight -= 1
         if outcome.to in (RequestState.COMPLETED, RequestState.FAILED, RequestState.UNSTARTED):
             bump(self.batch, "#open", -1)
@@ -114,7 +116,7 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
               if (value := getattr(outcome, name)) is not None}
     ops = [Request.move(svc.table, req, outcome.to, new_token(), now, due=due, fields=fields, extra=outcome.extra)]
     moves = Moves()
-    moves.add(RequestState(req["state"]), outcome, stop)
+    moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")))
     svc.table.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"]))
 
 
@@ -141,19 +143,23 @@ def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: 
 
 def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
                     model_cap: int, account_cap: int, interactive_seen: int | None = None,
-                    running: bool = False) -> list[dict]:
+                    running: bool = False, slot_lease: dict | None = None) -> list[dict]:
     """Dispatch the lane's next positions as groups: take their slots, advance the lane, create the groups.
 
     A group is one lease over up to GROUP_MAX requests: one item, one queue message, one start and one
     outcome transaction for all of them. Request items are written only when a request has an outcome.
-    `running`: the claimant runs the groups itself at once, so they start now (no separate start)."""
+    `running`: the claimant runs the groups itself at once, so they start now (no separate start).
+    `slot_lease`: they run in that SlotLease's slots, so only the account's slots are taken."""
     now = svc.now()
     t = svc.table
     k = len(positions)
     lane = batch["lanes"][model_id]
     ops = [Batch.claim_lane(t, batch, model_id, lane_next, k, now)]
-    ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap,
-                     interactive_seen=interactive_seen)
+    if slot_lease is None:
+        ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap,
+                         interactive_seen=interactive_seen)
+    else:
+        ops.append(Account.take(t, batch["account_id"], k, account_cap))
     groups = []
     for at in range(0, k, GROUP_MAX):
         members = positions[at:at + GROUP_MAX]
@@ -161,7 +167,7 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
         group = Group.new(pk=pk, sk=sk, batch=batch, model_id=model_id,
                           positions=[[p.index, p.custom_id, p.offset, p.length] for p in members], running=running,
                           token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
-                          item_ttl=_items_ttl(svc, batch))
+                          item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None)
         groups.append(group)
         ops.append(Group.create(t, group))
     if lane_next + k >= lane["total"]:
@@ -234,22 +240,45 @@ def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict
     moves = Moves()
     for item in (*written, *new):
         outcome, stop = tallied(item)
-        moves.add(RequestState(group["state"]), outcome, stop)
+        moves.add(RequestState(group["state"]), outcome, stop, leased=bool(group.get("slot_lease")))
     t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"]))
 
 
 def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int,
-                interactive_seen: int | None = None) -> dict:
-    """waiting -> dispatched: a request whose wait is over takes a slot again."""
+                interactive_seen: int | None = None, slot_lease: dict | None = None) -> dict:
+    """waiting -> dispatched: a request whose wait is over takes a slot again (or runs in `slot_lease`'s)."""
     now = svc.now()
     t = svc.table
     token = new_token()
-    ops = [Request.dispatch_retry(t, req, token, now + svc.settings.lease_seconds),
+    lease_id = slot_lease["id"] if slot_lease else None
+    ops = [Request.dispatch_retry(t, req, token, now + svc.settings.lease_seconds, slot_lease=lease_id),
            Batch.take_retry_slot(t, req["batch_id"])]
-    ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap, from_waiting=True,
-                     interactive_seen=interactive_seen)
+    if slot_lease is None:
+        ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap, from_waiting=True,
+                         interactive_seen=interactive_seen)
+    else:
+        ops += [Account.take(t, req["account_id"], 1, account_cap), Budget.add(t, req["model"], {"waiting": -1})]
     t.transact(ops)
-    return {**req, "state": RequestState.DISPATCHED.value, "token": token}
+    claimed = {**req, "state": RequestState.DISPATCHED.value, "token": token}
+    claimed.pop("slot_lease", None)
+    return {**claimed, "slot_lease": lease_id} if lease_id else claimed
+
+
+def take_slots(svc: Services, model_id: str, k: int, cap: int, interactive_seen: int | None) -> dict:
+    """A SlotLease of k of the model's slots, within its cap (ConditionFailed: not that many are free)."""
+    now = svc.now()
+    lease = SlotLease.new(model_id, new_token(), k, new_token(), now, now + svc.settings.lease_seconds)
+    svc.table.transact([Budget.take(svc.table, model_id, k, cap, interactive_seen, from_waiting=False),
+                        SlotLease.create(svc.table, lease)])
+    return lease
+
+
+def give_back_slots(svc: Services, lease: dict, n: int) -> dict | None:
+    """n of the lease's slots back to the budget; returns the lease as it is now (None once it has ended).
+    ConditionFailed: the sweeper recovered it first (its slots went back then)."""
+    svc.table.transact(SlotLease.give_back(svc.table, lease, n))
+    left = int(lease["slots"]) - n
+    return {**lease, "slots": left} if left > 0 else None
 
 
 def queue_message(unit: dict) -> dict:

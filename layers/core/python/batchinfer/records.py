@@ -47,6 +47,7 @@ from .layout import (
     request_key,
     request_sk,
     retry_due,
+    slot_lease_key,
     upload_key,
     usage_key,
 )
@@ -111,6 +112,7 @@ class GroupItem(TypedDict, total=False):
     created_at: int
     started_at: int
     item_ttl: int  # the TTL its members' items get
+    slot_lease: str  # the SlotLease its members run in, if any (they hold no budget slots of their own)
 
 
 class RequestItem(TypedDict, total=False):
@@ -132,6 +134,7 @@ class RequestItem(TypedDict, total=False):
     due_pk: str  # a retry's or a lease's due time (by_due)
     due_at: int
     group_token: str  # for a group member: the group that wrote it
+    slot_lease: str  # a retry dispatched in a SlotLease's slots
     tally: dict  # for a group member: what its outcome adds to the counters
     ttl: int
 
@@ -393,11 +396,16 @@ class Group:
 
     @staticmethod
     def new(*, pk: str, sk: str, batch: BatchItem, model_id: str, positions: list[list], running: bool,
-            token: str, now: int, lease_ends: int, item_ttl: int) -> GroupItem:
+            token: str, now: int, lease_ends: int, item_ttl: int, slot_lease: str | None = None) -> GroupItem:
+        """`slot_lease`: the SlotLease whose slots its members run in (they take none of the budget's)."""
         state = request_transition(None, RequestState.RUNNING if running else RequestState.DISPATCHED)
-        return {"pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
-                "first": positions[0][0], "positions": positions, "state": state.value, "token": token,
-                "due_pk": LEASE_DUE, "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
+        group: GroupItem = {
+            "pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
+            "first": positions[0][0], "positions": positions, "state": state.value, "token": token,
+            "due_pk": LEASE_DUE, "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
+        if slot_lease:
+            group["slot_lease"] = slot_lease
+        return group
 
     @staticmethod
     def create(t: Table, group: GroupItem) -> Op:
@@ -483,13 +491,20 @@ class Request:
                            condition="#state = :expect AND #token = :token")
 
     @staticmethod
-    def dispatch_retry(t: Table, req: RequestItem, new_token: str, lease_ends: int) -> Op:
-        """waiting -> dispatched: from the retry partition of `by_due` to the lease partition."""
+    def dispatch_retry(t: Table, req: RequestItem, new_token: str, lease_ends: int,
+                       slot_lease: str | None = None) -> Op:
+        """waiting -> dispatched: from the retry partition of `by_due` to the lease partition (in a
+        SlotLease's slots, or in a budget slot of its own)."""
         to = request_transition(req["state"], RequestState.DISPATCHED)
-        return t.op_update(*request_key(req["batch_id"], req["index"]),
-                           "SET #state = :d, #token = :new, due_pk = :lease, due_at = :at",
-                           vals={":d": to.value, ":new": new_token, ":lease": LEASE_DUE, ":at": lease_ends,
-                                 ":w": RequestState.WAITING.value, ":old": req["token"]},
+        vals = {":d": to.value, ":new": new_token, ":lease": LEASE_DUE, ":at": lease_ends,
+                ":w": RequestState.WAITING.value, ":old": req["token"]}
+        expression = "SET #state = :d, #token = :new, due_pk = :lease, due_at = :at"
+        if slot_lease:
+            expression += ", slot_lease = :sl"
+            vals[":sl"] = slot_lease
+        else:
+            expression += " REMOVE slot_lease"
+        return t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
                            condition="#state = :w AND #token = :old")
 
     @staticmethod
@@ -572,6 +587,40 @@ class Budget:
         else:
             t.update(*model_budget_key(model_id), "SET adaptive_cap = :new, probed_at = :now",
                      vals={":new": new_cap, ":now": now, ":old": old_cap}, condition="adaptive_cap = :old")
+
+
+class SlotLease:
+    """Some of a model's batch slots, taken from its budget once and held by one worker invocation, which
+    keeps that many backend calls in flight from requests it claimed (`service.work.SlotPump`). Groups and
+    retries claimed under a lease take no budget slots of their own, and give none back when they end: the
+    lease's slots go back when it is released, or when the sweeper recovers it once its lease runs out (the
+    worker died). Every change is fenced by the lease's token."""
+
+    @staticmethod
+    def new(model_id: str, lease_id: str, slots: int, token: str, now: int, lease_ends: int) -> dict:
+        pk, sk = slot_lease_key(model_id, lease_id)
+        return {"pk": pk, "sk": sk, "id": lease_id, "model": model_id, "slots": slots, "token": token,
+                "created_at": now, "due_pk": LEASE_DUE, "due_at": lease_ends}
+
+    @staticmethod
+    def create(t: Table, lease: dict) -> Op:
+        return t.op_put(lease, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def get(t: Table, model_id: str, lease_id: str) -> dict | None:
+        return t.get(*slot_lease_key(model_id, lease_id))
+
+    @staticmethod
+    def give_back(t: Table, lease: dict, n: int) -> list[Op]:
+        """n of the lease's slots back to the model's budget (all of them: the lease ends)."""
+        key = slot_lease_key(lease["model"], lease["id"])
+        vals = {":t": lease["token"], ":held": int(lease["slots"])}
+        condition = "#token = :t AND slots = :held"  # fenced on what the last change left
+        if n >= int(lease["slots"]):
+            release = t.op_delete(*key, condition=condition, vals=vals)
+        else:
+            release = t.op_update(*key, "ADD slots :minus", vals={**vals, ":minus": -n}, condition=condition)
+        return [release, t.op_update(*model_budget_key(lease["model"]), "ADD in_flight :minus", vals={":minus": -n})]
 
 
 # --- Account and its day's usage ----------------------------------------------------------------------

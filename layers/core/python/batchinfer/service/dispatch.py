@@ -35,6 +35,7 @@ class Dispatcher:
         self._chunks: dict[tuple[str, int], list] = {}
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
         self.interactive_seen = 0  # the model's interactive count the last claim's cap was computed from
+        self.slot_lease: dict | None = None  # the SlotLease the current claim's work runs in, if any
 
     def run(self, seconds: float) -> int:
         """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
@@ -70,17 +71,21 @@ class Dispatcher:
                 log.warning("SQS refused %d messages for %s; the lease recovers them", len(failed), model.id)
         return sum(len(unit.get("positions", [unit])) for unit in dispatched)
 
-    def claim(self, model: Model, limit: int | None = None) -> list[dict]:
+    def claim(self, model: Model, limit: int | None = None, slot_lease: dict | None = None,
+              budget_item: dict | None = None) -> list[dict]:
         """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
         retries first, then batches in turn. Returns what was dispatched (not yet sent): retried requests,
-        and groups of first attempts."""
+        and groups of first attempts. With `slot_lease` (and the `budget_item` its holder just read), they
+        run in the lease's slots: `limit` of them, whatever the budget has free."""
         svc = self.svc
         self.batches_seen = {}
-        budget_item = Budget.get(svc.table, model.id)
-        probe_up(svc, model, budget_item)
+        self.slot_lease = slot_lease
+        if slot_lease is None:
+            budget_item = Budget.get(svc.table, model.id)
+            probe_up(svc, model, budget_item)
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
         self.interactive_seen = int((budget_item or {}).get("interactive", 0))
-        free = cap - int((budget_item or {}).get("in_flight", 0))
+        free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:
             free = min(free, limit)
         if free <= 0:
@@ -115,7 +120,7 @@ class Dispatcher:
                 continue
             try:
                 dispatched.append(claim_retry(svc, req, cap, tier_cap(req["account_id"]),
-                                              interactive_seen=self.interactive_seen))
+                                              interactive_seen=self.interactive_seen, slot_lease=slot_lease))
             except ConditionFailed:
                 # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
                 continue
@@ -184,7 +189,8 @@ class Dispatcher:
         positions = self._positions(batch, model.id, lane_next, k)
         try:
             return claim_from_lane(svc, batch, model.id, positions, lane_next, cap, account_cap,
-                                   interactive_seen=self.interactive_seen, running=self.runs_what_it_claims)
+                                   interactive_seen=self.interactive_seen, running=self.runs_what_it_claims,
+                                   slot_lease=self.slot_lease)
         except ConditionFailed:
             return []  # another dispatcher advanced the lane or took the slots; next pass
 

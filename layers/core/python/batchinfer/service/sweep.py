@@ -7,7 +7,7 @@ import logging
 
 from ..domain import FINAL_BATCH, RequestState, Stop
 from ..layout import LEASE_DUE, request_key
-from ..ledger import Settlement, close_group, position_item, settle
+from ..ledger import Settlement, close_group, give_back_slots, position_item, settle
 from ..records import Batch, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
@@ -45,12 +45,19 @@ def _recover_group(svc: Services, group: dict) -> None:
 
 
 def recover_leases(svc: Services, limit: int = 100) -> int:
-    """Requests (and groups) whose lease ran out: the message was lost or the worker died. Put them back."""
+    """Requests, groups and slot leases whose lease ran out: the message was lost or the worker died. Put them
+    back."""
     now = svc.now()
     recovered = 0
     for stale in Request.due_leases(svc.table, now, limit):
         req = svc.table.get(stale["pk"], stale["sk"])
         if not req or req.get("due_pk") != LEASE_DUE or req["due_at"] > now:
+            continue
+        if "slots" in req:  # a SlotLease whose worker died: its slots go back to the budget
+            try:
+                give_back_slots(svc, req, int(req["slots"]))
+            except (ConditionFailed, Throttled):
+                pass  # released meanwhile, or DynamoDB is busy
             continue
         if "positions" in req:
             try:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
-import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass, field
 
 from ..catalog import Model
 from ..domain import Attempt, RequestState, Stop, is_retryable, new_token, next_utc_midnight, retry_delay, utc_day
@@ -17,20 +18,22 @@ from ..layout import group_key, requests_object, result_object
 from ..ledger import (
     Settlement,
     close_group,
+    give_back_slots,
     position_item,
     queue_message,
     record_position,
     settle,
     start,
     start_group,
+    take_slots,
 )
 from ..providers import call_backend
 from ..records import Batch, Budget, Request, key_account_and_usage
 from ..runtime import Services
-from ..storage.dynamo import ConditionFailed
+from ..storage.dynamo import ConditionFailed, Throttled
 from ..storage.secrets import secret_value
 from .accounts import key_problem, may_use_model
-from .capacity import backend_throttled
+from .capacity import backend_throttled, effective_budget
 from .dispatch import Dispatcher
 from .lifecycle import stop_batch
 
@@ -288,32 +291,315 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
     return Counter(item["state"] for item in items)
 
 
-_pullers = threading.local()  # one Dispatcher per thread: its caches and turn are not shared
+@dataclass
+class _GroupRun:
+    """A group the pump claimed: its members' outcomes as they are written, until every member is accounted
+    for (ran and written, or handed back) and the group closes."""
+
+    group: dict
+    batch: dict
+    left: int
+    written: list[dict] = field(default_factory=list)
+    handed_back: list[dict] = field(default_factory=list)
+    lost: bool = False  # a write lost its condition: the sweeper recovered the group first
 
 
-def _claim_next(svc: Services, model_id: str, limit: int) -> list[tuple[dict, dict | None]]:
-    """The model's next due work (retries first, then batches in turn), claimed for this worker to run
-    directly, each with its batch as the claim read it (None for a retry)."""
-    puller = getattr(_pullers, "dispatcher", None)
-    if puller is None or puller.svc is not svc:
-        puller = _pullers.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
-    model = svc.catalog.lookup(model_id)
-    if model is None:
-        return []
-    return [(unit, puller.batches_seen.get(unit["batch_id"])) for unit in puller.claim(model, limit=limit)]
+@dataclass
+class _Member:
+    """One claimed request waiting in the pump's queue for a slot: a group member, or a retry."""
+
+    run: _GroupRun | None = None
+    position: list | None = None
+    body: dict | None = None
+    retry: dict | None = None
+
+
+class SlotPump:
+    """Keeps a model's backend at its budget: a worker invocation holds some of the model's slots (a
+    SlotLease, taken from the budget once, within its cap and fenced by a token) and keeps exactly that many
+    backend calls in flight, from a small local queue of requests it has already claimed. When a call
+    answers, the next claimed request starts at once; its outcome is written beside it (one conditional
+    put per request, the group's close once all its members are written), not before the next call.
+
+    Invariants:
+    - calls in flight <= slots held <= what the budget granted: one runner per slot, and a runner starts a
+      call only while it holds its slot; slots go back only when their runner has stopped;
+    - ownership of work is the ledger's, as for every claim: each claimed request is run at most once per
+      claim and its outcome written exactly once, fenced by its group's token; a member that does not start
+      (the invocation ends, the budget shrinks, its batch stopped or its window closed) is handed back in its
+      group's close as waiting, due at once and never attempted, so it is claimed again like a retry;
+    - claims run ahead of the slots by about one claim's round trip of work (`ahead`), so fairness between
+      batches (the claims' round robin) and the interactive floor hold to within one claim;
+    - the budget is read at least every `POLL_SECONDS`: when it has shrunk (interactive load, 429 back-off)
+      below what is in flight, runners stop after their current call and their slots go back;
+    - a worker that dies holding slots leaves a SlotLease whose lease runs out: the sweeper gives its slots
+      back; its groups are recovered by their own leases, counting no budget slot (they held none).
+    """
+
+    POLL_SECONDS = 0.25  # the budget is read at least this often (interactive load, 429 back-off)
+    IDLE_SECONDS = 1.0  # no work claimed for this long: the pump ends and gives its slots back
+
+    def __init__(self, svc: Services, model: Model, deadline: float) -> None:
+        self.svc, self.model, self.deadline = svc, model, deadline
+        self.lease: dict | None = None
+        self.slots = 0  # runners (and slots) still held
+        self.queue: deque[_Member] = deque()
+        self.busy = 0  # calls in flight
+        self.release = 0  # runners that must stop and give their slot back (the budget shrank)
+        self.done_claiming = False
+        self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
+        self.need = asyncio.Event()  # a runner took work: the claimer may claim more
+        self.writes: set[asyncio.Task] = set()
+        self.outcome: Counter = Counter()
+        self.claim_seconds = 0.05  # moving averages: how long a claim and a call take
+        self.call_seconds = 1.0
+        self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
+        self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
+        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
+        self.key: str | None = None
+        self.giving_back = asyncio.Lock()
+
+    @property
+    def ahead(self) -> int:
+        """Requests claimed beyond the slots: enough to keep them busy for one claim's round trip."""
+        return max(1, min(self.slots, math.ceil(self.slots * self.claim_seconds / max(self.call_seconds, 1e-3)) + 1))
+
+    async def run(self, most: int) -> Counter:
+        """Take up to `most` free slots, keep them busy until the deadline or the work runs out, give them back."""
+        svc, model = self.svc, self.model
+        budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
+        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+        k = min(most, cap - int((budget_item or {}).get("in_flight", 0)))
+        if k <= 0 or time.monotonic() >= self.deadline:
+            return self.outcome
+        try:
+            self.lease = await asyncio.to_thread(take_slots, svc, model.id, k, cap,
+                                                 int((budget_item or {}).get("interactive", 0)))
+        except (ConditionFailed, Throttled):
+            return self.outcome  # another claimant took them first
+        self.slots = k
+        self.key = await asyncio.to_thread(backend_key, svc, model)
+        claimer = asyncio.create_task(self._claim_loop())
+        try:
+            await asyncio.gather(*(self._runner() for _ in range(k)))
+        finally:
+            self.done_claiming = True
+            self.need.set()
+            for failure in await asyncio.gather(claimer, return_exceptions=True):
+                if isinstance(failure, Exception):  # its claims stand; what it queued still runs or goes back
+                    log.error("the pump's claimer stopped: %r", failure)
+            while self.queue:  # claimed but never started: back to waiting, in their groups' close
+                self._hand_back(self.queue.popleft())
+            while self.writes:
+                await asyncio.gather(*list(self.writes), return_exceptions=True)
+            if self.lease is not None:
+                await self._give_back(self.slots)
+        return self.outcome
+
+    # --- Slots ---------------------------------------------------------------------------------------
+
+    async def _give_back(self, n: int) -> None:
+        async with self.giving_back:  # one at a time: each is fenced on the slots the last one left
+            if n <= 0 or self.lease is None:
+                return
+            try:
+                self.lease = await asyncio.to_thread(give_back_slots, self.svc, self.lease, n)
+            except ConditionFailed:  # the sweeper recovered the lease (its slots went back then)
+                self.lease = None
+            except Throttled:
+                log.warning("could not give %d slots back now; the lease's recovery will", n)
+
+    async def _runner(self) -> None:
+        while True:
+            member = await self._next()
+            if member is None:
+                return
+            if member.retry is not None:  # a retry runs the single-request path (start, call, settle)
+                self.busy += 1
+                try:
+                    self.outcome.update(await process(self.svc, queue_message(member.retry), claimed=member.retry))
+                finally:
+                    self.busy -= 1
+                continue
+            run = member.run
+            assert run is not None and member.position is not None
+            if not self._may_start(run.batch):
+                self._hand_back(member)
+                continue
+            self.busy += 1
+            started = time.monotonic()
+            try:
+                attempt = await _attempt(self.model, run.batch, member.body or {}, self.key,
+                                         self.svc.settings.backend_timeout_seconds)
+            finally:
+                self.busy -= 1
+            self.call_seconds += 0.2 * (time.monotonic() - started - self.call_seconds)
+            self._spawn(self._record(member, attempt))
+
+    async def _next(self) -> _Member | None:
+        """The next claimed request for a free slot, or None when this runner must stop (its slot goes back)."""
+        while True:
+            if self.release > 0:
+                self.release -= 1
+                self.slots -= 1
+                await self._give_back(1)
+                return None
+            if time.monotonic() >= self.deadline:
+                return None
+            if self.queue:
+                self.need.set()
+                return self.queue.popleft()
+            if self.done_claiming:
+                return None
+            self.wake.clear()
+            await self.wake.wait()
+
+    def _may_start(self, batch: dict) -> bool:
+        """A first attempt starts only while its batch runs and its window is open (the claim checked both;
+        a stop seen since, or the window closing, hands it back)."""
+        return not batch.get("stop") and self.svc.now() < batch["expires_at"]
+
+    # --- Claims --------------------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        svc, model = self.svc, self.model
+        idle_since: float | None = None
+        try:
+            while time.monotonic() < self.deadline and self.slots > 0:
+                budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id, False)
+                cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+                excess = int((budget_item or {}).get("in_flight", 0)) - cap - self.release
+                if excess > 0:  # the budget shrank: stop that many runners after their current call
+                    self.release += min(excess, self.slots - self.release)
+                    self.wake.set()
+                await asyncio.to_thread(self._refresh_stops)
+                want = (self.slots - self.release) + self.ahead - len(self.queue) - self.busy
+                got = 0
+                if want > 0:
+                    started = time.monotonic()
+                    got = await self._claim(want, budget_item)
+                    self.claim_seconds += 0.2 * (time.monotonic() - started - self.claim_seconds)
+                if got or self.queue or self.busy:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= self.IDLE_SECONDS:
+                    return  # no work for a while: the runners stop and the slots go back
+                self.need.clear()
+                if len(self.queue) >= self.ahead or not got:
+                    try:
+                        await asyncio.wait_for(self.need.wait(), self.POLL_SECONDS)
+                    except TimeoutError:
+                        pass
+        finally:
+            self.done_claiming = True
+            self.wake.set()
+
+    async def _claim(self, want: int, budget_item: dict | None) -> int:
+        """Claim up to `want` requests in the lease's slots and queue them; returns how many were queued."""
+        svc = self.svc
+        try:
+            units = await asyncio.to_thread(self.dispatcher.claim, self.model, want, self.lease, budget_item)
+        except (ConditionFailed, Throttled):
+            return 0
+        queued = 0
+        for unit in units:
+            if "positions" not in unit:
+                self.queue.append(_Member(retry=unit))
+                queued += 1
+                continue
+            batch = self.dispatcher.batches_seen.get(unit["batch_id"])
+            decided = await asyncio.to_thread(_close_without_running, svc, unit, batch)
+            if decided:  # its batch stopped or its owner lost access: closed without running
+                self.outcome.update(decided)
+                continue
+            if batch is None:
+                batch = await asyncio.to_thread(Batch.get, svc.table, unit["batch_id"])
+            bodies = await asyncio.to_thread(_bodies, svc, unit)
+            shared = self.batches.setdefault(unit["batch_id"], dict(batch or {}))
+            run = _GroupRun(group=unit, batch=shared, left=len(unit["positions"]))
+            for position, body in zip(unit["positions"], bodies, strict=True):
+                self.queue.append(_Member(run=run, position=position, body=body))
+            queued += len(unit["positions"])
+        if queued:
+            self.wake.set()
+        return queued
+
+    def _refresh_stops(self) -> None:
+        """Look again, at most every half second, whether a batch with queued requests was stopped."""
+        now = time.monotonic()
+        for batch_id in {m.run.batch["id"] for m in self.queue if m.run is not None}:
+            if now - self.looked_at.get(batch_id, 0.0) < 0.5:
+                continue
+            self.looked_at[batch_id] = now
+            current = Batch.get(self.svc.table, batch_id) or {"deleting": True}
+            if current.get("stop") or current.get("deleting"):
+                self.batches[batch_id]["stop"] = current.get("stop") or "deleting"
+
+    # --- Outcomes ------------------------------------------------------------------------------------
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self.writes.add(task)
+        task.add_done_callback(self.writes.discard)
+
+    async def _record(self, member: _Member, attempt: Attempt) -> None:
+        svc, run = self.svc, member.run
+        assert run is not None and member.position is not None
+        token = new_token()
+        outcome = await asyncio.to_thread(_outcome, svc, {"index": member.position[0], "attempt": 1, "token": token},
+                                          run.group["batch_id"], self.model, attempt)
+        item = position_item(svc, run.group, member.position, outcome, attempt=1, token=token)
+        try:
+            await asyncio.to_thread(record_position, svc, item)
+            run.written.append(item)
+        except ConditionFailed:
+            run.lost = True  # the sweeper recovered this group first
+        if attempt.status_code == 429:
+            await asyncio.to_thread(_backend_said_429, svc, self.model)
+        await self._member_done(run)
+
+    def _hand_back(self, member: _Member) -> None:
+        if member.retry is not None:  # a retry never started: its lease brings it back (rare: at the end)
+            self._spawn(asyncio.to_thread(self._hand_back_retry, member.retry))
+            return
+        run = member.run
+        assert run is not None and member.position is not None
+        item = position_item(self.svc, run.group, member.position,
+                             Settlement(to=RequestState.WAITING, retry_at=self.svc.now()), attempt=0)
+        run.handed_back.append(item)
+        self._spawn(self._member_done(run))
+
+    def _hand_back_retry(self, req: dict) -> None:
+        try:
+            settle(self.svc, req, Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=self.svc.now()))
+        except ConditionFailed:
+            pass  # recovered meanwhile
+
+    async def _member_done(self, run: _GroupRun) -> None:
+        run.left -= 1
+        if run.left > 0:
+            return
+        if run.lost:
+            self.outcome["lease_lost"] += len(run.group["positions"])
+            return
+        try:
+            await asyncio.to_thread(close_group, self.svc, run.group, run.written, tuple(run.handed_back))
+        except ConditionFailed:  # recovered meanwhile: the sweeper counted these outcomes from their items
+            self.outcome["lease_lost"] += len(run.group["positions"])
+            return
+        self.outcome.update(item["state"] for item in run.written)
+        if run.handed_back:
+            self.outcome["handed_back"] += len(run.handed_back)
 
 
 async def process_and_pull(svc: Services, message: dict, seconds_left: float) -> Counter:
-    """Run the message's work, then keep its slots busy: while time is left, claim the model's next due
-    work and run it here, without a round trip through the dispatcher and the queue. A freed slot is
-    refilled as soon as it is freed, which is what keeps a backend at its budget."""
+    """Run the message's work, then keep the model's backend busy (`SlotPump`): while time is left, hold free
+    slots of the model and refill each one the moment its call answers, from work claimed ahead, without a
+    round trip through the dispatcher and the queue."""
     deadline = time.monotonic() + seconds_left - svc.settings.backend_timeout_seconds - 10
     outcome = await process(svc, message)
-    while svc.settings.worker_pull and time.monotonic() < deadline:
-        pulled = await asyncio.to_thread(_claim_next, svc, message["model"], svc.settings.worker_pull_limit)
-        if not pulled:
-            break
-        for done in await asyncio.gather(*(process(svc, queue_message(unit), claimed=unit, batch=batch)
-                                           for unit, batch in pulled)):
-            outcome.update(done)
+    model = svc.catalog.lookup(message["model"])
+    if svc.settings.worker_pull and model is not None and time.monotonic() < deadline:
+        outcome.update(await SlotPump(svc, model, deadline).run(svc.settings.worker_pull_limit))
     return outcome
