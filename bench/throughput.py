@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
             ours = [c for c in rec.calls if c.label not in ("bench", "api", "other")]  # the pipeline's own
             runs[-1]["calls"] = {service: sum(c.service == service for c in ours) / n
                                  for service in ("dynamodb", "sqs", "s3")}
+            runs[-1]["calls"]["sqs by the event source mapping"] = sum(
+                c.service == "sqs" and c.label == "esm" for c in ours) / n
     limit = budget / latency
 
     def med(key: str) -> float:
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     gaps = [r["gap"] * 1000 for r in runs]
     print(f"  median gap between an answer and the next call on the freed slot: {median(gaps):.1f} ms "
           f"{each(gaps, '.1f')}")
-    calls = {service: median([r["calls"][service] for r in runs]) for service in ("dynamodb", "sqs", "s3")}
+    calls = {service: median([r["calls"][service] for r in runs]) for service in runs[0]["calls"]}
     print("  AWS calls per request (median) of the dispatcher, workers, sweeper and event source mapping: "
           + ", ".join(f"{s} {v:.2f}" for s, v in calls.items()) + " (the create call and the polls not counted)")
     print(f"  reproduce: {command_line('bench.throughput')}")

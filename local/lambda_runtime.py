@@ -88,6 +88,9 @@ def poll_once(sqs, queue_url: str, wait_seconds: int = 0, environment: str = "")
     return len(messages)
 
 
+POLL_WAIT_SECONDS = 5  # how long a poller's receive waits for a message (Loops.stop waits for it to return)
+
+
 class Loops:
     """Background threads: dispatcher and sweeper on their schedule, pollers per model queue."""
 
@@ -125,7 +128,10 @@ class Loops:
             count = self.pollers_per_queue if isinstance(self.pollers_per_queue, int) else self.pollers_per_queue[model]
             for p in range(count):
                 env = f"_q{q}p{p}"  # one execution environment per poller
-                targets.append((lambda u=url, e=env: poll_once(self.sqs, u, wait_seconds=1, environment=e), 0.0))
+                # Long polls, as the event source mapping's (20 s there): an idle poller costs moto one call
+                # per wait, and moto serves every call of the stack one at a time.
+                targets.append((lambda u=url, e=env: poll_once(self.sqs, u, wait_seconds=POLL_WAIT_SECONDS,
+                                                               environment=e), 0.0))
         for step, pause in targets:
             thread = threading.Thread(target=self._guard, args=(step, pause), daemon=True)
             thread.start()

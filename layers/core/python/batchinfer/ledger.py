@@ -186,11 +186,29 @@ def _items_ttl(svc: Services, batch: dict) -> int:
 
 def start_group(svc: Services, group: dict) -> dict:
     """dispatched -> running for a whole group, fenced against its batch stopping (see `start`)."""
+    return _start_group(svc, group, None)
+
+
+def start_group_in_lease(svc: Services, group: dict) -> tuple[dict, dict]:
+    """Start a group and turn the budget slots its members hold into a SlotLease, in one transaction: the
+    worker that runs it keeps those slots busy after its members end. Returns (the group, the lease)."""
+    now = svc.now()
+    lease = SlotLease.new(group["model"], new_token(), len(group["positions"]), new_token(), now,
+                          now + svc.settings.lease_seconds)
+    return _start_group(svc, group, lease), lease
+
+
+def _start_group(svc: Services, group: dict, lease: dict | None) -> dict:
     now = svc.now()
     running = {**group, "state": RequestState.RUNNING.value, "due_at": now + svc.settings.lease_seconds,
                "started_at": now, "token": new_token()}
-    svc.table.transact([Group.start(svc.table, group, running["token"], now, running["due_at"]),
-                        Batch.may_start(svc.table, group["batch_id"], now, first_attempt=True)])
+    ops = [Group.start(svc.table, group, running["token"], now, running["due_at"],
+                       slot_lease=lease["id"] if lease else None),
+           Batch.may_start(svc.table, group["batch_id"], now, first_attempt=True)]
+    if lease:
+        ops.append(SlotLease.create(svc.table, lease))
+        running["slot_lease"] = lease["id"]
+    svc.table.transact(ops)
     return running
 
 

@@ -412,13 +412,17 @@ class Group:
         return t.op_put(group, condition="attribute_not_exists(pk)")
 
     @staticmethod
-    def start(t: Table, group: GroupItem, new_token: str, now: int, lease_ends: int) -> Op:
+    def start(t: Table, group: GroupItem, new_token: str, now: int, lease_ends: int,
+              slot_lease: str | None = None) -> Op:
+        """dispatched -> running; with `slot_lease`, its members' budget slots become that lease's."""
         to = request_transition(group["state"], RequestState.RUNNING)
-        return t.op_update(group["pk"], group["sk"],
-                           "SET #state = :running, due_at = :lease, started_at = :now, #token = :newtoken",
-                           vals={":running": to.value, ":lease": lease_ends, ":now": now,
-                                 ":expect": RequestState.DISPATCHED.value, ":token": group["token"],
-                                 ":newtoken": new_token},
+        vals = {":running": to.value, ":lease": lease_ends, ":now": now, ":expect": RequestState.DISPATCHED.value,
+                ":token": group["token"], ":newtoken": new_token}
+        expression = "SET #state = :running, due_at = :lease, started_at = :now, #token = :newtoken"
+        if slot_lease:
+            expression += ", slot_lease = :sl"
+            vals[":sl"] = slot_lease
+        return t.op_update(group["pk"], group["sk"], expression, vals=vals,
                            condition="#state = :expect AND #token = :token")
 
     @staticmethod

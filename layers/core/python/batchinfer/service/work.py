@@ -10,6 +10,7 @@ import math
 import random
 import time
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..catalog import Model
@@ -25,6 +26,7 @@ from ..ledger import (
     settle,
     start,
     start_group,
+    start_group_in_lease,
     take_slots,
 )
 from ..providers import call_backend
@@ -35,7 +37,7 @@ from ..storage.secrets import secret_value
 from .accounts import key_problem, may_use_model
 from .capacity import backend_throttled, effective_budget
 from .dispatch import Dispatcher
-from .lifecycle import stop_batch
+from .lifecycle import settle_batch, stop_batch
 
 log = logging.getLogger(__name__)
 ACCESS_RECHECK_SECONDS = 60
@@ -347,6 +349,7 @@ class SlotPump:
         self.busy = 0  # calls in flight
         self.release = 0  # runners that must stop and give their slot back (the budget shrank)
         self.done_claiming = False
+        self.drained = False  # the last claim found no work: what is queued is the end of it
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
         self.need = asyncio.Event()  # a runner took work: the claimer may claim more
         self.writes: set[asyncio.Task] = set()
@@ -358,26 +361,60 @@ class SlotPump:
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
         self.key: str | None = None
         self.giving_back = asyncio.Lock()
+        # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
+        # (nor those behind the rest of the process) for a thread of the shared pool.
+        self.claim_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-claim")
+        self.write_pool = ThreadPoolExecutor(8, thread_name_prefix="pump-write")
+
+    async def _claiming(self, fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of run_in_executor
+        return await asyncio.get_running_loop().run_in_executor(self.claim_pool, fn, *args)
+
+    async def _writing(self, fn, *args):  # noqa: ANN001, ANN202
+        return await asyncio.get_running_loop().run_in_executor(self.write_pool, fn, *args)
 
     @property
     def ahead(self) -> int:
-        """Requests claimed beyond the slots: enough to keep them busy for one claim's round trip."""
-        return max(1, min(self.slots, math.ceil(self.slots * self.claim_seconds / max(self.call_seconds, 1e-3)) + 1))
+        """Requests claimed beyond the slots: what the slots use up while a claim is on its way, twice (the
+        next claim starts when half of it is gone), and never more than twice the slots."""
+        during_claim = self.slots * self.claim_seconds / max(self.call_seconds, 1e-3)
+        return max(2, min(2 * self.slots, 2 * math.ceil(during_claim) + 2))
+
+    async def adopt(self, message: dict) -> Counter | None:
+        """Run a dispatched group (a queue message) in a lease made of the slots its members hold: None once
+        adopted (`run` goes on from it), or what happened instead (stale, closed without running)."""
+        svc = self.svc
+        group = await asyncio.to_thread(svc.table.get, *group_key(message["batch_id"], int(message["group"])))
+        if not group or group["state"] != RequestState.DISPATCHED.value or group["token"] != message["token"]:
+            return Counter(stale=1)
+        batch = await asyncio.to_thread(Batch.get, svc.table, message["batch_id"])
+        decided = await asyncio.to_thread(_close_without_running, svc, group, batch)
+        if decided:
+            return decided
+        try:
+            running, self.lease = await asyncio.to_thread(start_group_in_lease, svc, group)
+        except ConditionFailed:  # the batch stopped (or its window closed) since the check
+            return await asyncio.to_thread(_close_without_running, svc, group, None) or Counter(stale=1)
+        self.slots = len(running["positions"])
+        await self._queue_group(running, batch)
+        return None
 
     async def run(self, most: int) -> Counter:
-        """Take up to `most` free slots, keep them busy until the deadline or the work runs out, give them back."""
+        """Keep the lease's slots busy (taking up to `most` free ones first if none were adopted) until the
+        deadline or the work runs out, then give them back."""
         svc, model = self.svc, self.model
-        budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
-        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
-        k = min(most, cap - int((budget_item or {}).get("in_flight", 0)))
-        if k <= 0 or time.monotonic() >= self.deadline:
-            return self.outcome
-        try:
-            self.lease = await asyncio.to_thread(take_slots, svc, model.id, k, cap,
-                                                 int((budget_item or {}).get("interactive", 0)))
-        except (ConditionFailed, Throttled):
-            return self.outcome  # another claimant took them first
-        self.slots = k
+        if self.lease is None:
+            budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
+            cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+            k = min(most, cap - int((budget_item or {}).get("in_flight", 0)))
+            if k <= 0 or time.monotonic() >= self.deadline:
+                return self.outcome
+            try:
+                self.lease = await asyncio.to_thread(take_slots, svc, model.id, k, cap,
+                                                     int((budget_item or {}).get("interactive", 0)))
+            except (ConditionFailed, Throttled):
+                return self.outcome  # another claimant took them first
+            self.slots = k
+        k = self.slots
         self.key = await asyncio.to_thread(backend_key, svc, model)
         claimer = asyncio.create_task(self._claim_loop())
         try:
@@ -394,6 +431,8 @@ class SlotPump:
                 await asyncio.gather(*list(self.writes), return_exceptions=True)
             if self.lease is not None:
                 await self._give_back(self.slots)
+            self.claim_pool.shutdown(wait=False)
+            self.write_pool.shutdown(wait=False)
         return self.outcome
 
     # --- Slots ---------------------------------------------------------------------------------------
@@ -464,33 +503,47 @@ class SlotPump:
     async def _claim_loop(self) -> None:
         svc, model = self.svc, self.model
         idle_since: float | None = None
+        polled, budget_item = 0.0, None
         try:
             while time.monotonic() < self.deadline and self.slots > 0:
-                budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id, False)
-                cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
-                excess = int((budget_item or {}).get("in_flight", 0)) - cap - self.release
-                if excess > 0:  # the budget shrank: stop that many runners after their current call
-                    self.release += min(excess, self.slots - self.release)
-                    self.wake.set()
-                await asyncio.to_thread(self._refresh_stops)
+                if time.monotonic() - polled >= self.POLL_SECONDS:  # not at every wake: on its own clock
+                    polled = time.monotonic()
+                    budget_item = await self._claiming(Budget.get, svc.table, model.id, False)
+                    cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+                    excess = int((budget_item or {}).get("in_flight", 0)) - cap - self.release
+                    if excess > 0:  # the budget shrank: stop that many runners after their current call
+                        self.release += min(excess, self.slots - self.release)
+                        self.wake.set()
+                    await self._claiming(self._refresh_stops)
+                # Claims are costly whatever their size: claim once half of what runs ahead is used up.
+                threshold = max(1, self.ahead // 2)
                 want = (self.slots - self.release) + self.ahead - len(self.queue) - self.busy
                 got = 0
-                if want > 0:
+                if want >= threshold or (want > 0 and not self.queue):
                     started = time.monotonic()
                     got = await self._claim(want, budget_item)
                     self.claim_seconds += 0.2 * (time.monotonic() - started - self.claim_seconds)
+                self.drained = want > 0 and not got
                 if got or self.queue or self.busy:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= self.IDLE_SECONDS:
                     return  # no work for a while: the runners stop and the slots go back
+                if got:
+                    continue  # look again at once: the queue may still be short
+                # Wait for runners to take work (or the next poll of the budget).
                 self.need.clear()
-                if len(self.queue) >= self.ahead or not got:
+                until = polled + self.POLL_SECONDS
+                while time.monotonic() < until:
+                    short = (self.slots - self.release) + self.ahead - len(self.queue) - self.busy
+                    if short >= threshold or (short > 0 and not self.queue and idle_since is None):
+                        break
                     try:
-                        await asyncio.wait_for(self.need.wait(), self.POLL_SECONDS)
+                        await asyncio.wait_for(self.need.wait(), until - time.monotonic())
                     except TimeoutError:
-                        pass
+                        break
+                    self.need.clear()
         finally:
             self.done_claiming = True
             self.wake.set()
@@ -499,7 +552,7 @@ class SlotPump:
         """Claim up to `want` requests in the lease's slots and queue them; returns how many were queued."""
         svc = self.svc
         try:
-            units = await asyncio.to_thread(self.dispatcher.claim, self.model, want, self.lease, budget_item)
+            units = await self._claiming(self.dispatcher.claim, self.model, want, self.lease, budget_item)
         except (ConditionFailed, Throttled):
             return 0
         queued = 0
@@ -509,21 +562,23 @@ class SlotPump:
                 queued += 1
                 continue
             batch = self.dispatcher.batches_seen.get(unit["batch_id"])
-            decided = await asyncio.to_thread(_close_without_running, svc, unit, batch)
+            decided = await self._claiming(_close_without_running, svc, unit, batch)
             if decided:  # its batch stopped or its owner lost access: closed without running
                 self.outcome.update(decided)
                 continue
-            if batch is None:
-                batch = await asyncio.to_thread(Batch.get, svc.table, unit["batch_id"])
-            bodies = await asyncio.to_thread(_bodies, svc, unit)
-            shared = self.batches.setdefault(unit["batch_id"], dict(batch or {}))
-            run = _GroupRun(group=unit, batch=shared, left=len(unit["positions"]))
-            for position, body in zip(unit["positions"], bodies, strict=True):
-                self.queue.append(_Member(run=run, position=position, body=body))
-            queued += len(unit["positions"])
-        if queued:
-            self.wake.set()
+            queued += await self._queue_group(unit, batch)
         return queued
+
+    async def _queue_group(self, group: dict, batch: dict | None) -> int:
+        if batch is None:
+            batch = await self._claiming(Batch.get, self.svc.table, group["batch_id"])
+        bodies = await self._claiming(_bodies, self.svc, group)
+        shared = self.batches.setdefault(group["batch_id"], dict(batch or {}))
+        run = _GroupRun(group=group, batch=shared, left=len(group["positions"]))
+        for position, body in zip(group["positions"], bodies, strict=True):
+            self.queue.append(_Member(run=run, position=position, body=body))
+        self.wake.set()
+        return len(group["positions"])
 
     def _refresh_stops(self) -> None:
         """Look again, at most every half second, whether a batch with queued requests was stopped."""
@@ -547,21 +602,21 @@ class SlotPump:
         svc, run = self.svc, member.run
         assert run is not None and member.position is not None
         token = new_token()
-        outcome = await asyncio.to_thread(_outcome, svc, {"index": member.position[0], "attempt": 1, "token": token},
+        outcome = await self._writing(_outcome, svc, {"index": member.position[0], "attempt": 1, "token": token},
                                           run.group["batch_id"], self.model, attempt)
         item = position_item(svc, run.group, member.position, outcome, attempt=1, token=token)
         try:
-            await asyncio.to_thread(record_position, svc, item)
+            await self._writing(record_position, svc, item)
             run.written.append(item)
         except ConditionFailed:
             run.lost = True  # the sweeper recovered this group first
         if attempt.status_code == 429:
-            await asyncio.to_thread(_backend_said_429, svc, self.model)
+            await self._writing(_backend_said_429, svc, self.model)
         await self._member_done(run)
 
     def _hand_back(self, member: _Member) -> None:
         if member.retry is not None:  # a retry never started: its lease brings it back (rare: at the end)
-            self._spawn(asyncio.to_thread(self._hand_back_retry, member.retry))
+            self._spawn(self._writing(self._hand_back_retry, member.retry))
             return
         run = member.run
         assert run is not None and member.position is not None
@@ -584,13 +639,17 @@ class SlotPump:
             self.outcome["lease_lost"] += len(run.group["positions"])
             return
         try:
-            await asyncio.to_thread(close_group, self.svc, run.group, run.written, tuple(run.handed_back))
+            await self._writing(close_group, self.svc, run.group, run.written, tuple(run.handed_back))
         except ConditionFailed:  # recovered meanwhile: the sweeper counted these outcomes from their items
             self.outcome["lease_lost"] += len(run.group["positions"])
             return
         self.outcome.update(item["state"] for item in run.written)
         if run.handed_back:
             self.outcome["handed_back"] += len(run.handed_back)
+        if self.drained and not any(m.run is not None and m.run.batch is run.batch for m in self.queue):
+            # Its last claimed work is done and nothing of it is left to claim: give it its final status now
+            # rather than at the sweeper's next pass (a minute on AWS). Fenced like every settle.
+            await self._writing(settle_batch, self.svc, run.group["batch_id"])
 
 
 async def process_and_pull(svc: Services, message: dict, seconds_left: float) -> Counter:
@@ -598,8 +657,13 @@ async def process_and_pull(svc: Services, message: dict, seconds_left: float) ->
     slots of the model and refill each one the moment its call answers, from work claimed ahead, without a
     round trip through the dispatcher and the queue."""
     deadline = time.monotonic() + seconds_left - svc.settings.backend_timeout_seconds - 10
-    outcome = await process(svc, message)
     model = svc.catalog.lookup(message["model"])
-    if svc.settings.worker_pull and model is not None and time.monotonic() < deadline:
-        outcome.update(await SlotPump(svc, model, deadline).run(svc.settings.worker_pull_limit))
+    if not svc.settings.worker_pull or model is None or time.monotonic() >= deadline:
+        return await process(svc, message)
+    pump = SlotPump(svc, model, deadline)
+    # A group's slots become the pump's at its start (no slot goes back to the budget between its members
+    # and the next work); a retry runs on its own, then the pump takes what the budget has free.
+    outcome = (await pump.adopt(message)) if "group" in message else await process(svc, message)
+    outcome = outcome or Counter()
+    outcome.update(await pump.run(svc.settings.worker_pull_limit))
     return outcome
