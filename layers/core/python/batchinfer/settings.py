@@ -82,8 +82,10 @@ class Settings(BaseSettings):
     inline_result_bytes: int = 32 * 1024  # larger results go to S3, a pointer stays in DynamoDB
     dispatcher_loop_seconds: float = 55.0  # how long one scheduled dispatcher invocation keeps refilling
     dispatcher_idle_sleep_seconds: float = 0.25
-    worker_pull: bool = True  # a worker that frees slots claims the model's next requests and runs them itself
-    worker_pull_limit: int = Field(default=50, ge=1, le=1000)  # requests one worker claims at once when pulling
+    # A worker keeps the slots of the group it was sent (a slot lease) and refills each one from work it
+    # claims ahead (service.work.SlotPump); off: a worker runs its message's group and stops.
+    worker_pull: bool = True
+    worker_pull_limit: int = Field(default=50, ge=1, le=1000)  # free slots a retry's worker takes for its pump
     interactive_yield_per_request: int = 1  # batch slots given up per interactive request in flight
 
     @field_validator("tier_limits", mode="before")
