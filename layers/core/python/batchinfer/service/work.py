@@ -4,6 +4,8 @@ outcome exactly once."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import json
 import logging
 import math
@@ -338,7 +340,7 @@ class SlotPump:
       back; its groups are recovered by their own leases, counting no budget slot (they held none).
     """
 
-    POLL_SECONDS = 0.25  # the budget is read at least this often (interactive load, 429 back-off)
+    POLL_SECONDS = 0.25  # the budget is read this often (interactive load, 429 back-off)
     IDLE_SECONDS = 1.0  # no work claimed for this long: the pump ends and gives its slots back
 
     def __init__(self, svc: Services, model: Model, deadline: float) -> None:
@@ -348,6 +350,7 @@ class SlotPump:
         self.queue: deque[_Member] = deque()
         self.busy = 0  # calls in flight
         self.release = 0  # runners that must stop and give their slot back (the budget shrank)
+        self.releasing = 0  # slots on their way back (the give-back not yet written)
         self.done_claiming = False
         self.drained = False  # the last claim found no work: what is queued is the end of it
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
@@ -367,10 +370,16 @@ class SlotPump:
         self.write_pool = ThreadPoolExecutor(8, thread_name_prefix="pump-write")
 
     async def _claiming(self, fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of run_in_executor
-        return await asyncio.get_running_loop().run_in_executor(self.claim_pool, fn, *args)
+        return await self._in(self.claim_pool, fn, *args)
 
     async def _writing(self, fn, *args):  # noqa: ANN001, ANN202
-        return await asyncio.get_running_loop().run_in_executor(self.write_pool, fn, *args)
+        return await self._in(self.write_pool, fn, *args)
+
+    @staticmethod
+    async def _in(pool: ThreadPoolExecutor, fn, *args):  # noqa: ANN001, ANN205
+        # In the caller's context, as asyncio.to_thread runs it (loggers' and tracers' context go along).
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(context.run, fn, *args))
 
     @property
     def ahead(self) -> int:
@@ -479,9 +488,13 @@ class SlotPump:
         """The next claimed request for a free slot, or None when this runner must stop (its slot goes back)."""
         while True:
             if self.release > 0:
+                # Counted as on its way back until the budget says so, lest the claimer see the budget still
+                # over its cap and stop one runner more.
                 self.release -= 1
-                self.slots -= 1
+                self.releasing += 1
                 await self._give_back(1)
+                self.releasing -= 1
+                self.slots -= 1
                 return None
             if time.monotonic() >= self.deadline:
                 return None
@@ -510,14 +523,18 @@ class SlotPump:
                     polled = time.monotonic()
                     budget_item = await self._claiming(Budget.get, svc.table, model.id, False)
                     cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
-                    excess = int((budget_item or {}).get("in_flight", 0)) - cap - self.release
-                    if excess > 0:  # the budget shrank: stop that many runners after their current call
-                        self.release += min(excess, self.slots - self.release)
+                    in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
+                    mine = self.slots - self.releasing
+                    if in_flight > cap and mine > 0:
+                        # The budget shrank: stop runners after their current call, this lease's share of the
+                        # excess (other holders give back theirs), counting those already told to stop.
+                        share = math.ceil((in_flight - cap) * mine / in_flight)
+                        self.release = max(self.release, min(share, mine))
                         self.wake.set()
                     await self._claiming(self._refresh_stops)
                 # Claims are costly whatever their size: claim once half of what runs ahead is used up.
                 threshold = max(1, self.ahead // 2)
-                want = (self.slots - self.release) + self.ahead - len(self.queue) - self.busy
+                want = (self.slots - self.release - self.releasing) + self.ahead - len(self.queue) - self.busy
                 got = 0
                 if want >= threshold or (want > 0 and not self.queue):
                     started = time.monotonic()
@@ -536,7 +553,7 @@ class SlotPump:
                 self.need.clear()
                 until = polled + self.POLL_SECONDS
                 while time.monotonic() < until:
-                    short = (self.slots - self.release) + self.ahead - len(self.queue) - self.busy
+                    short = (self.slots - self.release - self.releasing) + self.ahead - len(self.queue) - self.busy
                     if short >= threshold or (short > 0 and not self.queue and idle_since is None):
                         break
                     try:
