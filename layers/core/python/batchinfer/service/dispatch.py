@@ -36,6 +36,7 @@ class Dispatcher:
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
         self.interactive_seen = 0  # the model's interactive count the last claim's cap was computed from
         self.slot_lease: dict | None = None  # the SlotLease the current claim's work runs in, if any
+        self.lanes_seen = 0  # how many batches had work for the model at the last claim
 
     def run(self, seconds: float) -> int:
         """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
@@ -140,6 +141,7 @@ class Dispatcher:
     def _dispatch_lanes(self, model: Model, free: int, cap: int, account_free, tier_cap, accounts) -> list[dict]:
         svc = self.svc
         lanes = Lane.of_model(svc.table, model.id)
+        self.lanes_seen = len(lanes)
         if not lanes:
             return []
         # Batches take turns: hand out free slots one at a time, round robin, from a rotating start.

@@ -532,9 +532,12 @@ class SlotPump:
                         self.release = max(self.release, min(share, mine))
                         self.wake.set()
                     await self._claiming(self._refresh_stops)
-                # Claims are costly whatever their size: claim once half of what runs ahead is used up.
-                threshold = max(1, self.ahead // 2)
-                want = (self.slots - self.release - self.releasing) + self.ahead - len(self.queue) - self.busy
+                # Claims cost the same whatever their size (and each makes a group, whose close costs the same):
+                # claim a round of the slots at once while one batch has work, a batch's share of it while
+                # several do (so they still take turns within a claim), and once the queue is down to `ahead`.
+                threshold = max(1, (self.slots - self.release) // max(1, self.dispatcher.lanes_seen))
+                want = ((self.slots - self.release - self.releasing) + self.ahead + threshold - 1 - len(self.queue)
+                        - self.busy)
                 got = 0
                 if want >= threshold or (want > 0 and not self.queue):
                     started = time.monotonic()
@@ -553,7 +556,8 @@ class SlotPump:
                 self.need.clear()
                 until = polled + self.POLL_SECONDS
                 while time.monotonic() < until:
-                    short = (self.slots - self.release - self.releasing) + self.ahead - len(self.queue) - self.busy
+                    short = ((self.slots - self.release - self.releasing) + self.ahead + threshold - 1
+                             - len(self.queue) - self.busy)
                     if short >= threshold or (short > 0 and not self.queue and idle_since is None):
                         break
                     try:
