@@ -71,15 +71,16 @@ def sqs_event(queue_arn: str, messages: list[dict]) -> dict:
         "eventSourceARN": queue_arn, "awsRegion": "us-east-1"} for m in messages]}
 
 
-def poll_once(sqs, queue_url: str, wait_seconds: int = 0, environment: str = "") -> int:
-    """One event source mapping poll: receive up to 10 records, invoke the worker, delete what succeeded."""
+def poll_once(sqs, queue_url: str, wait_seconds: int = 0, environment: str = "", function: str = "worker") -> int:
+    """One event source mapping poll: receive up to 10 records, invoke the function (the worker, or the
+    webhooks function on the delivery queue), delete what succeeded."""
     answer = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds,
                                  AttributeNames=["ApproximateReceiveCount"])
     messages = answer.get("Messages", [])
     if not messages:
         return 0
     arn = "arn:aws:sqs:us-east-1:000000000000:" + queue_url.rsplit("/", 1)[-1]
-    result = invoke("worker", sqs_event(arn, messages), environment)
+    result = invoke(function, sqs_event(arn, messages), environment)
     failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
     done = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
             if m["MessageId"] not in failed]
@@ -92,12 +93,16 @@ POLL_WAIT_SECONDS = 5  # how long a poller's receive waits for a message (Loops.
 
 
 class Loops:
-    """Background threads: dispatcher and sweeper on their schedule, pollers per model queue."""
+    """Background threads: dispatcher and sweeper on their schedule, pollers per model queue and on the
+    webhook delivery queue."""
 
     def __init__(self, sqs, queue_urls: dict[str, str], pollers_per_queue: dict[str, int] | int = 2,
-                 dispatch_seconds: float = 5.0, sweep_interval: float = 1.0) -> None:
+                 dispatch_seconds: float = 5.0, sweep_interval: float = 1.0, webhook_queue_url: str | None = None,
+                 webhook_pollers: int = 2) -> None:
         self.sqs = sqs
         self.queue_urls = queue_urls
+        self.webhook_queue_url = webhook_queue_url
+        self.webhook_pollers = webhook_pollers
         self.pollers_per_queue = pollers_per_queue
         self.dispatch_seconds = dispatch_seconds
         self.sweep_interval = sweep_interval
@@ -132,6 +137,10 @@ class Loops:
                 # per wait, and moto serves every call of the stack one at a time.
                 targets.append((lambda u=url, e=env: poll_once(self.sqs, u, wait_seconds=POLL_WAIT_SECONDS,
                                                                environment=e), 0.0))
+        if self.webhook_queue_url:  # the delivery queue's event source mapping
+            for p in range(self.webhook_pollers):
+                targets.append((lambda e=f"_wh{p}": poll_once(self.sqs, self.webhook_queue_url, POLL_WAIT_SECONDS,
+                                                              environment=e, function="webhooks"), 0.0))
         for step, pause in targets:
             thread = threading.Thread(target=self._guard, args=(step, pause), daemon=True)
             thread.start()

@@ -10,7 +10,7 @@ from batchinfer.service.dispatch import Dispatcher
 from batchinfer.service.sweep import sweep_once
 from batchinfer.settings import Settings
 from batchinfer.storage import bootstrap
-from batchinfer.storage.aws import clients_for
+from batchinfer.storage.aws import client, clients_for
 from local.lambda_runtime import invoke, poll_once
 
 
@@ -25,7 +25,9 @@ def make_services(sim_url: str, **overrides) -> Services:
     env = {"SIMULATED_BACKEND_URL": sim_url}
     probe = build_services(settings, env)
     urls = bootstrap.create_queues(sqs, settings.stage, [m.id for m in probe.catalog.runnable])
-    settings = settings.model_copy(update={"model_queues": urls})
+    webhook_queue = bootstrap.create_webhook_queue(sqs, settings.stage)
+    bootstrap.create_webhook_key(client("kms", settings.aws_endpoint_url, settings.aws_region), settings.webhook_key_id)
+    settings = settings.model_copy(update={"model_queues": urls, "webhook_queue_url": webhook_queue})
     return build_services(settings, env)
 
 

@@ -20,5 +20,6 @@ def handler(event: dict, context: object) -> dict:
     deadline = time.monotonic() + context.get_remaining_time_in_millis() / 1000 - STOP_BEFORE_TIMEOUT_SECONDS
     counts = sweep_once(services(), deadline=deadline)
     for name, value in counts.items():
-        metrics.add_metric(name=f"Batches{name.capitalize()}", unit=MetricUnit.Count, value=value)
+        metric = "WebhookEventsResent" if name == "webhook_events_resent" else f"Batches{name.capitalize()}"
+        metrics.add_metric(name=metric, unit=MetricUnit.Count, value=value)
     return counts

@@ -26,6 +26,8 @@ METRICS_NAMESPACE = "BatchInference"
 METRIC_REQUESTS_COMPLETED = "RequestsCompleted"  # worker, per model: requests that ended (completed or failed)
 METRIC_BACKEND_ERRORS = "BackendErrors"  # worker, per model: attempts the backend refused (retried or final)
 METRIC_REQUESTS_DISPATCHED = "RequestsDispatched"  # dispatcher
+METRIC_WEBHOOK_ATTEMPTS_FAILED = "WebhookAttemptsFailed"  # webhooks function: attempts without a 2xx
+METRIC_WEBHOOK_DELIVERIES_FAILED = "WebhookDeliveriesFailed"  # webhooks function: events given up on
 
 
 def function_service_name(function: str) -> str:
@@ -205,6 +207,11 @@ def queue_slugs(stage: str, model_ids: Iterable[str]) -> dict[str, str]:
 
 def queue_name(stage: str, model_id: str) -> str:
     return queue_prefix(stage) + queue_slug(stage, model_id)
+
+
+def webhook_queue_name(stage: str) -> str:
+    """The webhook delivery queue: a double dash, which no model's slug holds, keeps it apart from theirs."""
+    return queue_prefix(stage) + "-webhooks"
 
 
 def dlq_name(stage: str, model_id: str) -> str:

@@ -214,6 +214,11 @@ def new_message_batch_id() -> str:
     return "msgbatch_" + secrets.token_hex(16)
 
 
+def new_event_id(now: float) -> str:
+    """A webhook event id; ids sort by creation time (milliseconds), so an account's events list newest first."""
+    return f"evt_{int(now * 1000):012x}{secrets.token_hex(8)}"
+
+
 def new_file_id() -> str:
     return "file-" + secrets.token_hex(12)
 

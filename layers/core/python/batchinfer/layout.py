@@ -27,6 +27,18 @@ def api_key_key(key_hash: str) -> tuple[str, str]:
     return f"KEY#{key_hash}", "KEY"
 
 
+def webhook_key(account_id: str) -> tuple[str, str]:
+    """The account's completion webhook: its URL and its sealed signing secret."""
+    return owner_partition(account_id), "WEBHOOK"
+
+
+WEBHOOK_EVENT_PREFIX = "WHEVENT#"  # sort keys of an account's webhook events (ids sort by time)
+
+
+def webhook_event_key(account_id: str, event_id: str) -> tuple[str, str]:
+    return owner_partition(account_id), WEBHOOK_EVENT_PREFIX + event_id
+
+
 def usage_key(account_id: str, day: str) -> tuple[str, str]:
     return owner_partition(account_id), f"USAGE#{day}"
 
@@ -113,6 +125,7 @@ ACTIVE_PARTITION = "ACTIVE"
 # Sparse index partitions of `by_due`.
 LEASE_DUE = "LEASE"  # dispatched or running requests, due when their lease runs out
 PURGE_DUE = "PURGE"  # finished batches, due when their retention ends
+WEBHOOK_DUE = "WEBHOOK"  # webhook events not yet delivered, due when the sweeper should send them again
 
 
 def retry_due(model_id: str) -> str:

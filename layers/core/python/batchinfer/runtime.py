@@ -7,11 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .addresses import Resolver, system_resolver
 from .catalog import Catalog, load_catalog
 from .settings import Settings, environment, get_settings
 from .storage.aws import clients_for
 from .storage.blobs import Blobs
 from .storage.dynamo import Table
+from .storage.keys import SecretBox
 from .storage.queues import Queues
 
 
@@ -22,8 +24,10 @@ class Services:
     table: Table
     blobs: Blobs
     queues: Queues
+    secret_box: SecretBox | None = None  # webhook signing secrets (KMS)
     env: dict[str, str] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
+    resolve: Resolver = system_resolver  # webhook hosts (tests stub it)
 
     def now(self) -> int:
         return int(self.clock())
@@ -34,7 +38,9 @@ def build_services(settings: Settings, env: dict[str, str] | None = None) -> Ser
     ddb, s3, sqs = clients_for(settings)
     return Services(settings=settings, catalog=load_catalog(settings.models_file, env),
                     table=Table(ddb, settings.table_name), blobs=Blobs(s3, settings.bucket_name),
-                    queues=Queues(sqs, settings.model_queues), env=env)
+                    queues=Queues(sqs, settings.model_queues, settings.webhook_queue_url),
+                    secret_box=SecretBox(settings.aws_endpoint_url, settings.aws_region, settings.webhook_key_id),
+                    env=env)
 
 
 _injected: Services | None = None

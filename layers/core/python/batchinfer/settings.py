@@ -88,6 +88,18 @@ class Settings(BaseSettings):
     worker_pull_limit: int = Field(default=50, ge=1, le=1000)  # free slots a retry's worker takes for its pump
     interactive_yield_per_request: int = 1  # batch slots given up per interactive request in flight
 
+    # Completion webhooks (service.webhooks).
+    webhook_queue_url: str | None = None  # the delivery queue (the local stack and CDK set it)
+    webhook_key_id: str = "alias/batchinfer-webhooks"  # the KMS key signing secrets are sealed with
+    webhook_retry_base_seconds: float = Field(default=60.0, ge=0)  # first retry's delay; each next one doubles
+    webhook_max_attempts: int = Field(default=8, ge=1, le=20)  # attempts in all, the first included
+    webhook_timeout_seconds: float = Field(default=5.0, gt=0)  # an attempt without a 2xx by then has failed
+    # Only for local development and tests: lets http://127.0.0.1 and localhost targets through.
+    webhook_allow_loopback: bool = False
+    webhook_secret_overlap_seconds: int = 24 * 3600  # after a rotation, the old secret signs beside the new
+    webhook_event_retention_seconds: int = 30 * 24 * 3600  # events (and their attempts) listed this long
+    webhook_relay_seconds: int = Field(default=120, ge=1)  # a pending event not heard of this long is resent
+
     @field_validator("tier_limits", mode="before")
     @classmethod
     def _parse_tiers(cls, value: object) -> object:

@@ -50,6 +50,8 @@ class CreateBatch(BaseModel):
     completion_window: Literal["24h"] | None = None
     output_expires_after: OutputExpiresAfter | None = Field(None, description="How long the result files are kept")
     metadata: dict[str, str] | None = Field(None, description="Up to 16 pairs; keys <= 64, values <= 512 chars")
+    webhook_url: str | None = Field(None, description="Where this batch's ending is announced instead of the "
+                                                      "account's webhook (signed with the account's secret)")
 
 
 class RequestCounts(BaseModel):
@@ -86,6 +88,7 @@ class BatchObject(BaseModel):
     cancelled_at: int | None
     request_counts: RequestCounts
     metadata: dict[str, str] | None
+    webhook_url: str | None = None
     usage: Usage
     cost_usd: float
     cost_unknown_attempts: int
@@ -308,3 +311,64 @@ CREATE_MESSAGE_BATCH_BODY = {"parameters": [IDEMPOTENCY_KEY],
 MESSAGE_BATCH = _ok(MessageBatch, "The Message Batch")
 MESSAGE_BATCH_LIST = _ok(MessageBatchList, "A page of Message Batches")
 DELETED_MESSAGE_BATCH = _ok(DeletedMessageBatch, "Deleted")
+
+
+# --- Completion webhooks (/v1/batch_webhook) ---------------------------------------------------------------
+
+class SetWebhook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(..., description="HTTPS URL reaching a public address", max_length=2048)
+    rotate_secret: bool = Field(False, description="Issue a new signing secret (the old one signs beside it "
+                                                   "for 24 hours)")
+
+
+class WebhookObject(BaseModel):
+    object: Literal["batch_webhook"]
+    url: str
+    created_at: int
+    updated_at: int
+    secret_created_at: int
+    secret: str | None = Field(None, description="`whsec_...`: only in the answer that created it")
+
+
+class WebhookDeleted(BaseModel):
+    object: Literal["batch_webhook.deleted"]
+    url: str
+    deleted: bool
+
+
+class DeliveryAttempt(BaseModel):
+    at: int
+    url: str
+    status_code: int | None = Field(None, description="The receiver's answer; none if it gave none")
+    error: str | None = Field(None, description="Why the attempt failed; none when it got a 2xx")
+    duration_ms: int
+
+
+class Delivery(BaseModel):
+    status: Literal["pending", "delivered", "failed", "skipped"]
+    attempts: list[DeliveryAttempt]
+    next_attempt_at: int | None
+    reason: str | None = None
+
+
+class EventData(BaseModel):
+    id: str
+
+
+class WebhookEventObject(BaseModel):
+    id: str
+    object: Literal["event"]
+    type: Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled", "message_batch.ended"]
+    created_at: int
+    data: EventData
+    delivery: Delivery
+
+
+class WebhookEventList(BaseModel):
+    object: Literal["list"]
+    data: list[WebhookEventObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

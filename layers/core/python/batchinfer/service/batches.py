@@ -12,7 +12,7 @@ from ..errors import ApiError
 from ..records import Batch, BatchItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
-from . import files, intake, lifecycle, results
+from . import files, intake, lifecycle, results, webhooks
 from .accounts import Principal
 from .listing import owner_page
 from .validation import (
@@ -40,6 +40,8 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
         batch, extra = _file_batch(svc, principal, payload)
     else:
         batch, extra = validate_inline_batch(svc, principal.account, payload), None
+    if webhook_url := webhooks.batch_webhook_url(svc, principal, payload.get("webhook_url")):
+        extra = {**(extra or {}), "webhook_url": webhook_url}
     item, created = intake.store(svc, principal, batch, claim, extra)
     return batch_object(item), created
 
@@ -98,6 +100,7 @@ def batch_object(item: BatchItem) -> dict:
         "request_counts": {"total": item["total"], "completed": item.get("completed", 0),
                            "failed": item.get("failed", 0)},
         "metadata": item.get("metadata"),
+        **({"webhook_url": item["webhook_url"]} if item.get("webhook_url") else {}),  # only where one was given
         "usage": {"input_tokens": item.get("input_tokens", 0), "output_tokens": item.get("output_tokens", 0),
                   "total_tokens": item.get("input_tokens", 0) + item.get("output_tokens", 0)},
         "cost_usd": round(float(item.get("cost_usd", 0)), 10),

@@ -25,7 +25,7 @@ from ..ledger import Settlement, settle
 from ..records import Account, Batch, BatchItem, File, Idempotency, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
-from . import finalize
+from . import finalize, webhooks
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
         if batch.get("input_file_id"):
             sets["output_file_id"], sets["error_file_id"] = writing["output"]["file"], writing["error"]["file"]
     never_started = undispatched_count(batch)
-    ops = [Batch.finalize(svc.table, batch, final_status(stop), stop, now,
+    final = final_status(stop)
+    ops = [Batch.finalize(svc.table, batch, final, stop, now,
                           retention_ends=now + svc.settings.batch_retention_seconds,
                           never_started_failed=never_started if counts_as_failed_unstarted(stop) else 0,
                           never_started=never_started, export=None, sets=sets),
@@ -112,11 +113,22 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
     if batch.get("idempotency_key"):  # the key is remembered until a day after its batch ends
         ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
                                               now + svc.settings.idempotency_retention_seconds))
+    event = _announcing(svc, batch, final, ops)
     try:
         svc.table.transact(ops)
     except ConditionFailed:
-        pass  # someone else settled it, or it changed: the fresh read says which
+        return Batch.get(svc.table, batch_id)  # someone else settled it, or it changed: the fresh read says which
+    webhooks.announce(svc, event)
     return Batch.get(svc.table, batch_id)
+
+
+def _announcing(svc: Services, batch: BatchItem, final: BatchStatus, ops: list) -> dict | None:
+    """The webhook event of this ending, put in the ending's own transaction: recorded if and only if the
+    batch ends, and once."""
+    event = webhooks.ending_event(svc, batch, final)
+    if event is not None:
+        ops.append(webhooks.event_put(svc, event))
+    return event
 
 
 def fail_validation(svc: Services, batch: BatchItem, problems: list[dict]) -> bool:
@@ -130,10 +142,12 @@ def fail_validation(svc: Services, batch: BatchItem, problems: list[dict]) -> bo
     if batch.get("idempotency_key"):
         ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
                                               now + svc.settings.idempotency_retention_seconds))
+    event = _announcing(svc, batch, BatchStatus.FAILED, ops)
     try:
         svc.table.transact(ops)
     except ConditionFailed:
         return False
+    webhooks.announce(svc, event)
     return True
 
 

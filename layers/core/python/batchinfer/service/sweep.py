@@ -12,6 +12,7 @@ from ..records import Batch, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from .intake import validate_file_batch
+from . import webhooks
 from .lifecycle import due_to_expire, purge_batch, settle_batch, stop_batch
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,10 @@ def sweep_once(svc: Services, deadline: float | None = None) -> dict:
                 counts["purged"] += 1
             except (ConditionFailed, Throttled):
                 log.warning("batch %s could not be purged yet", batch["id"])
+    try:
+        counts["webhook_events_resent"] = webhooks.relay_due(svc)
+    except Throttled:
+        counts["webhook_events_resent"] = 0
     return counts
 
 

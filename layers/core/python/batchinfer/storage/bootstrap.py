@@ -5,7 +5,7 @@ from __future__ import annotations
 from botocore.exceptions import ClientError
 
 # The catalog module names queues for the CDK stack too: the local stack must create the very same names.
-from ..catalog import queue_name, queue_slugs
+from ..catalog import queue_name, queue_slugs, webhook_queue_name
 from ..layout import INDEXES as GSIS
 
 
@@ -45,3 +45,19 @@ def create_queues(sqs, stage: str, model_ids: list[str], visibility_seconds: int
                                   Attributes={"VisibilityTimeout": str(visibility_seconds)})
         urls[model_id] = answer["QueueUrl"]
     return urls
+
+
+def create_webhook_queue(sqs, stage: str) -> str:
+    """The queue webhook deliveries are sent from (retries come back to it with a delay)."""
+    return sqs.create_queue(QueueName=webhook_queue_name(stage), Attributes={"VisibilityTimeout": "60"})["QueueUrl"]
+
+
+def create_webhook_key(kms, alias: str) -> str:
+    """The key webhook signing secrets are encrypted with, created once under `alias` (CDK makes the
+    deployed one)."""
+    for entry in kms.list_aliases().get("Aliases", []):
+        if entry["AliasName"] == alias and entry.get("TargetKeyId"):
+            return alias
+    key_id = kms.create_key(Description="webhook signing secrets")["KeyMetadata"]["KeyId"]
+    kms.create_alias(AliasName=alias, TargetKeyId=key_id)
+    return alias

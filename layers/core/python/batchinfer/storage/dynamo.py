@@ -168,9 +168,12 @@ class Table:
                              **_expressions(expression, condition, names, vals))
         return deserialize(answer["Attributes"]) if return_new else None
 
-    def delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None) -> None:
-        self._write("delete_item", TableName=self.name, Key=self.key(pk, sk),
-                    **_expressions(condition=condition, vals=vals))
+    def delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None,
+               return_old: bool = False) -> dict | None:
+        extra = {"ReturnValues": "ALL_OLD"} if return_old else {}
+        answer = self._write("delete_item", TableName=self.name, Key=self.key(pk, sk), **extra,
+                             **_expressions(condition=condition, vals=vals))
+        return deserialize(answer["Attributes"]) if return_old and "Attributes" in answer else None
 
     # Transactions take ops built by the helpers below.
     def op_put(self, item: dict, condition: str | None = None, vals: dict | None = None) -> dict:

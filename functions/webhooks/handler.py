@@ -1,0 +1,34 @@
+"""Webhooks function: each record of the delivery queue is one attempt at one event. The records of a call
+run at once (a slow receiver holds only its own record, for at most the attempt's timeout), and a record
+whose bookkeeping failed is reported on its own, so SQS hands back only that one."""
+
+import asyncio
+import json
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType, async_process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+
+from batchinfer.catalog import METRIC_WEBHOOK_ATTEMPTS_FAILED, METRIC_WEBHOOK_DELIVERIES_FAILED
+from batchinfer.observability import logger, metrics, tracer
+from batchinfer.runtime import services
+from batchinfer.service.webhooks import deliver
+
+processor = AsyncBatchProcessor(event_type=EventType.SQS)
+
+
+async def record_handler(record: SQSRecord) -> str:
+    result = await asyncio.to_thread(deliver, services(), json.loads(record.body))
+    if result in ("retry", "failed"):
+        metrics.add_metric(name=METRIC_WEBHOOK_ATTEMPTS_FAILED, unit=MetricUnit.Count, value=1)
+    if result == "failed":  # the last attempt failed: the receiver will not hear of this event
+        metrics.add_metric(name=METRIC_WEBHOOK_DELIVERIES_FAILED, unit=MetricUnit.Count, value=1)
+    return result
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+@tracer.capture_lambda_handler
+def handler(event: dict, context: object) -> dict:
+    return async_process_partial_response(event=event, record_handler=record_handler, processor=processor,
+                                          context=context)
