@@ -167,7 +167,35 @@ def _base(body: Any) -> str:
         raise SimError(400, "You must provide a model parameter", param="model")
     if body.get("stream"):
         raise SimError(400, "stream=true is not supported by the simulated backend", param="stream")
+    _check_types(body)
     return model
+
+
+# As strict on types as an OpenAI-compatible server (vLLM answers 400 to "temperature": "hot"), so a test
+# meets what production would. Written apart from the service's own checks, on purpose: a double that
+# shared them would agree with their mistakes.
+_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k")
+_INTEGERS = ("n", "seed", "top_logprobs", "dimensions")
+_BOOLEANS = ("logprobs", "parallel_tool_calls", "store", "echo")
+
+
+def _check_types(body: dict[str, Any]) -> None:
+    for name in _NUMBERS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise SimError(400, f"'{name}' must be a number, not {type(value).__name__}", param=name)
+    for name in _INTEGERS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise SimError(400, f"'{name}' must be an integer, not {type(value).__name__}", param=name)
+    for name in _BOOLEANS:
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise SimError(400, f"'{name}' must be a boolean, not {type(value).__name__}", param=name)
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
+                                                           and all(isinstance(x, str) for x in stop))):
+        raise SimError(400, "'stop' must be a string or a list of strings", param="stop")
 
 
 def _max_tokens(body: dict[str, Any], *names: str) -> int | None:

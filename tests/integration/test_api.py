@@ -284,6 +284,19 @@ def test_create_malformed_bodies_are_400(api, svc):
                '"messages":[{"role":"user","content":"x"}],"temperature":' + constant + '}}]}')
         error(api("POST", "/v1/batches", key, body=raw, headers=as_json), 400, "requests[1] (custom_id 'b')",
               "NaN or Infinity", param="requests[1]")
+    # Every body is checked as its endpoint checks it: types and ranges of the known parameters, each fault
+    # naming the request and the parameter (unknown parameters pass through to the backend).
+    for extra, named in (({"temperature": "hot"}, "body.temperature: input should be a valid number (got 'hot')"),
+                         ({"temperature": 2.5}, "body.temperature: input should be less than or equal to 2"),
+                         ({"top_p": "0.9"}, "body.top_p"), ({"max_tokens": 0}, "body.max_tokens"),
+                         ({"max_tokens": True}, "body.max_tokens"), ({"n": 1.5}, "body.n"),
+                         ({"stop": [1, 2]}, "body.stop"), ({"stop": ["a", "b", "c", "d", "e"]}, "body.stop"),
+                         ({"logprobs": "yes"}, "body.logprobs"), ({"seed": "42"}, "body.seed"),
+                         ({"presence_penalty": -3}, "body.presence_penalty"),
+                         ({"messages": [{"role": "robot", "content": "x"}]}, "body.messages[0].role"),
+                         ({"messages": [{"role": "user", "content": 7}]}, "body.messages[0].content")):
+        error(api.create(key, [req("a"), req("b", **extra)]), 400, "requests[1] (custom_id 'b'): ", named,
+              param="requests[1]")
     # File batches are an extension that is off.
     error(api("POST", "/v1/batches", key, json_body={"input_file_id": "file-abc123",
                                                      "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
@@ -858,3 +871,11 @@ def test_unknown_routes_and_unavailable_are_json_never_500(api, svc):
     error(api("GET", "/v1/batches", key), 404, "unavailable", code="batches_unavailable")
     error(api("GET", f"/v1/batches/{batch['id']}", key), 404, "unavailable")
     error(api.create(key, [req("a")]), 404, "unavailable")
+
+
+def test_known_parameters_in_range_and_unknown_ones_pass_through(api, svc, sim_control):
+    _, key = new_key(svc)
+    batch = api.created(key, [req("z", temperature=0, top_p=1, max_tokens=5, stop="\n", seed=7, n=1,
+                                  logit_bias={"50256": -100}, some_new_parameter={"x": 1})])
+    final = finish(svc, batch["id"])
+    assert final["status"] == "completed" and final["completed"] == 1

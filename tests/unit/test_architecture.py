@@ -17,7 +17,8 @@ PACKAGE = "batchinfer"
 # Lower layers first; a module may import its own layer or any below it.
 LAYERS = [
     {"batchinfer.domain", "batchinfer.layout", "batchinfer.settings", "batchinfer.errors", "batchinfer.catalog",
-     "batchinfer.observability", "batchinfer.messages_to_chat", "batchinfer.addresses"},
+     "batchinfer.observability", "batchinfer.messages_to_chat", "batchinfer.addresses",
+     "batchinfer.request_bodies"},
     {"batchinfer.storage", "batchinfer.providers"},
     {"batchinfer.runtime"},
     {"batchinfer.records", "batchinfer.ledger"},

@@ -119,6 +119,11 @@ def test_multimodal_content_parts(client: TestClient) -> None:
         ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (chat_body(max_tokens=0), "max_tokens"),
         (chat_body(stream=True), "stream"),
+        (chat_body(temperature="hot"), "temperature"),
+        (chat_body(top_p=True), "top_p"),
+        (chat_body(n="2"), "n"),
+        (chat_body(logprobs="yes"), "logprobs"),
+        (chat_body(stop=[1]), "stop"),
         ([1, 2], None),
     ],
 )

@@ -9,12 +9,10 @@ from dataclasses import dataclass
 
 from ..domain import BatchStatus
 from ..errors import ApiError
+from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
 from ..runtime import Services
 from .accounts import may_use_model
 
-CHAT = "/v1/chat/completions"
-EMBEDDINGS = "/v1/embeddings"
-RESPONSES = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -128,22 +126,15 @@ def _check_body(endpoint: str, body: dict) -> str | None:
         return "body holds NaN or Infinity, which is not valid JSON"
     if body.get("stream") is True:
         return "stream must not be true in a batch"
-    if endpoint == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return "body.messages must be a non-empty array"
-        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            return "each of body.messages must be an object with a role"
-    elif endpoint == EMBEDDINGS and "input" not in body:
-        return "body.input is required"
-    elif endpoint == RESPONSES:
+    problem = body_problem(endpoint, body)  # the types and ranges the endpoint itself checks
+    if problem:
+        return problem
+    if endpoint == RESPONSES:  # what a batch cannot carry: a Responses request that depends on another
         if body.get("store") is True:
             return "store must be false or left out: batched Responses requests are not stored"
         for field in ("previous_response_id", "conversation", "background"):
             if body.get(field) is not None:
                 return f"{field} is not allowed in a batched Responses request"
-        if "input" not in body:
-            return "body.input is required"
     return None
 
 
