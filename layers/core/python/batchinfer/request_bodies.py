@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from .catalog import CHAT_ENDPOINT as CHAT
+
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
 

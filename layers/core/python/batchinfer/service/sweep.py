@@ -11,8 +11,8 @@ from ..ledger import Settlement, close_group, give_back_slots, position_item, se
 from ..records import Batch, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from .intake import validate_file_batch
 from . import webhooks
+from .intake import validate_file_batch
 from .lifecycle import due_to_expire, purge_batch, settle_batch, stop_batch
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,6 @@ from ..runtime import Services
 from .accounts import may_use_model
 
 
-
 @dataclass(frozen=True)
 class ValidRequest:
     custom_id: str
