@@ -60,8 +60,13 @@ RESERVED_ENV_NAMES = frozenset(
         "MESSAGE_BATCHES_ENABLED",
         "EMBEDDINGS_RESPONSES_BATCHES_ENABLED",
         "BATCH_WEBHOOKS_ENABLED",
+        "WEBHOOK_QUEUE_URL",
+        "WEBHOOK_KEY_ID",
     }
 )
+# Settings for the local stack only. On Lambda, loopback is the Runtime API (127.0.0.1:9001): a webhook
+# aimed there must stay refused.
+LOCAL_ONLY_ENV_NAMES = frozenset({"WEBHOOK_ALLOW_LOOPBACK"})
 
 # Characters a Secrets Manager secret name may hold; each queued model gets `<stage>/batchinfer/models/<id>`.
 _SECRET_SAFE_ID = re.compile(r"[A-Za-z0-9/_+=.@-]+")
@@ -153,6 +158,8 @@ class InfraConfig(BaseModel):
                 raise ValueError(f"catalog_env name {name!r} is not an environment variable name")
             if name in RESERVED_ENV_NAMES or name.startswith(("AWS_", "POWERTOOLS_", "LAMBDA_", "_")):
                 raise ValueError(f"catalog_env may not set {name!r}: the stack or Lambda owns it")
+            if name in LOCAL_ONLY_ENV_NAMES:
+                raise ValueError(f"catalog_env may not set {name!r}: it is for the local stack only")
         return value
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""The four Lambda functions, their layers, log groups and least-privilege roles."""
+"""The five Lambda functions, their layers, log groups and least-privilege roles."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from infra.config import REPO_ROOT, InfraConfig
 from infra.nag import acknowledge, acknowledge_all, nag_ref
 from infra.queues import ModelQueues, ModelSecrets
 from infra.storage import Storage
+from infra.webhooks import WebhookDelivery
 
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.X86_64
@@ -55,10 +56,21 @@ SWEEPER = FunctionSpec(
     Duration.seconds(70),
     1024,
 )
-SPECS = (API, DISPATCHER, WORKER, SWEEPER)
+# One attempt per record (WEBHOOK_TIMEOUT_SECONDS, 5 s), the records of a call run at once: ~30 s covers a
+# batch of 10 slow receivers with room for the bookkeeping.
+WEBHOOKS = FunctionSpec(
+    "webhooks",
+    "Delivers completion webhooks from the delivery queue, one attempt per message",
+    Duration.seconds(30),
+    256,
+)
+SPECS = (API, DISPATCHER, WORKER, SWEEPER, WEBHOOKS)
 
 # Event source mapping: records per invocation, and partial batch failures reported by the handler.
 WORKER_BATCH_SIZE = 10
+WEBHOOKS_BATCH_SIZE = 10
+# Receivers are other people's servers: a burst of endings is spread out rather than fanned out wide.
+WEBHOOKS_MAX_CONCURRENCY = 10
 
 _XRAY_REASON = "X-Ray PutTraceSegments/PutTelemetryRecords support no resource-level permissions."
 _TABLE_INDEX_REASON = "Queries the table's own GSIs (by_owner, by_due, by_active); scoped to this table."
@@ -69,7 +81,7 @@ _S3_ACTIONS_REASON = (
 
 
 class ServiceFunctions(Construct):
-    """Builds the layers and the api, dispatcher, worker and sweeper functions with their grants."""
+    """Builds the layers and the api, dispatcher, worker, sweeper and webhooks functions with their grants."""
 
     def __init__(
         self,
@@ -80,6 +92,7 @@ class ServiceFunctions(Construct):
         storage: Storage,
         queues: ModelQueues,
         secrets: ModelSecrets,
+        webhooks: WebhookDelivery,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
@@ -125,16 +138,27 @@ class ServiceFunctions(Construct):
             self.layers.append(self._custom_catalog_layer())
             common_env["MODELS_FILE"] = f"/opt/{CUSTOM_CATALOG_DIR}/{config.models_path.name}"
 
-        self.api = self._function(API, common_env, {"MAX_BODY_BYTES": str(config.max_body_bytes)})
+        # Only the functions that announce endings (api: cancel; worker, sweeper) or deliver them get the
+        # delivery queue and the secrets' key; the dispatcher never ends a batch.
+        webhook_env = {
+            "WEBHOOK_QUEUE_URL": webhooks.queue.queue_url,
+            "WEBHOOK_KEY_ID": webhooks.key.key_arn,
+        }
+        self.api = self._function(
+            API, common_env, {"MAX_BODY_BYTES": str(config.max_body_bytes), **webhook_env}
+        )
         self.dispatcher = self._function(
             DISPATCHER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True
         )
-        self.worker = self._function(WORKER, common_env, {"MODEL_SECRETS": secrets.secret_arns_json()})
-        self.sweeper = self._function(
-            SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True
+        self.worker = self._function(
+            WORKER, common_env, {"MODEL_SECRETS": secrets.secret_arns_json(), **webhook_env}
         )
+        self.sweeper = self._function(
+            SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json(), **webhook_env}, scheduled=True
+        )
+        self.webhooks = self._function(WEBHOOKS, common_env, webhook_env)
 
-        # api: state and objects, no queues. It presigns downloads with its own role (needs GetObject) and
+        # api: state and objects, no model queues. It presigns downloads with its own role (needs GetObject) and
         # deletes what it wrote when a batch create fails its transaction (Blobs.delete_prefix).
         storage.table.grant_read_write_data(self.api)
         storage.bucket.grant_read_write(self.api)
@@ -153,6 +177,15 @@ class ServiceFunctions(Construct):
         for queue in queues.queues:
             queue.grant_send_messages(self.dispatcher)
             queue.grant_send_messages(self.sweeper)
+        # webhooks: events and the accounts' webhooks in the table; no objects. Consumes the delivery queue
+        # (event source below) and sends its retries back to it.
+        storage.table.grant_read_write_data(self.webhooks)
+        for function in (self.api, self.worker, self.sweeper, self.webhooks):
+            webhooks.queue.grant_send_messages(function)
+        # Secrets: the api seals them (PUT /v1/batch_webhook), the webhooks function opens them to sign.
+        # Exactly these actions: grant_encrypt/grant_decrypt would add ReEncrypt*/GenerateDataKey*.
+        webhooks.key.grant(self.api, "kms:Encrypt")
+        webhooks.key.grant(self.webhooks, "kms:Decrypt")
 
         for entry in queues.by_model.values():
             self.worker.add_event_source(
@@ -164,6 +197,14 @@ class ServiceFunctions(Construct):
                     max_concurrency=entry.model.max_concurrency,
                 )
             )
+        self.webhooks.add_event_source(
+            event_sources.SqsEventSource(
+                webhooks.queue,
+                batch_size=WEBHOOKS_BATCH_SIZE,
+                report_batch_item_failures=True,
+                max_concurrency=WEBHOOKS_MAX_CONCURRENCY,
+            )
+        )
 
         self._acknowledge_grant_wildcards()
 
@@ -174,6 +215,7 @@ class ServiceFunctions(Construct):
             "dispatcher": self.dispatcher,
             "worker": self.worker,
             "sweeper": self.sweeper,
+            "webhooks": self.webhooks,
         }
 
     def _function(
@@ -280,6 +322,7 @@ class ServiceFunctions(Construct):
             "dispatcher": {**common, **read},
             "worker": {**common, **read, **put},
             "sweeper": {**common, **read, **put, **delete},
+            "webhooks": common,
         }
         for name, function in self.functions.items():
             assert function.role is not None

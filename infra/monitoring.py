@@ -3,7 +3,8 @@
 Application metrics come from Powertools Metrics (EMF log lines) in `batchinfer.catalog.METRICS_NAMESPACE`, the
 constant `batchinfer.observability` emits with, so the dashboard cannot drift from the functions. Powertools
 always adds the `service` dimension, so a metric the worker emits with `model` is identified by
-{service: batchinfer-worker, model: <id>}; the queries here use exactly that pair.
+{service: batchinfer-worker, model: <id>}; the queries here use exactly that pair. The webhooks function's
+metrics carry no dimension of their own: {service: batchinfer-webhooks}.
 """
 
 from __future__ import annotations
@@ -20,16 +21,22 @@ from constructs import Construct
 from batchinfer.catalog import (
     METRIC_BACKEND_ERRORS,
     METRIC_REQUESTS_COMPLETED,
+    METRIC_WEBHOOK_ATTEMPTS_FAILED,
+    METRIC_WEBHOOK_DELIVERIES_FAILED,
     METRICS_NAMESPACE,
     WORKER_METRICS_SERVICE,
+    function_service_name,
 )
 from infra.api import HttpApiFront
 from infra.config import InfraConfig
 from infra.functions import ServiceFunctions
 from infra.queues import MAX_RECEIVE_COUNT, ModelQueue, ModelQueues
+from infra.webhooks import WebhookDelivery
 
 # EMF metrics the worker emits per model (see the contract in docs/operations.md).
 BACKEND_METRICS_SERVICE = WORKER_METRICS_SERVICE
+# EMF metrics the webhooks function emits (attempts without a 2xx, events given up on).
+WEBHOOKS_METRICS_SERVICE = function_service_name("webhooks")
 
 QUEUE_AGE_ALARM_SECONDS = 15 * 60
 BACKEND_ERROR_RATE_ALARM_PERCENT = 10
@@ -52,6 +59,17 @@ def model_metric(model_id: str, metric_name: str, period: Duration = ONE_MINUTE)
         statistic=cloudwatch.Stats.SUM,
         period=period,
         label=f"{model_id} {metric_name}",
+    )
+
+
+def webhooks_metric(metric_name: str, period: Duration = ONE_MINUTE) -> cloudwatch.Metric:
+    """An EMF metric the webhooks function emits (Sum per period)."""
+    return cloudwatch.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=metric_name,
+        dimensions_map={"service": WEBHOOKS_METRICS_SERVICE},
+        statistic=cloudwatch.Stats.SUM,
+        period=period,
     )
 
 
@@ -82,6 +100,7 @@ class Monitoring(Construct):
         config: InfraConfig,
         functions: ServiceFunctions,
         queues: ModelQueues,
+        webhooks: WebhookDelivery,
         api: HttpApiFront,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -98,9 +117,10 @@ class Monitoring(Construct):
         self._action = cw_actions.SnsAction(self.topic)
 
         self._queue_alarms(queues)
+        self._webhook_alarms(webhooks)
         self._function_alarms(functions)
         self._api_alarms(api)
-        self.dashboard = self._dashboard(config, functions, queues, api)
+        self.dashboard = self._dashboard(config, functions, queues, webhooks, api)
 
     # -- alarms ---------------------------------------------------------------------------------------
 
@@ -159,6 +179,23 @@ class Monitoring(Construct):
                 "for 15 min.",
             )
 
+    def _webhook_alarms(self, webhooks: WebhookDelivery) -> None:
+        self._alarm(
+            "webhooks-dlq-depth",
+            metric=webhooks.dlq.metric_approximate_number_of_messages_visible(
+                period=FIVE_MINUTES, statistic=cloudwatch.Stats.MAXIMUM
+            ),
+            threshold=0,
+            description=f"Webhook deliveries failed {MAX_RECEIVE_COUNT} receives and sit in the DLQ (the "
+            "sweeper re-sends their events, but the webhooks function keeps failing on them).",
+        )
+        self._alarm(
+            "webhooks-deliveries-failed",
+            metric=webhooks_metric(METRIC_WEBHOOK_DELIVERIES_FAILED, FIVE_MINUTES),
+            threshold=0,
+            description="Webhook events were given up on: every attempt failed, the receiver was not told.",
+        )
+
     def _function_alarms(self, functions: ServiceFunctions) -> None:
         for name, function in functions.functions.items():
             self._alarm(
@@ -208,7 +245,12 @@ class Monitoring(Construct):
     # -- dashboard ------------------------------------------------------------------------------------
 
     def _dashboard(
-        self, config: InfraConfig, functions: ServiceFunctions, queues: ModelQueues, api: HttpApiFront
+        self,
+        config: InfraConfig,
+        functions: ServiceFunctions,
+        queues: ModelQueues,
+        webhooks: WebhookDelivery,
+        api: HttpApiFront,
     ) -> cloudwatch.Dashboard:
         dashboard = cloudwatch.Dashboard(
             self, "Dashboard", dashboard_name=self._prefix, default_interval=Duration.hours(3)
@@ -292,6 +334,7 @@ class Monitoring(Construct):
         )
         for entry in queues.by_model.values():
             dashboard.add_widgets(*_queue_widgets(entry))
+        dashboard.add_widgets(*_webhook_widgets(webhooks))
         return dashboard
 
 
@@ -318,6 +361,36 @@ def _queue_widgets(entry: ModelQueue) -> list[cloudwatch.IWidget]:
         ),
         _graph(
             f"{model_id}: DLQ depth",
+            [
+                dlq.metric_approximate_number_of_messages_visible(
+                    period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
+                )
+            ],
+            width=8,
+        ),
+    ]
+
+
+def _webhook_widgets(webhooks: WebhookDelivery) -> list[cloudwatch.IWidget]:
+    queue, dlq = webhooks.queue, webhooks.dlq
+    return [
+        _graph(
+            "Webhooks: attempts / deliveries failed",
+            [webhooks_metric(METRIC_WEBHOOK_ATTEMPTS_FAILED), webhooks_metric(METRIC_WEBHOOK_DELIVERIES_FAILED)],
+            width=8,
+        ),
+        _graph(
+            "Webhooks: delivery queue depth",
+            [
+                queue.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, label="due"),
+                # Retries wait as delayed messages.
+                queue.metric_approximate_number_of_messages_delayed(period=ONE_MINUTE, label="retries waiting"),
+                queue.metric_approximate_number_of_messages_not_visible(period=ONE_MINUTE, label="in flight"),
+            ],
+            width=8,
+        ),
+        _graph(
+            "Webhooks: DLQ depth",
             [
                 dlq.metric_approximate_number_of_messages_visible(
                     period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM

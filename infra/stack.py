@@ -1,4 +1,5 @@
-"""The batchinfer stack: storage, per-model queues and secrets, functions, API, schedules, monitoring."""
+"""The batchinfer stack: storage, per-model queues and secrets, webhook delivery, functions, API, schedules,
+monitoring."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from constructs import Construct
 
 from infra.api import HttpApiFront
 from infra.config import REPO_ROOT, Catalog, InfraConfig, load_catalog, resolve_config
+from infra.functions import WEBHOOKS as WEBHOOKS_SPEC
 from infra.functions import WORKER as WORKER_SPEC
 from infra.functions import ServiceFunctions, log_retention
 from infra.monitoring import Monitoring
@@ -19,6 +21,7 @@ from infra.nag import apply_nag
 from infra.queues import ModelQueues, ModelSecrets
 from infra.schedules import Schedules
 from infra.storage import Storage
+from infra.webhooks import WebhookDelivery
 
 
 class BatchInferenceStack(Stack):
@@ -49,8 +52,17 @@ class BatchInferenceStack(Stack):
             self, "ModelQueues", config=config, models=catalog.models, worker_timeout=WORKER_SPEC.timeout
         )
         self.secrets = ModelSecrets(self, "ModelSecrets", config=config, models=catalog.models)
+        self.webhooks = WebhookDelivery(
+            self, "WebhookDelivery", config=config, function_timeout=WEBHOOKS_SPEC.timeout
+        )
         self.functions = ServiceFunctions(
-            self, "Functions", config=config, storage=self.storage, queues=self.queues, secrets=self.secrets
+            self,
+            "Functions",
+            config=config,
+            storage=self.storage,
+            queues=self.queues,
+            secrets=self.secrets,
+            webhooks=self.webhooks,
         )
         self.api = HttpApiFront(
             self,
@@ -67,7 +79,13 @@ class BatchInferenceStack(Stack):
             sweeper=self.functions.sweeper,
         )
         self.monitoring = Monitoring(
-            self, "Monitoring", config=config, functions=self.functions, queues=self.queues, api=self.api
+            self,
+            "Monitoring",
+            config=config,
+            functions=self.functions,
+            queues=self.queues,
+            webhooks=self.webhooks,
+            api=self.api,
         )
 
         CfnOutput(

@@ -89,5 +89,6 @@ def edge_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
             "alarm_email": "ops@example.com",
             "catalog_env": json.dumps({"TINY_URL": "https://tiny.example"}),
             "file_batches_enabled": "true",
+            "batch_webhooks_enabled": "true",
         },
     )

@@ -87,6 +87,9 @@ def test_precedence_defaults_file_then_top_level_context(tmp_path: Path) -> None
         {"log_retention_days": 31},
         {"catalog_env": {"TABLE_NAME": "x"}},
         {"catalog_env": {"AWS_REGION": "x"}},
+        {"catalog_env": {"WEBHOOK_QUEUE_URL": "x"}},
+        {"catalog_env": {"WEBHOOK_KEY_ID": "alias/x"}},
+        {"catalog_env": {"WEBHOOK_ALLOW_LOOPBACK": "true"}},  # on Lambda, loopback is the Runtime API
         {"unknown_setting": 1, "batchinfer": {"unknown_setting": 1}},
         {"api_throttle_rate_limit": 500, "api_throttle_burst_limit": 100},
     ],

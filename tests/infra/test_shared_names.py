@@ -20,6 +20,7 @@ from batchinfer.storage import bootstrap
 from infra.config import InfraConfig, load_catalog
 from infra.functions import SPECS
 from infra.queues import ModelQueues
+from infra.webhooks import WebhookDelivery
 from tests.infra.conftest import Synth
 
 STAGE = "production-eu-1"  # a long stage leaves the least room for the model's part of the name
@@ -63,6 +64,20 @@ def test_local_bootstrap_and_cdk_name_tricky_queues_identically(tmp_path: Path) 
     assert cdk == local and set(cdk) == set(TRICKY_IDS)
     assert cdk["Org/Model.V2+x"] == f"{STAGE}-batchinfer-org-model-v2-x"
     assert len(set(cdk.values())) == 3 and all(len(f"{name}-dlq") <= 80 for name in cdk.values())
+
+
+def test_local_bootstrap_and_cdk_name_the_webhook_queue_identically() -> None:
+    stack = Stack(App(), "Webhooks")
+    delivery = WebhookDelivery(
+        stack, "WebhookDelivery", config=InfraConfig(stage=STAGE), function_timeout=Duration.seconds(30)
+    )
+    resources = Template.from_stack(stack).to_json()["Resources"]
+    cdk = resources[stack.resolve(delivery.queue.node.default_child.logical_id)]["Properties"]["QueueName"]
+    with mock_aws():
+        local = bootstrap.create_webhook_queue(boto3.client("sqs", region_name="us-east-1"), STAGE).rsplit("/", 1)[1]
+    assert cdk == local == f"{STAGE}-batchinfer--webhooks"
+    dlq = resources[stack.resolve(delivery.dlq.node.default_child.logical_id)]["Properties"]["QueueName"]
+    assert dlq == f"{cdk}-dlq" and len(dlq) <= 80
 
 
 def test_an_empty_variable_takes_the_default_in_core_and_infra(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from aws_cdk.assertions import Annotations, Match
 from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import ManualArgs, lint_file
 
+from batchinfer.catalog import webhook_queue_name
 from infra.config import load_catalog
 from infra.functions import SPECS
 from infra.nag import recording_acknowledgments
@@ -91,8 +92,8 @@ def test_one_queue_dlq_and_event_source_per_catalog_model(synth: Synth) -> None:
     entries = yaml.safe_load(CATALOG.path.read_text())["models"]
     assert [m.model_id for m in CATALOG.models] == [e["id"] for e in entries if not e.get("auto")]
     queues = synth.resources("AWS::SQS::Queue")
-    assert len(queues) == 2 * len(CATALOG.models)
-    synth.template.resource_count_is("AWS::Lambda::EventSourceMapping", len(CATALOG.models))
+    assert len(queues) == 2 * len(CATALOG.models) + 2  # + the webhook delivery queue and its DLQ
+    synth.template.resource_count_is("AWS::Lambda::EventSourceMapping", len(CATALOG.models) + 1)
     worker_id, _ = function_resource(synth, "worker")
     for model in CATALOG.models:
         queue_id, dlq_id = (
@@ -145,7 +146,7 @@ def test_queue_env_and_secrets_follow_catalog(synth: Synth) -> None:
 
 def test_edge_catalog_caps_concurrency_and_skips_auto(edge_synth: Synth) -> None:
     ts = edge_synth.template
-    ts.resource_count_is("AWS::Lambda::EventSourceMapping", 3)
+    ts.resource_count_is("AWS::Lambda::EventSourceMapping", 3 + 1)  # + the webhooks function's
     for concurrency in (1000, 2, 7):
         ts.has_resource_properties(
             "AWS::Lambda::EventSourceMapping", {"ScalingConfig": {"MaximumConcurrency": concurrency}}
@@ -158,6 +159,95 @@ def test_edge_catalog_caps_concurrency_and_skips_auto(edge_synth: Synth) -> None
         s["Properties"]["Name"] for s in edge_synth.resources("AWS::SecretsManager::Secret").values()
     )
     assert secrets == ["qa/batchinfer/models/Big.Model/v1", "qa/batchinfer/models/mid"]
+
+
+# -- webhook delivery ------------------------------------------------------------------------------------
+
+
+def test_webhook_key_queue_and_dlq(synth: Synth, edge_synth: Synth) -> None:
+    delivery = synth.stack.webhooks
+    key_id = synth.logical_id(delivery.key)
+    queue_id, dlq_id = synth.logical_id(delivery.queue), synth.logical_id(delivery.dlq)
+    (key,) = synth.resources("AWS::KMS::Key").values()
+    assert key["Properties"]["EnableKeyRotation"] is True
+    assert key["DeletionPolicy"] == "Retain"  # retain_data: the sealed secrets' key stays with the table
+    (alias,) = synth.resources("AWS::KMS::Alias").values()
+    assert alias["Properties"] == {
+        "AliasName": "alias/dev-batchinfer-webhooks",
+        "TargetKeyId": {"Fn::GetAtt": [key_id, "Arn"]},
+    }
+    queues = synth.resources("AWS::SQS::Queue")
+    queue, dlq = queues[queue_id]["Properties"], queues[dlq_id]["Properties"]
+    assert queue["QueueName"] == webhook_queue_name("dev") == "dev-batchinfer--webhooks"
+    assert dlq["QueueName"] == "dev-batchinfer--webhooks-dlq"
+    assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}, "maxReceiveCount": 5}
+    assert queue["SqsManagedSseEnabled"] is True and dlq["SqsManagedSseEnabled"] is True
+    assert queue["VisibilityTimeout"] >= 6 * function_resource(synth, "webhooks")[1]["Properties"]["Timeout"]
+    assert "DelaySeconds" not in queue  # retries set their own delay per message
+    for logical_id in (queue_id, dlq_id):
+        synth.template.has_resource_properties(
+            "AWS::SQS::QueuePolicy",
+            {
+                "Queues": [{"Ref": logical_id}],
+                "PolicyDocument": {
+                    "Statement": Match.array_with(
+                        [
+                            Match.object_like(
+                                {"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+                            )
+                        ]
+                    )
+                },
+            },
+        )
+    # retain_data=false: the key (and the queues) go with the stack; the names follow the stage.
+    edge_synth.template.has_resource("AWS::KMS::Key", {"DeletionPolicy": "Delete"})
+    edge_synth.template.has_resource_properties("AWS::KMS::Alias", {"AliasName": "alias/qa-batchinfer-webhooks"})
+    edge_synth.template.has_resource(
+        "AWS::SQS::Queue", {"DeletionPolicy": "Delete", "Properties": {"QueueName": "qa-batchinfer--webhooks"}}
+    )
+
+
+def test_webhooks_function_consumes_the_delivery_queue(synth: Synth) -> None:
+    webhooks_id, function = function_resource(synth, "webhooks")
+    props = function["Properties"]
+    assert props["Timeout"] == 30 and props["MemorySize"] == 256
+    assert props["Description"]
+    assert "ReservedConcurrentExecutions" not in props
+    queue_id = synth.logical_id(synth.stack.webhooks.queue)
+    mappings = [
+        {k: v for k, v in m["Properties"].items() if k != "Tags"}
+        for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": webhooks_id}
+    ]
+    assert mappings == [
+        {
+            "EventSourceArn": {"Fn::GetAtt": [queue_id, "Arn"]},
+            "FunctionName": {"Ref": webhooks_id},
+            "BatchSize": 10,
+            "FunctionResponseTypes": ["ReportBatchItemFailures"],
+            "ScalingConfig": {"MaximumConcurrency": 10},
+        }
+    ]
+    # The worker's mappings are all on model queues, the webhooks function's only on the delivery queue.
+    worker_id, _ = function_resource(synth, "worker")
+    model_queues = {synth.logical_id(q) for q in synth.stack.queues.queues}
+    for mapping in synth.resources("AWS::Lambda::EventSourceMapping").values():
+        if mapping["Properties"]["FunctionName"] == {"Ref": worker_id}:
+            assert mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0] in model_queues
+
+
+def test_webhook_wiring_env(synth: Synth) -> None:
+    queue_url = {"Ref": synth.logical_id(synth.stack.webhooks.queue)}
+    key_arn = {"Fn::GetAtt": [synth.logical_id(synth.stack.webhooks.key), "Arn"]}
+    for name in ("api", "worker", "sweeper", "webhooks"):
+        variables = env(synth, name)
+        assert variables["WEBHOOK_QUEUE_URL"] == queue_url, name
+        assert variables["WEBHOOK_KEY_ID"] == key_arn, name  # the ARN its KMS grant names
+    assert not {"WEBHOOK_QUEUE_URL", "WEBHOOK_KEY_ID"} & set(env(synth, "dispatcher"))
+    # Off in a deployment unless the operator turns it on; every function reads the same switch.
+    for name in FUNCTION_NAMES:
+        assert env(synth, name)["BATCH_WEBHOOKS_ENABLED"] == "false", name
 
 
 # -- schedules -----------------------------------------------------------------------------------------
@@ -289,6 +379,7 @@ def test_functions_runtime_layers_tracing_and_logs(synth: Synth) -> None:
     assert function_resource(synth, "dispatcher")[1]["Properties"]["Timeout"] == 70
     assert function_resource(synth, "sweeper")[1]["Properties"]["Timeout"] == 70
     assert function_resource(synth, "worker")[1]["Properties"]["Timeout"] == 180
+    assert function_resource(synth, "webhooks")[1]["Properties"]["Timeout"] == 30
     assert function_resource(synth, "api")[1]["Properties"]["Timeout"] <= 29
 
 
@@ -305,11 +396,13 @@ def test_environment_per_function(synth: Synth) -> None:
         "BATCH_RETENTION_SECONDS": "604800",
         "TIER_LIMITS": "free=8,pro=16,internal=64",
     }
+    wiring = {"WEBHOOK_QUEUE_URL", "WEBHOOK_KEY_ID"}
     own = {
-        "api": {"MAX_BODY_BYTES"},
+        "api": {"MAX_BODY_BYTES", *wiring},
         "dispatcher": {"MODEL_QUEUES"},
-        "worker": {"MODEL_SECRETS"},
-        "sweeper": {"MODEL_QUEUES"},
+        "worker": {"MODEL_SECRETS", *wiring},
+        "sweeper": {"MODEL_QUEUES", *wiring},
+        "webhooks": wiring,
     }
     for name in FUNCTION_NAMES:
         variables = env(synth, name)
@@ -318,7 +411,7 @@ def test_environment_per_function(synth: Synth) -> None:
             assert variables[key] == value, (name, key)
         assert {"TABLE_NAME", "BUCKET_NAME"} <= set(variables)
         assert "MODELS_FILE" not in variables
-        assert {"MAX_BODY_BYTES", "MODEL_QUEUES", "MODEL_SECRETS"} & set(variables) == own[name]
+        assert {"MAX_BODY_BYTES", "MODEL_QUEUES", "MODEL_SECRETS", *wiring} & set(variables) == own[name]
     assert env(synth, "api")["MAX_BODY_BYTES"] == "5242880"
 
 
@@ -380,9 +473,14 @@ def test_iam_is_scoped_to_table_bucket_queues_and_secrets(synth: Synth) -> None:
     table = synth.logical_id(stack.storage.table)
     bucket = synth.logical_id(stack.storage.bucket)
     queues = {synth.logical_id(q) for q in stack.queues.queues}
-    dlqs = {synth.logical_id(e.dlq) for e in stack.queues.by_model.values()}
+    webhook_queue = synth.logical_id(stack.webhooks.queue)
+    key = synth.logical_id(stack.webhooks.key)
+    dlqs = {synth.logical_id(e.dlq) for e in stack.queues.by_model.values()} | {
+        synth.logical_id(stack.webhooks.dlq)
+    }
     secrets = {synth.logical_id(s) for s in stack.secrets.secrets}
     statements = {name: role_statements(synth, name) for name in FUNCTION_NAMES}
+    assert set(statements) == {"api", "dispatcher", "worker", "sweeper", "webhooks"}
 
     for name, granted in statements.items():
         for statement in granted:
@@ -390,21 +488,41 @@ def test_iam_is_scoped_to_table_bucket_queues_and_secrets(synth: Synth) -> None:
             if statement["Resource"] == "*":  # only X-Ray, which has no resource-level permissions
                 assert actions_of([statement]) <= {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}, name
         assert refs(resources_for(granted, "dynamodb:PutItem")) == {table}, name
-        assert refs(resources_for(granted, "s3:GetObject*")) == {bucket}, name
+        if name != "webhooks":
+            assert refs(resources_for(granted, "s3:GetObject*")) == {bucket}, name
         assert not refs(granted) & dlqs, f"{name} must not touch the DLQs"
 
-    api, dispatcher, worker, sweeper = (statements[n] for n in FUNCTION_NAMES)
-    assert not any(a.startswith(("sqs:", "secretsmanager:")) for a in actions_of(api))
+    api, dispatcher, worker, sweeper, webhooks = (statements[n] for n in FUNCTION_NAMES)
+    assert refs(resources_for(api, "sqs:SendMessage")) == {webhook_queue}
+    assert not any(a.startswith("secretsmanager:") for a in actions_of(api))
     assert refs(resources_for(dispatcher, "sqs:SendMessage")) == queues
     assert "s3:PutObject" not in actions_of(dispatcher)
     assert not any(a.startswith("secretsmanager:") for a in actions_of(dispatcher))
     assert refs(resources_for(worker, "sqs:ReceiveMessage")) == queues
-    assert "sqs:SendMessage" not in actions_of(worker)
+    assert refs(resources_for(worker, "sqs:SendMessage")) == {webhook_queue}  # announces endings only
     assert "s3:DeleteObject*" not in actions_of(worker)
     assert refs(resources_for(worker, "secretsmanager:GetSecretValue")) == secrets
-    assert refs(resources_for(sweeper, "sqs:SendMessage")) == queues
+    assert refs(resources_for(sweeper, "sqs:SendMessage")) == queues | {webhook_queue}
     assert refs(resources_for(sweeper, "s3:DeleteObject*")) == {bucket}
     assert not any(a.startswith("secretsmanager:") for a in actions_of(sweeper))
+    # webhooks: the table, its queue (consume, send retries back) and opening secrets; no objects, no keys.
+    assert refs(resources_for(webhooks, "sqs:ReceiveMessage")) == {webhook_queue}
+    assert refs(resources_for(webhooks, "sqs:DeleteMessage")) == {webhook_queue}
+    assert refs(resources_for(webhooks, "sqs:SendMessage")) == {webhook_queue}
+    assert not any(a.startswith(("s3:", "secretsmanager:")) for a in actions_of(webhooks))
+    own_logs = function_resource(synth, "webhooks")[1]["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+    assert refs(webhooks) == {table, webhook_queue, key, own_logs}
+
+    # KMS: exactly kms:Encrypt on the key for the api, exactly kms:Decrypt for the webhooks function.
+    kms = {name: {a for a in actions_of(granted) if a.startswith("kms:")} for name, granted in statements.items()}
+    assert kms == {"api": {"kms:Encrypt"}, "dispatcher": set(), "worker": set(), "sweeper": set(),
+                   "webhooks": {"kms:Decrypt"}}
+    assert refs(resources_for(api, "kms:Encrypt")) == {key}
+    assert refs(resources_for(webhooks, "kms:Decrypt")) == {key}
+    # Only the dispatcher never sends to the delivery queue; nobody but the webhooks function consumes it.
+    for name, granted in statements.items():
+        assert (webhook_queue in refs(resources_for(granted, "sqs:SendMessage"))) == (name != "dispatcher"), name
+        assert (webhook_queue in refs(resources_for(granted, "sqs:ReceiveMessage"))) == (name == "webhooks"), name
 
 
 # -- custom catalog and settings ------------------------------------------------------------------------
@@ -418,6 +536,7 @@ def test_custom_catalog_is_bundled_and_named(edge_synth: Synth) -> None:
         assert variables["MODELS_FILE"] == "/opt/batchinfer-catalog/edge-models.yaml"
         assert variables["TINY_URL"] == "https://tiny.example"
         assert variables["FILE_BATCHES_ENABLED"] == "true"
+        assert variables["BATCH_WEBHOOKS_ENABLED"] == "true"  # -c batch_webhooks_enabled=true reaches all
         assert len(function_resource(edge_synth, name)[1]["Properties"]["Layers"]) == 3
     catalog_id = edge_synth.logical_id(edge_synth.stack.functions.node.find_child("CatalogLayer"))
     key = layers[catalog_id]["Properties"]["Content"]["S3Key"].removesuffix(".zip")
@@ -456,6 +575,22 @@ def test_alarms_and_dashboard(synth: Synth) -> None:
     assert alarms["dev-batchinfer-api-5xx-rate"]["MetricName"] == "5xx"
     assert alarms["dev-batchinfer-api-latency-p99"]["ExtendedStatistic"] == "p99"
     assert alarms["dev-batchinfer-dispatcher-not-running"]["TreatMissingData"] == "breaching"
+    webhook_dlq = alarms["dev-batchinfer-webhooks-dlq-depth"]
+    assert webhook_dlq["MetricName"] == "ApproximateNumberOfMessagesVisible" and webhook_dlq["Threshold"] == 0
+    assert webhook_dlq["ComparisonOperator"] == "GreaterThanThreshold"
+    assert webhook_dlq["Dimensions"] == [
+        {"Name": "QueueName", "Value": {"Fn::GetAtt": [synth.logical_id(synth.stack.webhooks.dlq), "QueueName"]}}
+    ]
+    failed = alarms["dev-batchinfer-webhooks-deliveries-failed"]
+    assert (failed["Namespace"], failed["MetricName"]) == ("BatchInference", "WebhookDeliveriesFailed")
+    assert (failed["Statistic"], failed["Threshold"], failed["ComparisonOperator"]) == (
+        "Sum",
+        0,
+        "GreaterThanThreshold",
+    )
+    # The one dimension Powertools adds: the webhooks function's service name.
+    assert failed["Dimensions"] == [{"Name": "service", "Value": env(synth, "webhooks")["POWERTOOLS_SERVICE_NAME"]}]
+    assert failed["TreatMissingData"] == "notBreaching"
     for alarm in alarms.values():
         assert alarm["AlarmActions"] == [{"Ref": topic}]
     synth.template.has_resource_properties("AWS::CloudWatch::Dashboard", {"DashboardName": "dev-batchinfer"})
@@ -465,6 +600,9 @@ def test_alarms_and_dashboard(synth: Synth) -> None:
     for needle in (
         "RequestsCompleted",
         "BackendErrors",
+        "WebhookAttemptsFailed",
+        "WebhookDeliveriesFailed",
+        "ApproximateNumberOfMessagesDelayed",
         "ApproximateAgeOfOldestMessage",
         "Throttles",
         "5xx",
