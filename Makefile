@@ -9,7 +9,7 @@ SDK_OPENAI1 := .venv-sdk-openai1
 export PYTHONPATH := $(CURDIR)/layers/core/python:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: venv sdk-previous sdk-openai1 run test lint synth layers bench clean
+.PHONY: venv sdk-previous sdk-openai1 browser run test lint synth layers bench clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
@@ -33,7 +33,12 @@ sdk-openai1: $(SDK_OPENAI1)/bin/.installed
 run: venv  ## the local stack in the foreground: moto, simulated backend, API on 127.0.0.1:$${PORT:-8000}
 	$(BIN)/python -m local.run
 
-test: venv sdk-previous sdk-openai1  ## lint, then every test (unit, integration, infra, e2e)
+# Headless Chromium for the console's browser tests (tests/browser): Debian's package, installed only when missing.
+browser:
+	@test -x /usr/bin/chromium || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+test: venv sdk-previous sdk-openai1 browser  ## lint, then every test (unit, integration, infra, e2e, browser)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

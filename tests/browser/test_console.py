@@ -1,0 +1,603 @@
+"""The console's Batches page (/console) in a real headless Chromium, against the local stack.
+
+The browser is Debian's /usr/bin/chromium (`make browser` installs it; `make test` depends on it), driven by
+Playwright's Python package; Playwright's own browser downloads are never used. The tests run in file order
+on one stack: the batches are made once (finished ones, then two held running by the simulated backend's
+latency), the first tests use the running ones while they still run. Screenshots of the list and of a batch,
+at desktop and phone widths, are written to test-artifacts/console/.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+import pytest
+
+from batchinfer.api.app import create_app
+from batchinfer.settings import Settings
+from local.run import start
+from local.servers import UvicornThread, free_port
+from tests.helpers import chat_request
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt: run `make venv`")
+expect = sync_api.expect
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts" / "console"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 375, "height": 740}
+RUNNING_SECONDS = 20  # how long the simulated backend holds each request of the running batches
+XSS = '<img src=x onerror="window.__xss=1;alert(1)">'
+XSS_META = "<script>window.__xss=2</script><img src=x onerror=alert(2)>"
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+
+expect.set_options(timeout=10_000)
+
+
+def message_entry(custom_id: str, content: str, model: str = "glm-5.3-flash") -> dict:
+    return {"custom_id": custom_id, "params": {"model": model, "max_tokens": 16,
+                                               "messages": [{"role": "user", "content": content}]}}
+
+
+def wait_for(check, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)  # the stack's moto serves one call at a time: poll gently
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The local stack with file batches, Message Batches and webhooks on, holding: finished batches of every
+    kind, one with HTML in its custom_id and metadata, and an inline batch and a Message Batch whose requests
+    are still running."""
+    state = tmp_path_factory.mktemp("console-stack") / ".local"
+    # The test's webhook receiver listens on 127.0.0.1, which only WEBHOOK_ALLOW_LOOPBACK lets a webhook
+    # reach (tests only).
+    settings = Settings(table_name="e2e-console", bucket_name="e2e-console", stage="e2e-console",
+                        file_batches_enabled=True, message_batches_enabled=True, batch_webhooks_enabled=True,
+                        webhook_allow_loopback=True)
+    sim_port = free_port()
+    svc, key, stop = start(settings, free_port(), sim_port, pollers=2, state_dir=state)
+    api = UvicornThread(create_app(), free_port()).start()
+    sim = httpx.Client(base_url=f"http://127.0.0.1:{sim_port}", timeout=10, trust_env=False)
+    http = httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {key}"}, timeout=30, trust_env=False)
+    try:
+        def create(requests: list[dict], **payload) -> str:
+            answer = http.post("/v1/batches", json={"requests": requests, **payload})
+            assert answer.status_code == 200, answer.text
+            return answer.json()["id"]
+
+        def create_messages(entries: list[dict]) -> str:
+            answer = http.post("/v1/messages/batches", headers=ANTHROPIC, json={"requests": entries})
+            assert answer.status_code == 200, answer.text
+            return answer.json()["id"]
+
+        ids = {}
+        ids["doomed"] = create([chat_request("only", "delete me")])
+        lines = "\n".join(json.dumps(chat_request(f"line-{i}", f"file {i}" + (" [[sim:400]]" if i == 1 else "")))
+                          for i in range(3))
+        upload = http.post("/v1/files", files={"file": ("input.jsonl", lines.encode(), "application/jsonl")},
+                           data={"purpose": "batch"})
+        assert upload.status_code == 200, upload.text
+        answer = http.post("/v1/batches", json={"input_file_id": upload.json()["id"],
+                                                "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+        assert answer.status_code == 200, answer.text
+        ids["file"] = answer.json()["id"]
+        ids["message"] = create_messages([message_entry("fine", "hello"), message_entry("wrong", "hi", model="nope")])
+        ids["xss"] = create([chat_request(XSS, f"say {XSS}"), chat_request("plain", "hello")],
+                            metadata={"note": XSS_META, "<b>key</b>": XSS})
+        ids["mixed"] = create([chat_request(f"req-{i}", f"hello {i}" + (" [[sim:400]]" if i % 3 == 0 else ""))
+                               for i in range(7)], metadata={"purpose": "console test"})
+
+        def finished() -> bool:
+            ours = [http.get(f"/v1/batches/{ids[n]}").json()["status"] for n in ("doomed", "file", "xss", "mixed")]
+            ended = http.get(f"/v1/messages/batches/{ids['message']}", headers=ANTHROPIC).json()
+            return all(s == "completed" for s in ours) and ended["processing_status"] == "ended"
+
+        wait_for(finished, 60, "the finished batches")
+        # Two batches held running: every request the backend gets from now on takes RUNNING_SECONDS.
+        sim.put("/_sim/config", json={"latency_seconds": RUNNING_SECONDS})
+        ids["running"] = create([chat_request("slow-1", "slow one"), chat_request("slow-2", "slow two")])
+        ids["message_running"] = create_messages([message_entry("slow", "slow message")])
+        wait_for(lambda: sim.get("/_sim/stats").json()["in_flight"] >= 3, 30, "the running requests to start")
+        sim.put("/_sim/config", json={"latency_seconds": 0})
+        yield {"url": api.url, "key": key, "ids": ids, "http": http, "sim": sim, "svc": svc}
+    finally:
+        http.close()
+        sim.close()
+        api.stop()
+        stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        # A failure, not a skip: `make test` installs it first, so a missing browser is a broken set-up.
+        pytest.fail(f"no {CHROMIUM}: run `make browser` (Debian's chromium package)", pytrace=False)
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, stack):
+    """A fresh tab (its own sessionStorage) that fails the test on a script error or a blocked resource."""
+    context = browser.new_context(viewport=DESKTOP, accept_downloads=True)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=stack["url"])
+    tab = context.new_page()
+    problems: list[str] = []
+    dialogs: list[str] = []
+    tab.on("pageerror", lambda error: problems.append(f"script error: {error}"))
+    tab.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error"
+           and "Failed to load resource" not in m.text else None)  # the API's 4xx answers are expected
+    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    tab.problems, tab.dialogs = problems, dialogs
+    yield tab
+    context.close()
+    assert not problems, problems
+    assert not dialogs, f"a JavaScript dialog opened: {dialogs}"
+
+
+def sign_in(page, stack) -> None:
+    page.goto(f"{stack['url']}/console")
+    page.get_by_label("API key").fill(stack["key"])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Batches", level=1)).to_be_visible()
+
+
+def row(page, batch_id: str):
+    return page.locator("#batch-rows tr").filter(has=page.get_by_role("link", name=batch_id, exact=True))
+
+
+def open_batch(page, stack, name: str) -> None:
+    batch_id = stack["ids"][name]
+    page.goto(f"{stack['url']}/console#/batches/{batch_id}")
+    expect(page.get_by_role("heading", name=batch_id, level=1)).to_be_visible()
+    expect(page.locator("#batch-fields")).to_contain_text("Status")
+
+
+def confirm(page, button: str, ok: str) -> None:
+    """Click `button`, see the <dialog>, and press its `ok` button."""
+    page.locator("#batch-actions").get_by_role("button", name=button).click()
+    dialog = page.locator("dialog#confirm")
+    expect(dialog).to_be_visible()
+    assert dialog.evaluate("d => d.open && d.matches(':modal')")
+    dialog.get_by_role("button", name=ok).click()
+    expect(dialog).to_be_hidden()
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+# --- Tests, in order ----------------------------------------------------------------------------------------
+
+def test_keyboard_only_sign_in_keeps_the_key_in_session_storage_only(page, stack):
+    page.goto(f"{stack['url']}/console")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    for _ in range(6):  # skip link, brand link, then the key's input
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.id") == "api-key":
+            break
+    assert page.evaluate("document.activeElement.id") == "api-key"
+    page.keyboard.type(stack["key"])
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Batches", level=1)).to_be_focused()
+    ids = stack["ids"]
+    expect(row(page, ids["running"])).to_contain_text("in_progress")
+    expect(row(page, ids["mixed"])).to_contain_text("completed")
+    expect(row(page, ids["mixed"])).to_contain_text("4 completed · 3 failed of 7")
+    expect(row(page, ids["file"])).to_contain_text("file")
+    expect(row(page, ids["message"])).to_contain_text("Message Batch")
+    expect(row(page, ids["message"])).to_contain_text("1 succeeded · 1 errored of 2")
+    expect(page.locator("#list-refreshing")).to_contain_text("Refreshing every 5 s")
+
+    assert page.evaluate("sessionStorage.getItem('batchinfer.console.key')") == stack["key"]
+    assert page.context.cookies() == []
+    assert stack["key"] not in page.url and page.evaluate("localStorage.length") == 0
+    assert page.get_by_label("API key").input_value() == ""
+
+    # The list, with a running batch in it, at both widths.
+    screenshot(page, "list-desktop")
+    page.set_viewport_size(PHONE)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], "no sideways scrolling"
+    screenshot(page, "list-phone")
+    page.set_viewport_size(DESKTOP)
+
+    # On with the keyboard: Tab to a batch's link, Enter opens it.
+    for _ in range(30):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.textContent") == ids["mixed"]:
+            break
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name=ids["mixed"], level=1)).to_be_focused()
+    expect(page.locator("#batch-actions button").first).to_be_visible()
+    page.keyboard.press("Tab")
+    expect(page.locator("#batch-actions button").first).to_be_focused()
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline == "solid", "the focused control shows a visible outline"
+
+
+def test_delete_and_cancel_while_running_explain_the_apis_refusals(page, stack):
+    ids = stack["ids"]
+    sign_in(page, stack)
+
+    # A Message Batch that has not ended cannot be deleted: the console says why, and what the API said.
+    open_batch(page, stack, "message_running")
+    page.locator("#batch-actions").get_by_role("button", name="Delete batch").click()
+    expect(page.locator("dialog#confirm")).to_be_visible()
+    page.keyboard.press("Escape")  # "no": nothing is sent
+    expect(page.locator("dialog#confirm")).to_be_hidden()
+    expect(page.locator("#batch-alert")).to_be_hidden()
+    confirm(page, "Delete batch", "Delete batch")
+    alert = page.locator("#batch-alert")
+    expect(alert).to_contain_text("A Message Batch can be deleted only after it has ended; cancel it first.")
+    expect(alert).to_contain_text("has not ended yet")  # the API's own message
+    confirm(page, "Cancel batch", "Cancel batch")
+    expect(page.locator("#batch-fields")).to_contain_text("canceling")
+
+    # An inline batch with a request still running: cancel, then delete is refused until it finishes.
+    open_batch(page, stack, "running")
+    expect(page.locator("#result-rows")).to_contain_text("running")
+    confirm(page, "Cancel batch", "Cancel batch")
+    expect(page.locator("#batch-fields")).to_contain_text("cancelling")
+    expect(page.locator("#batch-actions").get_by_role("button", name="Cancel batch")).to_have_count(0)
+    confirm(page, "Delete batch", "Delete batch")
+    expect(alert).to_contain_text(
+        "A request of this batch is still running; cancel it and wait for it to finish, then delete.")
+    expect(alert).to_contain_text("batch_running")
+    expect(alert).to_contain_text("A request of this batch is still running. Cancel the batch")
+
+    # The page refreshes itself while the batch is unfinished: it turns cancelled without a reload.
+    expect(page.locator("#batch-fields .status")).to_have_text("cancelled", timeout=RUNNING_SECONDS * 1000 + 15_000)
+    confirm(page, "Delete batch", "Delete batch")
+    expect(page.get_by_role("heading", name="Batches", level=1)).to_be_visible()
+    expect(page.locator("#flash")).to_contain_text(f"Deleted {ids['running']}")
+    expect(row(page, ids["running"])).to_have_count(0)
+    assert stack["http"].get(f"/v1/batches/{ids['running']}").status_code == 404
+
+
+def test_the_list_pages_through_both_apis_newest_first(page, stack):
+    sign_in(page, stack)
+    page.locator("#list-size").select_option("5")
+    rows = page.locator("#batch-rows tr")
+    expect(rows).to_have_count(5)
+    first = rows.evaluate_all("rs => rs.map(r => r.dataset.batchId)")
+    expect(page.get_by_role("button", name="Newer")).to_be_disabled()
+    page.get_by_role("button", name="Older").click()
+    expect(page.locator("#list-page")).to_have_text("Page 2")
+    expect(rows).to_have_count(1)
+    second = rows.evaluate_all("rs => rs.map(r => r.dataset.batchId)")
+    expect(page.get_by_role("button", name="Older")).to_be_disabled()
+    # Every batch of both APIs once, in each API's newest-first order, merged by creation time.
+    openai = [b["id"] for b in stack["http"].get("/v1/batches", params={"limit": 100}).json()["data"]]
+    message = [b["id"] for b in stack["http"].get("/v1/messages/batches", headers=ANTHROPIC).json()["data"]]
+    shown = first + second
+    assert sorted(shown) == sorted(openai + message) and len(shown) == 6  # 7 made, the running one deleted
+    assert [i for i in shown if i.startswith("batch_")] == openai
+    assert [i for i in shown if i.startswith("msgbatch_")] == message
+    page.get_by_role("button", name="Newer").click()
+    expect(page.locator("#list-page")).to_have_text("Page 1")
+    assert rows.evaluate_all("rs => rs.map(r => r.dataset.batchId)") == first
+
+    page.locator("#list-size").select_option("10")
+    expect(rows).to_have_count(6)
+    expect(row(page, stack["ids"]["mixed"])).to_contain_text("$")  # the known cost
+
+
+def test_a_batch_shows_its_fields_and_pages_and_filters_its_results(page, stack):
+    ids = stack["ids"]
+    sign_in(page, stack)
+    page.get_by_role("link", name=ids["mixed"], exact=True).click()
+    expect(page.get_by_role("heading", name=ids["mixed"], level=1)).to_be_visible()
+    fields = page.locator("#batch-fields")
+    expect(fields).to_contain_text("console test")
+    expect(fields).to_contain_text("/v1/chat/completions")
+    batch = stack["http"].get(f"/v1/batches/{ids['mixed']}").json()
+    expect(fields).to_contain_text(f"{batch['usage']['total_tokens']} ({batch['usage']['input_tokens']} in")
+
+    page.locator("#results-size").select_option("5")
+    results = page.locator("#result-rows tr")
+    expect(results).to_have_count(5)
+    expect(results.first).to_contain_text("batch_req_1")
+    expect(results.first).to_contain_text("req-0")
+    page.get_by_role("button", name="Next").click()
+    expect(results).to_have_count(2)
+    expect(results.nth(0)).to_contain_text("req-5")
+    expect(results.nth(1)).to_contain_text("req-6")
+    expect(page.get_by_role("button", name="Next")).to_be_disabled()
+    page.get_by_role("button", name="Previous").click()
+    expect(results).to_have_count(5)
+
+    page.get_by_label("Status").select_option("failed")
+    expect(results).to_have_count(2)  # req-0 and req-3 of this page
+    expect(results.nth(0)).to_contain_text("req-0")
+    expect(results.nth(1)).to_contain_text("req-3")
+    expect(results.nth(0)).to_contain_text("Request rejected by the simulated backend")
+    expect(page.locator("#results-note")).to_contain_text("no status filter")
+    page.get_by_label("Status").select_option("")
+
+    completed = results.filter(has_text="req-1")
+    expect(completed.locator("pre")).to_have_count(0)  # the body is fetched into the page on demand
+    completed.get_by_text("Response body").click()
+    expect(completed.locator("pre")).to_contain_text('"object": "chat.completion"')
+    screenshot(page, "batch-desktop")
+    page.set_viewport_size(PHONE)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], "no sideways scrolling"
+    screenshot(page, "batch-phone")
+
+    # A Message Batch's results: its JSONL, once ended, with its own statuses.
+    open_batch(page, stack, "message")
+    expect(results).to_have_count(2)
+    page.get_by_label("Status").select_option("errored")
+    expect(results).to_have_count(1)
+    expect(results.first).to_contain_text("wrong")
+    expect(results.first).to_contain_text("model: nope")
+
+
+def test_downloads_save_the_apis_bytes_under_their_names(page, stack):
+    ids, http = stack["ids"], stack["http"]
+    sign_in(page, stack)
+
+    def saved(button: str) -> tuple[str, bytes]:
+        with page.expect_download() as info:
+            page.locator("#batch-actions").get_by_role("button", name=button).click()
+        download = info.value
+        return download.suggested_filename, Path(download.path()).read_bytes()
+
+    open_batch(page, stack, "mixed")
+    name, data = saved("Download output.jsonl")
+    assert name == f"{ids['mixed']}.jsonl"
+    assert data == http.get(f"/v1/batches/{ids['mixed']}/output.jsonl").content
+    assert len(data.splitlines()) == 7
+
+    open_batch(page, stack, "file")
+    batch = http.get(f"/v1/batches/{ids['file']}").json()
+    for button, file_id in (("Download output file", batch["output_file_id"]),
+                            ("Download error file", batch["error_file_id"])):
+        name, data = saved(button)
+        assert data == http.get(f"/v1/files/{file_id}/content").content and data
+        assert name.endswith(".jsonl") and name.startswith(ids["file"])
+
+    open_batch(page, stack, "message")
+    name, data = saved("Download results")
+    assert name == f"{ids['message']}_results.jsonl"
+    assert data == http.get(f"/v1/messages/batches/{ids['message']}/results", headers=ANTHROPIC).content
+
+
+def test_deleting_a_finished_batch_after_confirming(page, stack):
+    ids = stack["ids"]
+    sign_in(page, stack)
+    page.get_by_role("link", name=ids["doomed"], exact=True).click()
+    confirm(page, "Delete batch", "Delete batch")
+    expect(page.locator("#flash")).to_contain_text(f"Deleted {ids['doomed']}")
+    expect(row(page, ids["mixed"])).to_have_count(1)
+    expect(row(page, ids["doomed"])).to_have_count(0)
+    assert stack["http"].get(f"/v1/batches/{ids['doomed']}").status_code == 404
+
+
+def test_html_in_custom_ids_and_metadata_shows_as_text(page, stack):
+    sign_in(page, stack)
+    open_batch(page, stack, "xss")
+    expect(page.locator("#result-rows .custom-id").first).to_have_text(XSS)
+    metadata = page.locator("#batch-fields .metadata")
+    expect(metadata).to_contain_text(XSS_META)
+    expect(metadata).to_contain_text("<b>key</b>")
+    expect(metadata.locator("b, img, script")).to_have_count(0)
+    page.locator("#result-rows tr").first.get_by_text("Response body").click()
+    expect(page.locator("#result-rows pre").first).to_be_visible()
+    assert page.locator("main img, main script").count() == 0
+    assert page.evaluate("window.__xss") is None
+    assert page.dialogs == []
+
+
+def test_every_control_has_a_label(page, stack):
+    sign_in(page, stack)
+    open_batch(page, stack, "mixed")
+    unlabeled = page.evaluate("""() => [...document.querySelectorAll('input, select, textarea')]
+        .filter(i => i.labels.length === 0).map(i => i.id || i.outerHTML)""")
+    assert unlabeled == []
+    nameless = page.evaluate("""() => [...document.querySelectorAll('button, a[href]')]
+        .filter(b => !(b.textContent.trim() || b.getAttribute('aria-label'))).map(b => b.outerHTML)""")
+    assert nameless == []
+    assert page.locator("[onclick], div[role=button], span[role=button]").count() == 0
+
+
+# --- Webhooks ---------------------------------------------------------------------------------------------
+
+class Receiver:
+    """A webhook endpoint on 127.0.0.1 that answers 200 and keeps what it was sent."""
+
+    def __init__(self) -> None:
+        received = self.received = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                received.append(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_webhook_set_show_secret_once_list_deliveries_and_remove(page, stack):
+    config = httpx.get(f"{stack['url']}/console/config.json", trust_env=False).json()
+    assert config["webhooks_enabled"] is True
+    receiver = Receiver()
+    try:
+        sign_in(page, stack)
+        section = page.locator("#webhook")
+        expect(section).to_be_visible()
+        section.get_by_label("Webhook URL").fill(receiver.url)
+        section.get_by_role("button", name="Save webhook").click()
+        secret_box = page.locator("#webhook-secret")
+        expect(secret_box).to_be_visible()
+        secret = page.get_by_label("Secret", exact=True).input_value()
+        assert secret
+        section.get_by_role("button", name="Copy").click()
+        expect(page.locator("#webhook-copied")).to_have_text("Copied to the clipboard.")
+        assert page.evaluate("navigator.clipboard.readText()") == secret
+        section.get_by_role("button", name="Done").click()
+        expect(secret_box).to_be_hidden()
+        expect(page.locator("#webhook-current")).to_contain_text(receiver.url)
+        current = stack["http"].get("/v1/batch_webhook").json()
+        assert current["url"] == receiver.url and "secret" not in current
+
+        # Saving again shows no secret; rotating shows a new one.
+        section.get_by_role("button", name="Save webhook").click()
+        expect(page.locator("#flash")).to_contain_text("Webhook saved.")
+        expect(secret_box).to_be_hidden()
+        section.get_by_label("Rotate the signing secret").check()
+        section.get_by_role("button", name="Save webhook").click()
+        expect(secret_box).to_be_visible()
+        assert page.get_by_label("Secret", exact=True).input_value() not in ("", secret)
+
+        # A batch that ends now is delivered, and listed.
+        answer = stack["http"].post("/v1/batches", json={"requests": [chat_request("hooked", "hello")]})
+        batch_id = answer.json()["id"]
+        wait_for(lambda: stack["http"].get(f"/v1/batches/{batch_id}").json()["status"] == "completed", 30, "batch")
+        events = page.locator("#event-rows tr").filter(has_text=batch_id)
+        deadline = time.monotonic() + 30
+        while events.count() == 0 and time.monotonic() < deadline:
+            section.get_by_role("button", name="Refresh deliveries").click()
+            page.wait_for_timeout(1000)
+        expect(events.first).to_contain_text("batch.")
+
+        section.get_by_role("button", name="Remove webhook").click()
+        page.locator("dialog#confirm").get_by_role("button", name="Remove webhook").click()
+        expect(page.locator("#webhook-current")).to_contain_text("No webhook is set.")
+        assert stack["http"].get("/v1/batch_webhook").status_code == 404
+    finally:
+        receiver.close()
+
+
+def test_webhook_section_follows_the_routes_contract(page, stack):
+    """The Webhook section against the /v1/batch_webhook contract (api/schemas.py: WebhookObject,
+    WebhookEventList), answered here by the browser (page.route), so that the page is checked whatever the
+    stack's webhooks: 404 when none, the secret only in the first and the rotating PUT answers, deliveries with
+    their attempts and paging, remove; and HTML in what they hold shows as text."""
+    state: dict = {"hook": None, "secret_n": 0, "put": [], "after": []}
+
+    def answer(route, status: int, body: dict) -> None:
+        route.fulfill(status=status, content_type="application/json", body=json.dumps(body))
+
+    def event(n: int, kind: str, status: str, attempts: list[tuple], **delivery) -> dict:
+        return {"id": f"evt_{n}", "object": "event", "type": kind, "created_at": 1_800_000_000 + n * 100,
+                "data": {"id": f"batch_{n}"}, "delivery": {"status": status, "next_attempt_at": None, **delivery,
+                "attempts": [{"at": 1_800_000_000 + n * 100 + i, "url": "https://example.com/hook", "status_code": c,
+                              "error": e, "duration_ms": 40 + i} for i, (c, e) in enumerate(attempts)]}}
+
+    newest = [event(3, "batch.failed", "pending", [(None, f"connect failed {XSS}")], next_attempt_at=1_800_000_400),
+              event(2, "batch.completed", "delivered", [(500, "HTTP 500"), (200, None)])]
+    oldest = [event(1, "message_batch.ended", "skipped", [], reason="no webhook was set")]
+
+    def handle(route, request) -> None:
+        assert request.headers.get("authorization") == f"Bearer {stack['key']}"
+        url = urlparse(request.url)
+        query = parse_qs(url.query)
+        if url.path == "/v1/batch_webhook/events":
+            state["after"].append(query.get("after", [None])[0])
+            more = query.get("after") == ["evt_2"]
+            answer(route, 200, {"object": "list", "data": oldest if more else newest, "has_more": not more,
+                                "first_id": None, "last_id": None})
+        elif request.method == "GET":
+            answer(route, 200, state["hook"]) if state["hook"] else answer(
+                route, 404, {"error": {"message": "No batch webhook is set.", "type": "not_found_error",
+                                       "param": None, "code": "webhook_not_found"}})
+        elif request.method == "PUT":
+            body = json.loads(request.post_data)
+            state["put"].append(body)
+            fresh = state["hook"] is None or body.get("rotate_secret")
+            if fresh:
+                state["secret_n"] += 1
+            state["hook"] = {"object": "batch_webhook", "url": body["url"], "created_at": 1_800_000_000,
+                             "updated_at": 1_800_000_500, "secret_created_at": 1_800_000_000 + state["secret_n"]}
+            answer(route, 200, {**state["hook"], **({"secret": f"whsec_{state['secret_n']}"} if fresh else {})})
+        elif request.method == "DELETE":
+            answer(route, 200, {"object": "batch_webhook.deleted", "url": state["hook"]["url"], "deleted": True})
+            state["hook"] = None
+
+    page.route("**/console/config.json", lambda route: answer(route, 200, {
+        "batches_enabled": True, "file_batches_enabled": True, "message_batches_enabled": True,
+        "webhooks_enabled": True}))
+    page.route("**/v1/batch_webhook**", handle)
+    sign_in(page, stack)
+    section = page.locator("#webhook")
+    expect(section).to_be_visible()
+    expect(page.locator("#webhook-current")).to_contain_text("No webhook is set.")
+    expect(page.locator("#webhook-remove")).to_be_hidden()
+
+    section.get_by_label("Webhook URL").fill("not a url")
+    section.get_by_role("button", name="Save webhook").click()
+    expect(page.locator("#webhook-alert")).to_contain_text("Enter the full URL")
+    assert state["put"] == []
+
+    url = f"https://example.com/hook?x={XSS}"
+    section.get_by_label("Webhook URL").fill(url)
+    section.get_by_role("button", name="Save webhook").click()
+    expect(page.get_by_label("Secret", exact=True)).to_have_value("whsec_1")
+    assert state["put"] == [{"url": url, "rotate_secret": False}]
+    section.get_by_role("button", name="Copy").click()
+    expect(page.locator("#webhook-copied")).to_have_text("Copied to the clipboard.")
+    assert page.evaluate("navigator.clipboard.readText()") == "whsec_1"
+    section.get_by_role("button", name="Done").click()
+    expect(page.locator("#webhook-secret")).to_be_hidden()
+    assert page.get_by_label("Secret", exact=True).input_value() == ""  # not kept in the page either
+    expect(page.locator("#webhook-current")).to_contain_text(url)
+    expect(page.locator("#webhook-current")).to_contain_text("Secret created")
+
+    section.get_by_role("button", name="Save webhook").click()
+    expect(page.locator("#flash")).to_contain_text("Webhook saved.")
+    expect(page.locator("#webhook-secret")).to_be_hidden()
+    section.get_by_label("Rotate the signing secret").check()
+    section.get_by_role("button", name="Save webhook").click()
+    expect(page.get_by_label("Secret", exact=True)).to_have_value("whsec_2")
+    assert state["put"][-1] == {"url": url, "rotate_secret": True}
+
+    events = page.locator("#event-rows tr")
+    expect(events).to_have_count(2)
+    expect(events.nth(0)).to_contain_text("batch.failed")
+    expect(events.nth(0)).to_contain_text("pending")
+    expect(events.nth(0)).to_contain_text(f"1; last: no answer in 40 ms (connect failed {XSS})")
+    expect(events.nth(1)).to_contain_text("delivered")
+    expect(events.nth(1)).to_contain_text("2; last: 200 in 41 ms")
+    section.get_by_role("button", name="Show older deliveries").click()
+    expect(events).to_have_count(3)
+    expect(events.nth(2)).to_contain_text("skipped no webhook was set")
+    expect(section.get_by_role("button", name="Show older deliveries")).to_be_hidden()
+    assert state["after"][-1] == "evt_2"
+    assert section.locator("img").count() == 0
+    screenshot(page, "webhook-desktop")
+
+    section.get_by_role("button", name="Remove webhook").click()
+    page.locator("dialog#confirm").get_by_role("button", name="Remove webhook").click()
+    expect(page.locator("#webhook-current")).to_contain_text("No webhook is set.")
+    assert state["hook"] is None
