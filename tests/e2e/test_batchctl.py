@@ -1,10 +1,15 @@
 """The real `./batchctl` against a running local stack, on what looks like a fresh machine: no AWS_* variable
-and an empty HOME (no ~/.aws). It needs no flags and no credentials, and every error is one line."""
+and an empty HOME (no ~/.aws). It needs no flags and no credentials, and every error is one line.
+
+The user commands (submit, status, list, wait, results, cancel, delete) run as a script would run them: not
+on a terminal, so their progress is the plain periodic lines, checked here too."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -20,13 +25,25 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
+MODEL = "glm-5.3-flash"
+# A plain progress line (not a terminal), e.g.
+# `batch_x: 120/1000 completed, 3 failed, 40.0 req/s, ETA 22s [in_progress]`.
+PROGRESS = re.compile(r"^(batch|msgbatch)_\w+: \d+/\d+ completed, \d+ failed, (--|\d+\.\d) req/s, "
+                      r"ETA (--|\d+s|\d+m\d\ds|\d+h\d\dm) \[\w+\]$")
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("ctl-stack") / ".local"
-    settings = Settings(table_name="e2e-ctl", bucket_name="e2e-ctl", stage="e2e-ctl")
-    _, _, stop = start(settings, free_port(), free_port(), pollers=1, state_dir=state)
-    api = UvicornThread(create_app(), free_port()).start()
-    yield {"base": f"{api.url}/v1", "dir": state.parent}
+    settings = Settings(table_name="e2e-ctl", bucket_name="e2e-ctl", stage="e2e-ctl", file_batches_enabled=True,
+                        message_batches_enabled=True)
+    port, sim_port = free_port(), free_port()
+    # As `make run` does: the API's URL goes into .local/stack.json for batchctl's user commands.
+    _, key, stop = start(settings, free_port(), sim_port, pollers=1, state_dir=state,
+                         api_url=f"http://127.0.0.1:{port}/v1")
+    api = UvicornThread(create_app(), port).start()
+    yield {"base": f"{api.url}/v1", "root": api.url, "dir": state.parent, "key": key,
+           "sim": f"http://127.0.0.1:{sim_port}"}
     api.stop()
     stop()
 
@@ -34,13 +51,14 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fresh_env(tmp_path_factory) -> dict[str, str]:
     """This environment without AWS settings or credentials, and a HOME with nothing in it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k not in ("TABLE_NAME", "HOME")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "BATCH_API_")) and k not in ("TABLE_NAME", "HOME")}
     return {**env, "HOME": str(tmp_path_factory.mktemp("empty-home"))}
 
 
-def batchctl(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def batchctl(cwd: Path, env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([str(ROOT / "batchctl"), *args], capture_output=True, text=True, timeout=60, cwd=cwd,
-                          env=env)
+                          env=env, input=stdin)
 
 
 def one_line_error(out: subprocess.CompletedProcess) -> str:
@@ -82,3 +100,222 @@ def test_local_stack_not_running_is_one_line(tmp_path, fresh_env):
 def test_no_stack_file_and_no_table_name_is_one_line(tmp_path, fresh_env):
     line = one_line_error(batchctl(tmp_path, fresh_env, "admin", "show", "--account", "acct_x"))
     assert "TABLE_NAME" in line and "make run" in line
+
+
+# --- The user commands ------------------------------------------------------------------------------------
+
+def chat_line(custom_id: str, text: str, **body) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": MODEL, "messages": [{"role": "user", "content": text}], **body}})
+
+
+def ok(out: subprocess.CompletedProcess, code: int = 0) -> subprocess.CompletedProcess:
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    return out
+
+
+def progress_lines(stderr: str) -> list[str]:
+    lines = [line for line in stderr.splitlines() if PROGRESS.match(line)]
+    assert lines, stderr
+    return lines
+
+
+def jsonl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def message_batch(stack, requests: list[dict]) -> str:
+    """A Message Batch created through the API with the stack's key (batchctl submits only OpenAI batches)."""
+    with httpx.Client(trust_env=False, timeout=30) as http:
+        answer = http.post(f"{stack['base']}/messages/batches", json={"requests": requests}, headers={
+            "Authorization": f"Bearer {stack['key']}", "anthropic-version": "2023-06-01"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["id"]
+
+
+def test_submit_inline_waits_and_writes_the_results_with_no_flags(stack, fresh_env, tmp_path):
+    source = tmp_path / "requests.jsonl"
+    source.write_text("\n".join([chat_line("a", "hello there"), chat_line("b", "no [[sim:400]]"),
+                                 chat_line("c", "third one")]) + "\n")
+    out = tmp_path / "out.jsonl"
+    run = ok(batchctl(stack["dir"], fresh_env, "submit", str(source), "--wait", "-o", str(out),
+                      "--metadata", "project=ctl", "--metadata", "run=1"))
+    batch_id = run.stdout.strip()
+    assert re.fullmatch(r"batch_\w+", batch_id), run.stdout  # stdout is the id, and only the id
+    assert progress_lines(run.stderr)[-1].startswith(f"{batch_id}: 2/3 completed, 1 failed,")
+    assert progress_lines(run.stderr)[-1].endswith("[completed]")
+    results = jsonl(out.read_text())
+    assert [r["custom_id"] for r in results] == ["a", "b", "c"]
+    assert results[0]["response"]["status_code"] == 200 and results[0]["error"] is None
+    assert results[1]["response"] is None and results[1]["error"]["code"] == "invalid_request"
+    assert not (tmp_path / "out.jsonl.part").exists()
+
+    failed = ok(batchctl(stack["dir"], fresh_env, "results", batch_id, "--failed"))
+    assert [r["custom_id"] for r in jsonl(failed.stdout)] == ["b"]
+    shown = json.loads(ok(batchctl(stack["dir"], fresh_env, "status", batch_id, "--json")).stdout)
+    assert shown["status"] == "completed" and shown["metadata"] == {"project": "ctl", "run": "1"}
+    assert shown["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    human = ok(batchctl(stack["dir"], fresh_env, "status", batch_id)).stdout.splitlines()
+    assert human[0] == f"{batch_id}  completed" and "3 total, 2 completed, 1 failed" in human[1]
+    written = json.loads(ok(batchctl(stack["dir"], fresh_env, "results", batch_id, "--failed", "--json",
+                                     "-o", str(tmp_path / "failed.jsonl"))).stdout)
+    assert written["lines"] == 1 and len(jsonl((tmp_path / "failed.jsonl").read_text())) == 1
+
+
+def test_submit_a_prompt_list_with_model(stack, fresh_env, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text('plain prompt\n\n"a \\"json\\" prompt"\n')
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "submit", str(prompts)))
+    assert "--model" in line
+    run = ok(batchctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL, "--wait", "--json"))
+    batch = json.loads(run.stdout)  # with --json, stdout is one JSON document: the batch as it ended
+    assert batch["status"] == "completed" and batch["request_counts"]["total"] == 2
+    results = jsonl(ok(batchctl(stack["dir"], fresh_env, "results", batch["id"])).stdout)
+    assert [r["custom_id"] for r in results] == ["request-1", "request-2"]
+    answers = [r["response"]["body"]["choices"][0]["message"]["content"] for r in results]
+    assert answers[0].startswith(f"Simulated answer from {MODEL} to: plain prompt")
+    assert answers[1].startswith(f'Simulated answer from {MODEL} to: a "json" prompt')
+
+
+def test_a_large_submission_goes_as_a_file_batch(stack, fresh_env, tmp_path):
+    prompts = tmp_path / "many.txt"
+    prompts.write_text("".join(f"prompt {i} {'x' * 40}\n" for i in range(30)))  # ~2.7 KB inline
+    out = tmp_path / "many.jsonl"
+    run = ok(batchctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL, "--inline-max-bytes", "1000",
+                      "--wait", "-o", str(out)))
+    batch_id = run.stdout.strip()
+    assert re.search(r"uploaded many\.\w+\.jsonl \(\d+ bytes\) as file-", run.stderr), run.stderr  # POST /v1/files
+    shown = json.loads(ok(batchctl(stack["dir"], fresh_env, "status", batch_id, "--json")).stdout)
+    assert shown["input_file_id"].startswith("file-") and shown["status"] == "completed"
+    assert [r["custom_id"] for r in jsonl(out.read_text())] == [f"request-{i}" for i in range(1, 31)]
+
+    # Larger than a part: the Uploads API. With an Idempotency-Key, submitting again reuses the upload and the
+    # service answers with the first batch.
+    args = ("submit", str(prompts), "--model", MODEL, "--inline-max-bytes", "1000", "--upload-part-bytes", "1000",
+            "--idempotency-key", "ctl-file-1")
+    first = ok(batchctl(stack["dir"], fresh_env, *args))
+    assert re.search(r"\(\d+ bytes, [3-9] parts\) as file-", first.stderr), first.stderr
+    again = ok(batchctl(stack["dir"], fresh_env, *args))
+    assert again.stdout == first.stdout and "already created" in again.stderr, again.stderr
+    shown = json.loads(ok(batchctl(stack["dir"], fresh_env, "status", first.stdout.strip(), "--json")).stdout)
+    assert shown["input_file_id"].startswith("file-") and shown["status"] != "failed"
+
+    # A file whose lines the service refuses: the batch fails with nothing run; wait says why and exits 3.
+    refused = tmp_path / "refused.jsonl"
+    refused.write_text(json.dumps({**json.loads(chat_line("a", "x")), "extra": 1}) + "\n")
+    batch_id = ok(batchctl(stack["dir"], fresh_env, "submit", str(refused), "--inline-max-bytes", "0")).stdout.strip()
+    waited = ok(batchctl(stack["dir"], fresh_env, "wait", batch_id), 3)
+    assert waited.stdout.startswith(f"{batch_id} failed:")
+    assert f"{batch_id}: line 1: " in waited.stderr, waited.stderr
+
+
+def test_message_batches_work_with_the_same_commands(stack, fresh_env, tmp_path):
+    ours = ok(batchctl(stack["dir"], fresh_env, "submit", "-", "--model", MODEL, stdin="from stdin\n")).stdout.strip()
+    params = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
+    batch_id = message_batch(stack, [{"custom_id": "good", "params": params},
+                                     {"custom_id": "bad", "params": {**params, "max_tokens": 0}}])
+    waited = ok(batchctl(stack["dir"], fresh_env, "wait", batch_id))  # errored requests alone: it completed
+    assert progress_lines(waited.stderr)[-1].endswith("[ended]")
+    assert waited.stdout.strip() == f"{batch_id} ended: 2 total, 1 succeeded, 1 errored, 0 canceled, 0 expired"
+    assert json.loads(ok(batchctl(stack["dir"], fresh_env, "status", batch_id, "--json")).stdout)[
+        "type"] == "message_batch"
+    listed = json.loads(ok(batchctl(stack["dir"], fresh_env, "list", "--limit", "50", "--json")).stdout)
+    ids = [b["id"] for b in listed["data"]]
+    assert batch_id in ids and ours in ids
+    failed = jsonl(ok(batchctl(stack["dir"], fresh_env, "results", batch_id, "--failed")).stdout)
+    assert [(r["custom_id"], r["result"]["type"]) for r in failed] == [("bad", "errored")]
+    assert len(jsonl(ok(batchctl(stack["dir"], fresh_env, "results", batch_id)).stdout)) == 2
+    assert ok(batchctl(stack["dir"], fresh_env, "delete", batch_id)).stdout.strip() == f"{batch_id} deleted"
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "status", batch_id))  # Anthropic's error envelope
+    assert line == f"batchctl: 404 No Message Batch found with id '{batch_id}'."
+
+
+@pytest.fixture
+def slow_backend(stack):
+    """Every backend call takes 1.5 s for the test's length: 150 requests, at most 16 at once (the model's
+    batch budget), run for ~14 s, which leaves time to interrupt and cancel them."""
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        http.put(f"{stack['sim']}/_sim/config", json={"latency_seconds": 1.5}).raise_for_status()
+        yield
+        http.put(f"{stack['sim']}/_sim/config", json={"latency_seconds": 0.0}).raise_for_status()
+
+
+def test_interrupt_cancel_and_delete_of_a_running_batch(stack, fresh_env, tmp_path, slow_backend):
+    prompts = tmp_path / "slow.txt"
+    prompts.write_text("".join(f"slow prompt {i}\n" for i in range(150)))
+    batch_id = ok(batchctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL)).stdout.strip()
+
+    # Ctrl-C while waiting: 130, and how to resume; the batch runs on. (SIGINT as a terminal sends it; the
+    # child's SIGINT is made the default again, in case this test runs where it is ignored.)
+    waiting = subprocess.Popen([str(ROOT / "batchctl"), "wait", batch_id], cwd=stack["dir"], env=fresh_env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    first = waiting.stderr.readline()
+    assert PROGRESS.match(first.strip()), first
+    waiting.send_signal(signal.SIGINT)
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 130 and out == "", (out, err)
+    assert err.strip() == f"batchctl: interrupted: {batch_id} keeps running; resume waiting with " \
+                          f"`batchctl wait {batch_id}`"
+
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "results", batch_id))  # not final yet
+    assert line.startswith("batchctl: 409 The batch has not finished")
+    cancelled = json.loads(ok(batchctl(stack["dir"], fresh_env, "cancel", batch_id, "--json")).stdout)
+    assert cancelled["status"] in ("cancelling", "cancelled")
+    waited = ok(batchctl(stack["dir"], fresh_env, "wait", batch_id, "--json"), 3)  # ended, not completed
+    assert json.loads(waited.stdout)["status"] == "cancelled"
+    assert progress_lines(waited.stderr)[-1].endswith("[cancelled]")
+    assert jsonl(ok(batchctl(stack["dir"], fresh_env, "results", batch_id, "--failed")).stdout)
+    deleted = json.loads(ok(batchctl(stack["dir"], fresh_env, "delete", batch_id, "--json")).stdout)
+    assert deleted == {"id": batch_id, "object": "batch.deleted", "deleted": True}
+    assert one_line_error(batchctl(stack["dir"], fresh_env, "status", batch_id)) == \
+        f"batchctl: 404 No batch found with id '{batch_id}'."
+
+    params = {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "slow"}]}
+    message_id = message_batch(stack, [{"custom_id": f"m{i}", "params": params} for i in range(150)])
+    assert ok(batchctl(stack["dir"], fresh_env, "cancel", message_id)).stdout.split() in (
+        [message_id, "canceling"], [message_id, "ended"])
+    ok(batchctl(stack["dir"], fresh_env, "wait", message_id), 3)  # ended after a cancel: not completed
+    ok(batchctl(stack["dir"], fresh_env, "delete", message_id))
+
+
+@pytest.mark.parametrize("args", [[], ["submit"], ["status"], ["list", "--limit", "0"], ["wait", "x", "--nope"],
+                                  ["submit", "f.jsonl", "--endpoint", "/v1/nope"]])
+def test_bad_usage_exits_2(stack, fresh_env, args):
+    out = batchctl(stack["dir"], fresh_env, *args)
+    assert out.returncode == 2 and out.stdout == "" and "usage: batchctl" in out.stderr, out.stderr
+
+
+def test_an_unreadable_input_file_exits_2_in_one_line(stack, fresh_env, tmp_path):
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "submit", str(tmp_path / "missing.jsonl")))
+    assert "missing.jsonl" in line
+    (tmp_path / "mixed.jsonl").write_text(chat_line("a", "x") + "\nnot json\n")
+    out = batchctl(stack["dir"], fresh_env, "submit", str(tmp_path / "mixed.jsonl"))
+    assert out.returncode == 2 and "line 2: not a JSON object" in one_line_error(out)
+    out = batchctl(stack["dir"], fresh_env, "submit", str(tmp_path / "mixed.jsonl"), "-o", "out.jsonl")
+    assert out.returncode == 2 and "--wait" in one_line_error(out)
+
+
+def test_api_errors_exit_1_in_one_line(stack, fresh_env):
+    out = batchctl(stack["dir"], fresh_env, "status", "batch_nonexistent")
+    assert out.returncode == 1
+    assert one_line_error(out) == "batchctl: 404 No batch found with id 'batch_nonexistent'."
+    out = batchctl(stack["dir"], fresh_env, "list", "--api-key", "hyi-not-a-key")
+    assert out.returncode == 1 and one_line_error(out).startswith("batchctl: 401 ")
+    out = batchctl(stack["dir"], fresh_env, "status", "batch_x", "--base-url", f"http://127.0.0.1:{free_port()}/v1",
+                   "--api-key", "hyi-x")
+    assert out.returncode == 1 and "cannot reach" in one_line_error(out)
+
+
+def test_configuration_from_the_environment_or_nowhere(stack, fresh_env, tmp_path):
+    out = batchctl(tmp_path, fresh_env, "list")  # no .local here, nothing in the environment
+    assert out.returncode == 2
+    line = one_line_error(out)
+    assert "BATCH_API_URL" in line and "make run" in line
+    env = {**fresh_env, "BATCH_API_URL": stack["root"], "BATCH_API_KEY": stack["key"]}  # with or without /v1
+    listed = json.loads(ok(batchctl(tmp_path, env, "list", "--limit", "1", "--json")).stdout)
+    assert listed["object"] == "list" and len(listed["data"]) == 1
+    # The local key goes only to the local stack's URL.
+    out = batchctl(stack["dir"], fresh_env, "list", "--base-url", f"http://127.0.0.1:{free_port()}/v1")
+    assert out.returncode == 2 and "BATCH_API_KEY" in one_line_error(out)

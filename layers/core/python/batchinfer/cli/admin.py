@@ -1,8 +1,11 @@
-"""batchctl: the operator's command line. `batchctl admin ...` manages accounts and API keys.
+"""`batchctl admin ...`: accounts and API keys, straight in DynamoDB (through `runtime.build_services`).
 
 It talks to the running local stack with no flags (it reads .local/stack.json, written by `make run`),
 or to a deployed stack when TABLE_NAME (and AWS credentials) are set in the environment.
 Every error is one line on stderr starting "batchctl: " and a non-zero exit (--debug adds the traceback).
+
+The service's modules (and boto3, pydantic) are imported when an admin command runs, not when batchctl
+starts: the user commands need none of them, and they cost most of a second per call.
 """
 
 from __future__ import annotations
@@ -12,24 +15,19 @@ import json
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
+from .common import EXIT_API, EXIT_INTERRUPTED, EXIT_OK, LOCAL_STACK_FILE, CliError, one_line
 
-from .runtime import build_services
-from .service import accounts
-from .settings import Settings
-from .storage.aws import AWS_ERRORS, describe_aws_error
-
-LOCAL_STACK_FILE = Path(".local/stack.json")
-
-
-class CliError(Exception):
-    """A problem to report to the operator as it is, in one line."""
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 
 def _settings(stack_file: Path | None) -> Settings:
     """The local stack's settings (from the stack file), or a deployed stack's (TABLE_NAME and the rest from
     the environment) when TABLE_NAME is set and no --stack-file is given."""
+    from ..settings import Settings
+
     settings = Settings()
     if stack_file is None and "table_name" in settings.model_fields_set:
         return settings
@@ -50,6 +48,10 @@ def _settings(stack_file: Path | None) -> Settings:
 
 
 def _problem(error: BaseException, settings: Settings | None) -> str:
+    from pydantic import ValidationError
+
+    from ..storage.aws import AWS_ERRORS, describe_aws_error
+
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
     if isinstance(error, KeyError):  # from accounts: an account or key that is not there
@@ -63,10 +65,6 @@ def _problem(error: BaseException, settings: Settings | None) -> str:
     return f"unexpected error: {type(error).__name__}: {error}"  # a bug: still one line; --debug shows where
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
 def _bool(value: str) -> bool:
     if value.lower() in ("true", "yes", "1", "on"):
         return True
@@ -75,13 +73,10 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
 
 
-def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="batchctl", description=__doc__.splitlines()[0])
-    top.add_argument("--stack-file", type=Path, default=None,
-                     help=f"local stack description (default: {LOCAL_STACK_FILE}, unless TABLE_NAME is set)")
-    top.add_argument("--debug", action="store_true", help="print the traceback of an error")
-    groups = top.add_subparsers(dest="group", required=True)
-    admin = groups.add_parser("admin", help="accounts and API keys").add_subparsers(dest="command", required=True)
+def add_commands(groups: argparse._SubParsersAction) -> None:
+    """`batchctl admin <command>` and its options."""
+    admin = groups.add_parser("admin", help="accounts and API keys (straight in DynamoDB)",
+                              description=__doc__.splitlines()[0]).add_subparsers(dest="command", required=True)
 
     p = admin.add_parser("create-account", help="create an account; prints its id")
     p.add_argument("--tier", choices=["free", "pro", "internal"], default="free")
@@ -105,10 +100,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tier", choices=["free", "pro", "internal"])
     p.add_argument("--batch-access", type=_bool)
     p.add_argument("--daily-quota-usd", type=float)
-    return top
 
 
 def run(args: argparse.Namespace, svc) -> None:
+    from ..service import accounts
+
     if args.command == "create-account":
         print(accounts.create_account(svc, tier=args.tier, batch_access=args.batch_access,
                                       daily_quota_usd=args.daily_quota_usd)["id"])
@@ -133,19 +129,17 @@ def run(args: argparse.Namespace, svc) -> None:
         print(json.dumps({k: v for k, v in account.items() if k not in ("pk", "sk")}, indent=2, sort_keys=True))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)  # bad arguments: argparse prints usage and one error line, exits 2
+def run_command(args: argparse.Namespace) -> int:
+    """Run one admin command; every failure is one line on stderr and exit 1 (130 for Ctrl-C)."""
     settings = None
     try:
+        from ..runtime import build_services
+
         settings = _settings(args.stack_file)
         run(args, build_services(settings))
-        return 0
+        return EXIT_OK
     except (Exception, KeyboardInterrupt) as error:
         if args.debug:
             traceback.print_exception(error)
-        print(f"batchctl: {_one_line(_problem(error, settings))}", file=sys.stderr)
-        return 130 if isinstance(error, KeyboardInterrupt) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        print(f"batchctl: {one_line(_problem(error, settings))}", file=sys.stderr)
+        return EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else EXIT_API

@@ -1,0 +1,7 @@
+"""`python -m batchinfer.cli` (what ./batchctl runs)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

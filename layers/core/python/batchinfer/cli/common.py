@@ -1,0 +1,27 @@
+"""What batchctl's admin and user commands share: where the local stack is described, the exit codes, and
+how a problem becomes one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LOCAL_STACK_FILE = Path(".local/stack.json")  # written by `make run` (local/run.py), relative to where it ran
+
+# The exit codes a script can rely on (README, "batchctl").
+EXIT_OK = 0
+EXIT_API = 1  # the API answered an error or could not be reached (admin: any failure)
+EXIT_USAGE = 2  # bad arguments (argparse's own code), an unreadable input file, no API URL or key
+EXIT_NOT_COMPLETED = 3  # a batch waited for ended without completing: failed, expired or cancelled
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+
+
+class CliError(Exception):
+    """A problem to report as it is, in one line."""
+
+
+class UsageError(CliError):
+    """A problem with what batchctl was given (arguments, input file, configuration): exit 2."""
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
