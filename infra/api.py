@@ -9,6 +9,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_apigatewayv2_integrations as integrations
+from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -88,6 +89,21 @@ class HttpApiFront(Construct):
                 rate_limit=config.api_throttle_rate_limit, burst_limit=config.api_throttle_burst_limit
             ),
         )
+        # Optional custom domain: a base URL that outlives the API (the execute-api id changes if the API is
+        # ever replaced). DNS stays with the operator: point the name at the DomainTarget output.
+        self.domain: apigwv2.DomainName | None = None
+        if config.domain_name and config.certificate_arn:
+            self.domain = apigwv2.DomainName(
+                self,
+                "Domain",
+                domain_name=config.domain_name,
+                certificate=acm.Certificate.from_certificate_arn(self, "Certificate", config.certificate_arn),
+                endpoint_type=apigwv2.EndpointType.REGIONAL,
+                security_policy=apigwv2.SecurityPolicy.TLS_1_2,
+            )
+            apigwv2.ApiMapping(self, "Mapping", api=self.http_api, domain_name=self.domain, stage=self.stage)
+            # The execute-api URL keeps working as well; keep it for checks, publish the domain.
+        self._domain_name = config.domain_name
         acknowledge(
             self.http_api,
             "AwsSolutions-APIG4",
@@ -98,5 +114,7 @@ class HttpApiFront(Construct):
 
     @property
     def url(self) -> str:
-        """Base URL of the `$default` stage (no stage path segment)."""
+        """Base URL for clients: the custom domain's when set, else the `$default` stage's (no stage path)."""
+        if self.domain is not None:
+            return f"https://{self._domain_name}"
         return self.http_api.api_endpoint

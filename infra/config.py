@@ -9,6 +9,7 @@ Precedence, lowest first:
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -31,8 +32,21 @@ DEFAULT_MODELS_FILE = Path(core.DEFAULT_MODELS_FILE).resolve().relative_to(REPO_
 CONTEXT_DEFAULTS_KEY = "batchinfer"
 CONTEXT_CONFIG_FILE_KEY = "config_file"
 
-# Lambda limits a synchronous invocation's request payload to 6 MB; the API must never promise more.
+# Lambda limits a synchronous invocation's request payload to 6 MB. API Gateway hands the body over inside a
+# JSON event: base64 for binary bodies (multipart uploads: 4/3 larger), escaped for text, plus the headers.
+# 4 MiB of body is what reliably fits (4 MiB * 4/3 = 5.33 MiB < 6 MB), so the API never promises more.
 LAMBDA_PAYLOAD_LIMIT_BYTES = 6 * 1024 * 1024
+LAMBDA_EVENT_BODY_LIMIT_BYTES = 4 * 1024 * 1024
+# The one stage that may deploy a half-working stack (loopback backends, no alarm subscription): a warning.
+DEV_STAGE = "dev"
+# Host names that can only mean this machine (no DNS lookup at synth: the name alone decides).
+_LOCAL_HOST_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+_LOCAL_HOST_SUFFIXES = (".localhost", ".local", ".internal", ".localdomain")
+# arn:<partition>:sns:<region>:<account>:<name>
+_SNS_TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}")
+# arn:<partition>:acm:<region>:<account>:certificate/<id>
+_ACM_CERTIFICATE_ARN = re.compile(r"arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[A-Za-z0-9-]+")
+_DOMAIN_NAME = re.compile(r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
 # CloudWatch Logs accepts only these retention periods.
 # fmt: off
 VALID_LOG_RETENTION_DAYS = (
@@ -89,10 +103,30 @@ class InfraConfig(BaseModel):
     message_batches_enabled: bool = False
     embeddings_responses_batches_enabled: bool = False
     batch_webhooks_enabled: bool = False
-    max_body_bytes: int = Field(5 * 1024 * 1024, gt=0, le=LAMBDA_PAYLOAD_LIMIT_BYTES)
+    max_body_bytes: int = Field(
+        LAMBDA_EVENT_BODY_LIMIT_BYTES,
+        gt=0,
+        le=LAMBDA_EVENT_BODY_LIMIT_BYTES,
+        description="Largest create body the API takes; what fits a Lambda event after API Gateway's encoding.",
+    )
     log_level: str = "INFO"
     log_retention_days: int = 30
     alarm_email: str | None = Field(None, description="Subscribe this address to the alarm topic.")
+    alarm_topic_arn: str | None = Field(
+        None, description="Send alarms to this existing SNS topic instead of a topic the stack creates."
+    )
+    monthly_budget_usd: float | None = Field(
+        100.0, gt=0, description="AWS Budgets cost guard: notify at 80% actual / 100% forecast; none for none."
+    )
+    monthly_budget_scope: str = Field(
+        "stage",
+        description="'stage': costs tagged batchinfer-stage=<stage> (activate the cost allocation tag); "
+        "'account': every cost of the account.",
+    )
+    domain_name: str | None = Field(None, description="Custom domain of the API (with certificate_arn).")
+    certificate_arn: str | None = Field(
+        None, description="ACM certificate for domain_name, in the stack's region."
+    )
     scheduled_reserved_concurrency: int | None = Field(
         2, ge=1, description="Reserved concurrency of dispatcher and sweeper; none to leave unreserved."
     )
@@ -102,6 +136,11 @@ class InfraConfig(BaseModel):
     )
     api_throttle_rate_limit: int = Field(100, ge=1, description="API Gateway steady-state requests/s.")
     api_throttle_burst_limit: int = Field(200, ge=1, description="API Gateway burst.")
+    full_index_projections: bool = Field(
+        False,
+        description="Project ALL into every GSI, as stages deployed before the lean projections have "
+        "(CloudFormation cannot change an existing GSI's projection).",
+    )
     skip_deps_build: bool = Field(False, description="Use an empty placeholder deps layer (tests only).")
 
     @field_validator("stage")
@@ -134,7 +173,15 @@ class InfraConfig(BaseModel):
             raise ValueError(f"log_retention_days must be one of {VALID_LOG_RETENTION_DAYS}")
         return value
 
-    @field_validator("alarm_email", "scheduled_reserved_concurrency", mode="before")
+    @field_validator(
+        "alarm_email",
+        "alarm_topic_arn",
+        "monthly_budget_usd",
+        "domain_name",
+        "certificate_arn",
+        "scheduled_reserved_concurrency",
+        mode="before",
+    )
     @classmethod
     def _none_strings(cls, value: Any) -> Any:
         # `-c alarm_email=none` arrives as a string.
@@ -162,11 +209,63 @@ class InfraConfig(BaseModel):
                 raise ValueError(f"catalog_env may not set {name!r}: it is for the local stack only")
         return value
 
+    @field_validator("alarm_topic_arn")
+    @classmethod
+    def _topic_arn_shape(cls, value: str | None) -> str | None:
+        if value is not None and not _SNS_TOPIC_ARN.fullmatch(value):
+            raise ValueError(f"alarm_topic_arn {value!r} is not an SNS topic ARN")
+        return value
+
+    @field_validator("certificate_arn")
+    @classmethod
+    def _certificate_arn_shape(cls, value: str | None) -> str | None:
+        if value is not None and not _ACM_CERTIFICATE_ARN.fullmatch(value):
+            raise ValueError(f"certificate_arn {value!r} is not an ACM certificate ARN")
+        return value
+
+    @field_validator("domain_name")
+    @classmethod
+    def _domain_shape(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().lower().rstrip(".")
+        if not _DOMAIN_NAME.fullmatch(value):
+            raise ValueError(f"domain_name {value!r} is not a DNS name (no scheme, no path)")
+        return value
+
+    @field_validator("monthly_budget_scope")
+    @classmethod
+    def _budget_scope_known(cls, value: str) -> str:
+        if value not in {"stage", "account"}:
+            raise ValueError("monthly_budget_scope must be 'stage' or 'account'")
+        return value
+
     @model_validator(mode="after")
     def _burst_covers_rate(self) -> InfraConfig:
         if self.api_throttle_burst_limit < self.api_throttle_rate_limit:
             raise ValueError("api_throttle_burst_limit must be at least api_throttle_rate_limit")
         return self
+
+    @model_validator(mode="after")
+    def _domain_needs_certificate(self) -> InfraConfig:
+        if (self.domain_name is None) != (self.certificate_arn is None):
+            raise ValueError("domain_name and certificate_arn go together: set both or neither")
+        return self
+
+    @property
+    def is_dev(self) -> bool:
+        """The dev stage may synthesize a stack that would not fully serve (with warnings); no other may."""
+        return self.stage == DEV_STAGE
+
+    @property
+    def has_alarm_subscription(self) -> bool:
+        return bool(self.alarm_email or self.alarm_topic_arn)
+
+    @property
+    def metrics_namespace(self) -> str:
+        """The CloudWatch namespace of the application metrics: per stage, so that two stages in one
+        account never feed each other's alarms. Functions get it as POWERTOOLS_METRICS_NAMESPACE."""
+        return f"batchinfer/{self.stage}"
 
     @property
     def models_path(self) -> Path:
@@ -243,9 +342,37 @@ class CatalogModel:
 
     @property
     def backend_is_loopback(self) -> bool:
-        """A backend on 127.0.0.1 works locally but never from Lambda."""
-        host = urlparse(self.base_url).hostname if self.base_url else None
-        return host in {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+        """A backend on 127.0.0.1 works locally but never from Lambda (kept for callers; see local_backend)."""
+        return self.local_backend is not None
+
+    @property
+    def local_backend(self) -> str | None:
+        """Why the backend is unreachable from Lambda, or None: a loopback, private, link-local or otherwise
+        non-global address, or a host name that can only be local. The functions run outside any VPC, so
+        only public addresses are reachable. Names are judged as written: no DNS lookup at synth."""
+        return unreachable_host_reason(urlparse(self.base_url).hostname if self.base_url else None)
+
+
+def unreachable_host_reason(host: str | None) -> str | None:
+    """Why a backend host cannot be reached from a Lambda function outside a VPC, or None when it may be."""
+    if not host:
+        return None
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if host in _LOCAL_HOST_NAMES or host.endswith(_LOCAL_HOST_SUFFIXES):
+            return f"{host} names this machine or a local network"
+        return None
+    if address.is_loopback:
+        return f"{host} is a loopback address"
+    if address.is_unspecified:
+        return f"{host} is the unspecified address (this machine)"
+    if address.is_private or address.is_link_local:
+        return f"{host} is a private address"
+    if not address.is_global:
+        return f"{host} is not a public address"
+    return None
 
 
 @dataclass(frozen=True)

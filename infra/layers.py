@@ -2,8 +2,15 @@
 
 The core layer needs no build: `layers/core` already has the `python/batchinfer/...` layout Lambda
 expects. The third-party layer is `pip install`ed for the Lambda platform (manylinux wheels for
-CPython 3.12 on x86_64) into `build/layers/deps/python`. A stamp file next to it records a hash of
-`requirements.txt` and the pip arguments, so a repeated synth skips the download when nothing changed.
+CPython 3.12 on arm64) into `build/layers/deps/python`, from `requirements-layer.lock`: every package,
+direct or not, pinned with its hashes (`--require-hashes --no-deps`), so two builds from one lock install
+the same bytes or fail. A stamp file next to it records a hash of the lock and the build recipe, so a
+repeated synth skips the download when nothing changed; the same hash names the layer asset, so a changed
+lock is always uploaded.
+
+`requirements.txt` stays the place to choose versions (the venv and the tests install it); after changing
+it, regenerate the lock with `python -m infra.layers --lock` (uv, resolving for Lambda's platform, not this
+machine's) and commit both. tests/infra checks that the two agree.
 
 Run `python -m infra.layers` to build (or check) the deps layer explicitly; `app.py` calls the same
 function, so `cdk synth`/`cdk deploy` work from a clean clone too.
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +36,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CORE_LAYER_DIR = REPO_ROOT / "layers" / "core"
 REQUIREMENTS_FILE = REPO_ROOT / "requirements.txt"
+LOCK_FILE = REPO_ROOT / "requirements-layer.lock"
 BUILD_DIR = REPO_ROOT / "build" / "layers"
 DEPS_LAYER_DIR = BUILD_DIR / "deps"
 DEPS_STAMP_FILE = BUILD_DIR / "deps.stamp"
@@ -37,10 +46,15 @@ SKIP_ENV_VAR = "BATCHINFER_SKIP_DEPS_BUILD"
 
 # Must match the functions' runtime and architecture in infra/functions.py.
 LAMBDA_PYTHON_VERSION = "3.12"
-LAMBDA_PLATFORM = "manylinux2014_x86_64"
+# pip's platform tag (manylinux2014 = glibc 2.17, which Lambda's Amazon Linux 2023 exceeds) and uv's name
+# for the same target when resolving the lock.
+LAMBDA_PLATFORM = "manylinux2014_aarch64"
+LOCK_PLATFORM = "aarch64-manylinux2014"
 
-# Bump when the build recipe changes in a way the requirements hash would not see.
-_RECIPE_VERSION = "1"
+# Bump when the build recipe changes in a way the lock hash would not see.
+_RECIPE_VERSION = "2"
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;#\\]+)")
 
 
 @dataclass(frozen=True)
@@ -52,8 +66,8 @@ class LayerBuild:
     placeholder: bool = False
 
 
-def pip_arguments(target: Path, requirements: Path = REQUIREMENTS_FILE) -> list[str]:
-    """The pip command that installs the runtime pins for the Lambda platform into `target`."""
+def pip_arguments(target: Path, lock: Path = LOCK_FILE) -> list[str]:
+    """The pip command that installs the locked runtime dependencies for the Lambda platform into `target`."""
     return [
         sys.executable,
         "-m",
@@ -68,32 +82,107 @@ def pip_arguments(target: Path, requirements: Path = REQUIREMENTS_FILE) -> list[
         "--python-version",
         LAMBDA_PYTHON_VERSION,
         "--only-binary=:all:",
+        # Every distribution must match a hash of the lock; the lock is complete, so no resolving.
+        "--require-hashes",
+        "--no-deps",
         # Byte code compiled here would be for the build machine's Python, not 3.12: useless weight.
         "--no-compile",
         "--target",
         str(target),
         "-r",
-        str(requirements),
+        str(lock),
     ]
 
 
-def requirements_hash(requirements: Path = REQUIREMENTS_FILE) -> str:
-    """Hash of the requirements file and the build recipe: the deps layer's identity."""
+def lock_arguments(output: Path = LOCK_FILE, requirements: Path = REQUIREMENTS_FILE) -> list[str]:
+    """The uv command that resolves requirements.txt for Lambda (CPython 3.12, manylinux aarch64, wheels
+    only) into a lock with the hashes of every distribution."""
+    return [
+        sys.executable,
+        "-m",
+        "uv",
+        "pip",
+        "compile",
+        str(requirements.relative_to(REPO_ROOT) if requirements.is_relative_to(REPO_ROOT) else requirements),
+        "--python-version",
+        LAMBDA_PYTHON_VERSION,
+        "--python-platform",
+        LOCK_PLATFORM,
+        "--only-binary",
+        ":all:",
+        "--generate-hashes",
+        "--no-cache",
+        "--quiet",
+        "--output-file",
+        str(output.relative_to(REPO_ROOT) if output.is_relative_to(REPO_ROOT) else output),
+    ]
+
+
+def pins(path: Path) -> dict[str, str]:
+    """{normalized name: version} of the `name==version` lines of a requirements or lock file."""
+    found: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        match = _PIN.match(line.strip())
+        if match:
+            found[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)
+    return found
+
+
+def lock_entries(lock: Path = LOCK_FILE) -> dict[str, list[str]]:
+    """{normalized name==version: its sha256 hashes} of a hashed lock (continuation lines joined)."""
+    entries: dict[str, list[str]] = {}
+    joined = re.sub(r"\\\n\s*", " ", lock.read_text())
+    for line in joined.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _PIN.match(line)
+        if not match:
+            raise ValueError(f"{lock.name}: not a pinned requirement: {line!r}")
+        name = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+        entries[f"{name}=={match.group(2)}"] = re.findall(r"--hash=sha256:([0-9a-f]{64})", line)
+    return entries
+
+
+def lock_problems(requirements: Path = REQUIREMENTS_FILE, lock: Path = LOCK_FILE) -> list[str]:
+    """What makes the lock disagree with requirements.txt or unfit for --require-hashes (empty: fine)."""
+    if not lock.is_file():
+        return [f"{lock.name} is missing: run `python -m infra.layers --lock`"]
+    problems = []
+    locked = pins(lock)
+    for name, version in pins(requirements).items():
+        if locked.get(name) != version:
+            problems.append(f"{name}=={version} is locked as {locked.get(name) or 'nothing'}")
+    for entry, hashes in lock_entries(lock).items():
+        if not hashes:
+            problems.append(f"{entry} has no hash")
+    return problems
+
+
+def requirements_hash(lock: Path = LOCK_FILE) -> str:
+    """Hash of the lock file and the build recipe: the deps layer's identity (stamp and asset hash)."""
     digest = hashlib.sha256()
     digest.update(f"{_RECIPE_VERSION}|{LAMBDA_PLATFORM}|{LAMBDA_PYTHON_VERSION}|".encode())
-    digest.update(requirements.read_bytes())
+    digest.update(lock.read_bytes())
     return digest.hexdigest()
 
 
-def deps_layer_is_current(requirements: Path = REQUIREMENTS_FILE) -> bool:
-    """True when the built deps layer matches the requirements file."""
+def deps_layer_is_current(lock: Path = LOCK_FILE) -> bool:
+    """True when the built deps layer matches the lock file."""
     if not DEPS_STAMP_FILE.is_file() or not (DEPS_LAYER_DIR / "python").is_dir():
         return False
-    return DEPS_STAMP_FILE.read_text().strip() == requirements_hash(requirements)
+    return DEPS_STAMP_FILE.read_text().strip() == requirements_hash(lock)
 
 
 def build_deps_layer(*, force: bool = False, quiet: bool = False) -> LayerBuild:
-    """Install the runtime dependencies into `build/layers/deps/python`, unless already current."""
+    """Install the locked runtime dependencies into `build/layers/deps/python`, unless already current."""
+    problems = lock_problems()
+    if problems:
+        raise SystemExit(
+            f"{LOCK_FILE.name} does not match {REQUIREMENTS_FILE.name}: "
+            + "; ".join(problems)
+            + ". Regenerate it with `python -m infra.layers --lock`."
+        )
     wanted = requirements_hash()
     if not force and deps_layer_is_current():
         return LayerBuild(DEPS_LAYER_DIR, wanted)
@@ -157,7 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the batchinfer Lambda deps layer (no Docker).")
     parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
     parser.add_argument("--check", action="store_true", help="exit 1 if the layer is missing or stale")
+    parser.add_argument(
+        "--lock", action="store_true", help=f"re-resolve {REQUIREMENTS_FILE.name} into {LOCK_FILE.name} (uv)"
+    )
     args = parser.parse_args(argv)
+    if args.lock:
+        subprocess.run(lock_arguments(), check=True, cwd=REPO_ROOT)
+        problems = lock_problems()
+        print("\n".join(problems) if problems else f"{LOCK_FILE.name} written")
+        return 1 if problems else 0
     if args.check:
         current = deps_layer_is_current()
         print("deps layer is current" if current else "deps layer is missing or stale")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, SecretValue
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from batchinfer.catalog import SECRET_PLACEHOLDER
 from infra.config import CatalogModel, InfraConfig
 from infra.nag import acknowledge
 
@@ -96,10 +97,10 @@ class ModelSecrets(Construct):
                 self,
                 model.slug,
                 secret_name=model.secret_name(config.stage),
-                description=f"Backend API key for model {model.model_id} (replace the generated placeholder)",
-                generate_secret_string=secretsmanager.SecretStringGenerator(
-                    exclude_punctuation=True, password_length=32
-                ),
+                description=f"Backend API key for model {model.model_id} (replace the placeholder)",
+                # A placeholder the worker recognises (and never sends as a key): the model's requests fail
+                # as unavailable until the operator puts the real key.
+                secret_string_value=SecretValue.unsafe_plain_text(SECRET_PLACEHOLDER),
                 removal_policy=removal,
             )
             acknowledge(

@@ -9,7 +9,7 @@ or missed tick is harmless.
 
 from __future__ import annotations
 
-from aws_cdk import Aws, Duration
+from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_scheduler as scheduler
@@ -23,7 +23,8 @@ TICK = Duration.minutes(1)
 
 
 class Schedules(Construct):
-    """One `rate(1 minute)` schedule per scheduled function."""
+    """One `rate(1 minute)` schedule per scheduled function, in the stage's own schedule group (so that the
+    Scheduler's metrics, per group, are the stage's alone: monitoring alarms on them)."""
 
     def __init__(
         self,
@@ -35,6 +36,13 @@ class Schedules(Construct):
         sweeper: lambda_.IFunction,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.group = scheduler.ScheduleGroup(
+            self,
+            "Group",
+            schedule_group_name=f"{config.stage}-batchinfer",
+            # Holds only the two schedules, which the stack recreates: nothing to keep.
+            removal_policy=RemovalPolicy.DESTROY,
+        )
         # One role for both targets, so its acknowledgment sits next to it rather than on CDK's singleton.
         self.role = iam.Role(
             self,
@@ -63,6 +71,7 @@ class Schedules(Construct):
             construct_id,
             schedule=scheduler.ScheduleExpression.rate(TICK),
             description=f"batchinfer {config.stage}: {what}",
+            schedule_group=self.group,
             # A late tick is useless: the next one is a minute away. No retries, drop after a minute.
             target=targets.LambdaInvoke(
                 function, role=self.role, retry_attempts=0, max_event_age=Duration.minutes(1)

@@ -16,12 +16,42 @@ from infra.config import REPO_ROOT, Catalog, InfraConfig, load_catalog, resolve_
 from infra.functions import WEBHOOKS as WEBHOOKS_SPEC
 from infra.functions import WORKER as WORKER_SPEC
 from infra.functions import ServiceFunctions, log_retention
-from infra.monitoring import Monitoring
+from infra.monitoring import COST_TAG, Monitoring
 from infra.nag import apply_nag
 from infra.queues import ModelQueues, ModelSecrets
 from infra.schedules import Schedules
 from infra.storage import Storage
 from infra.webhooks import WebhookDelivery
+
+
+class DeploymentConfigError(ValueError):
+    """The configuration would deploy a stack that does not serve, or fails without anyone hearing of it."""
+
+
+def deployment_problems(config: InfraConfig, catalog: Catalog) -> list[tuple[str, str]]:
+    """(code, message) of each problem that makes a deployment half-working: errors outside `dev`, warnings
+    in it."""
+    problems: list[tuple[str, str]] = []
+    for model in catalog.models:
+        reason = model.local_backend
+        if reason:
+            problems.append(
+                (
+                    f"loopback-backend:{model.slug}",
+                    f"model {model.model_id}: backend {model.base_url} is unreachable from Lambda ({reason}; "
+                    "the functions run outside any VPC). Point the catalog at a public backend: "
+                    "models_file, or catalog_env for a ${VAR} in its base_url (e.g. SIMULATED_BACKEND_URL).",
+                )
+            )
+    if not config.has_alarm_subscription:
+        problems.append(
+            (
+                "no-alarm-subscription",
+                "no alarm subscription: alarms would fire into a topic nobody reads. Set alarm_email "
+                "(-c alarm_email=ops@example.com) or alarm_topic_arn (an existing SNS topic).",
+            )
+        )
+    return problems
 
 
 class BatchInferenceStack(Stack):
@@ -37,15 +67,18 @@ class BatchInferenceStack(Stack):
         self.catalog = catalog
         Tags.of(self).add("project", "batchinfer")
         Tags.of(self).add("stage", config.stage)
+        # The cost allocation tag the stage-scoped budget filters on (activate it once in Billing).
+        Tags.of(self).add(COST_TAG, config.stage)
 
-        for model in catalog.models:
-            if model.backend_is_loopback:
-                Annotations.of(self).add_warning_v2(
-                    f"batchinfer:loopback-backend:{model.slug}",
-                    f"model {model.model_id}: backend {model.base_url} is a loopback address, unreachable "
-                    "from Lambda; set catalog_env (e.g. SIMULATED_BACKEND_URL) or point models_file at a "
-                    "catalog with real backends.",
-                )
+        problems = deployment_problems(config, catalog)
+        if problems and not config.is_dev:
+            # Outside dev a stack that synthesizes but would not serve (or would fail silently) is refused.
+            raise DeploymentConfigError(
+                f"stage {config.stage!r} cannot be deployed as configured:\n"
+                + "\n".join(f"  - {text}" for _, text in problems)
+            )
+        for code, text in problems:
+            Annotations.of(self).add_warning_v2(f"batchinfer:{code}", text)
 
         self.storage = Storage(self, "Storage", config=config)
         self.queues = ModelQueues(
@@ -86,14 +119,30 @@ class BatchInferenceStack(Stack):
             queues=self.queues,
             webhooks=self.webhooks,
             api=self.api,
+            storage=self.storage,
+            schedule_group=self.schedules.group,
         )
 
         CfnOutput(
-            self, "ApiUrl", value=self.api.url, description="Base URL for the SDKs (add /v1 for OpenAI)"
+            self,
+            "ApiUrl",
+            value=self.api.url,
+            description="Base URL for the SDKs (add /v1 for OpenAI): the custom domain's when one is set",
         )
+        CfnOutput(self, "ApiEndpoint", value=self.api.http_api.api_endpoint, description="execute-api URL")
+        if self.api.domain is not None:
+            CfnOutput(
+                self,
+                "DomainTarget",
+                value=self.api.domain.regional_domain_name,
+                description=f"Point {config.domain_name} here (CNAME, or a Route 53 alias with the zone id "
+                "output DomainHostedZoneId)",
+            )
+            CfnOutput(self, "DomainHostedZoneId", value=self.api.domain.regional_hosted_zone_id)
         CfnOutput(self, "TableName", value=self.storage.table.table_name)
         CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name)
         CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
+        CfnOutput(self, "MetricsNamespace", value=config.metrics_namespace)
         CfnOutput(self, "DashboardName", value=self.monitoring.dashboard.dashboard_name)
         CfnOutput(
             self,

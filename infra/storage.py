@@ -7,10 +7,18 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from batchinfer.layout import BATCHES_PREFIX, FILES_PREFIX, INDEXES, TTL_ATTRIBUTE
+from batchinfer.layout import BATCHES_PREFIX, FILES_PREFIX, INDEX_PROJECTIONS, INDEXES, TTL_ATTRIBUTE
 from infra.config import InfraConfig
 
+# How long an overwritten or deleted object of the data bucket can still be restored.
+NONCURRENT_VERSION_DAYS = 1
+
 _TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
+_PROJECTIONS = {
+    "ALL": dynamodb.ProjectionType.ALL,
+    "KEYS_ONLY": dynamodb.ProjectionType.KEYS_ONLY,
+    "INCLUDE": dynamodb.ProjectionType.INCLUDE,
+}
 
 # The indexes the storage modules query (defined once, in batchinfer.layout, for the local stack too).
 GLOBAL_INDEXES: dict[str, tuple[tuple[str, dynamodb.AttributeType], tuple[str, dynamodb.AttributeType]]] = {
@@ -39,11 +47,16 @@ class Storage(Construct):
             removal_policy=removal,
         )
         for index_name, ((pk_name, pk_type), (sk_name, sk_type)) in GLOBAL_INDEXES.items():
+            # What the readers use (layout.INDEX_PROJECTIONS, shared with the local stack); ALL for a stage
+            # whose table was created with it, since CloudFormation refuses to change a GSI's projection.
+            kind, attributes = ("ALL", ()) if config.full_index_projections else INDEX_PROJECTIONS[index_name]
+            projection, non_key_attributes = _PROJECTIONS[kind], list(attributes) or None
             self.table.add_global_secondary_index(
                 index_name=index_name,
                 partition_key=dynamodb.Attribute(name=pk_name, type=pk_type),
                 sort_key=dynamodb.Attribute(name=sk_name, type=sk_type),
-                projection_type=dynamodb.ProjectionType.ALL,
+                projection_type=projection,
+                non_key_attributes=non_key_attributes,
             )
 
         # Access logs of the data bucket (cdk-nag S1). SSE-S3: log delivery cannot write to SSE-KMS buckets.
@@ -62,6 +75,10 @@ class Storage(Construct):
             ],
             removal_policy=removal,
         )
+        # Versioned, with noncurrent versions kept one day: an object overwritten or deleted by mistake (a bug
+        # in a purge, a bad deploy) can be restored for a day, while a deleted batch's data is gone within
+        # about two days (one day + lifecycle lag), not kept. The objects are written once and deleted
+        # whole, so the extra storage is one day of what was deleted.
         # SSE-S3, not SSE-KMS: results and files are handed out as presigned URLs, which with SSE-KMS would
         # also need kms:Decrypt on the signing role and cost one KMS request per object; no requirement
         # here asks for customer-managed keys.
@@ -72,13 +89,19 @@ class Storage(Construct):
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            versioned=False,
+            versioned=True,
             server_access_logs_bucket=self.access_logs_bucket,
             server_access_logs_prefix="data-bucket/",
             lifecycle_rules=[
                 s3.LifecycleRule(
                     id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)
                 ),
+                s3.LifecycleRule(
+                    id="expire-noncurrent-versions",
+                    noncurrent_version_expiration=Duration.days(NONCURRENT_VERSION_DAYS),
+                ),
+                # Once its noncurrent versions are gone, a delete marker alone is removed too.
+                s3.LifecycleRule(id="remove-expired-delete-markers", expired_object_delete_marker=True),
                 # Safety nets only: the sweeper deletes on time, these catch what it missed.
                 s3.LifecycleRule(
                     id="expire-batches",

@@ -50,6 +50,10 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return synthesize(tmp_path_factory.mktemp("cdk-default"), {})
 
 
+EDGE_TOPIC_ARN = "arn:aws:sns:eu-west-1:123456789012:team-pager"
+EDGE_DOMAIN = "batch.example.com"
+EDGE_CERTIFICATE_ARN = "arn:aws:acm:eu-west-1:123456789012:certificate/0b0e2b35-5c3a-4f2c-9d1a-3f0e2b4c5d6e"
+
 EDGE_CATALOG = {
     "models": [
         {
@@ -87,6 +91,12 @@ def edge_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
             "retain_data": "false",
             "scheduled_reserved_concurrency": "none",
             "alarm_email": "ops@example.com",
+            # An existing topic instead of the stack's own (the email is subscribed to it as well).
+            "alarm_topic_arn": EDGE_TOPIC_ARN,
+            "monthly_budget_usd": "250",
+            "monthly_budget_scope": "account",
+            "domain_name": EDGE_DOMAIN,
+            "certificate_arn": EDGE_CERTIFICATE_ARN,
             "catalog_env": json.dumps({"TINY_URL": "https://tiny.example"}),
             "file_batches_enabled": "true",
             "batch_webhooks_enabled": "true",

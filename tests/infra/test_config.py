@@ -13,6 +13,7 @@ from batchinfer import catalog as core
 from infra import layers
 from infra.config import (
     DEFAULT_MODELS_FILE,
+    LAMBDA_EVENT_BODY_LIMIT_BYTES,
     REPO_ROOT,
     InfraConfig,
     load_catalog,
@@ -35,7 +36,7 @@ def write_catalog(tmp_path: Path, models: list[dict[str, Any]]) -> Path:
 def test_defaults_match_the_deployment_contract() -> None:
     config = resolve_config(getter({}))
     assert config.stage == "dev"
-    assert config.max_body_bytes == 5 * 1024 * 1024
+    assert config.max_body_bytes == 4 * 1024 * 1024 == LAMBDA_EVENT_BODY_LIMIT_BYTES
     assert not config.custom_catalog
     assert config.settings_env() == {
         "STAGE": "dev",
@@ -217,24 +218,78 @@ def test_catalog_errors_name_the_file_and_the_model(tmp_path: Path) -> None:
         load_catalog(path, stage="dev")
 
 
-def test_deps_layer_recipe_targets_lambda_python_312_x86_64(tmp_path: Path) -> None:
+def test_deps_layer_recipe_installs_the_hashed_lock_for_lambda_python_312_arm64(tmp_path: Path) -> None:
     args = layers.pip_arguments(tmp_path / "python")
     joined = " ".join(args)
     for expected in (
-        "--platform manylinux2014_x86_64",
+        "--platform manylinux2014_aarch64",
         "--implementation cp",
         "--python-version 3.12",
         "--only-binary=:all:",
+        "--require-hashes",
+        "--no-deps",
         f"--target {tmp_path / 'python'}",
-        "-r ",
+        f"-r {layers.LOCK_FILE}",
     ):
         assert expected in joined
+    # The lock is resolved for the same target (uv's name for it), with hashes.
+    lock = " ".join(layers.lock_arguments())
+    assert "--python-version 3.12" in lock and "--python-platform aarch64-manylinux2014" in lock
+    assert "--generate-hashes" in lock and "--only-binary :all:" in lock
+    # The layer's identity (stamp and asset hash) is the lock's content, not requirements.txt's.
+    locked = tmp_path / "requirements-layer.lock"
+    locked.write_text("pyyaml==6.0.4 \\\n    --hash=sha256:" + "a" * 64 + "\n")
+    first = layers.requirements_hash(locked)
+    assert first == layers.requirements_hash(locked)
+    locked.write_text("pyyaml==6.0.4 \\\n    --hash=sha256:" + "b" * 64 + "\n")  # same pin, other build
+    assert layers.requirements_hash(locked) != first
+
+
+def test_functions_and_layer_build_target_one_architecture() -> None:
+    from infra.functions import ARCHITECTURE, RUNTIME
+
+    assert ARCHITECTURE.name == "arm64" and layers.LAMBDA_PLATFORM.endswith("_aarch64")
+    assert layers.LOCK_PLATFORM.startswith("aarch64-")
+    assert RUNTIME.name == f"python{layers.LAMBDA_PYTHON_VERSION}"
+
+
+def test_lock_pins_every_requirement_at_its_version_with_hashes() -> None:
+    locked = layers.pins(layers.LOCK_FILE)
+    required = layers.pins(layers.REQUIREMENTS_FILE)
+    assert required and set(required) <= set(locked)
+    for name, version in required.items():
+        assert locked[name] == version, name
+    entries = layers.lock_entries()
+    assert len(entries) == len(locked) > len(required)  # indirect dependencies are locked too
+    for entry, hashes in entries.items():
+        assert hashes, f"{entry} has no --hash"
+    assert {"pydantic-core", "starlette", "anyio", "urllib3", "botocore"} <= set(locked)
+    assert layers.lock_problems() == []
+
+
+def test_lock_problems_name_a_drifted_pin(tmp_path: Path) -> None:
     requirements = tmp_path / "requirements.txt"
-    requirements.write_text("PyYAML==6.0.4\n")
-    first = layers.requirements_hash(requirements)
-    assert first == layers.requirements_hash(requirements)
-    requirements.write_text("PyYAML==6.0.3\n")
-    assert layers.requirements_hash(requirements) != first
+    requirements.write_text("PyYAML==6.0.5\nhttpx==0.28.1\n")
+    lock = tmp_path / "lock"
+    hashed = "pyyaml==6.0.4 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via -r requirements.txt\n"
+    lock.write_text(hashed + "httpx==0.28.1\n")
+    assert layers.lock_problems(requirements, lock) == ["pyyaml==6.0.5 is locked as 6.0.4", "httpx==0.28.1 has no hash"]
+
+
+def test_tests_run_against_the_layer_s_locked_versions() -> None:
+    # The venv (requirements-dev.txt, -r requirements.txt) must resolve the indirect packages to the lock's
+    # versions too, or the tests would import other code than Lambda runs.
+    from importlib import metadata
+
+    drift = {}
+    for name, version in layers.pins(layers.LOCK_FILE).items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed != version:
+            drift[name] = (version, installed)
+    assert drift == {}
 
 
 def test_skip_flag_sources(monkeypatch: pytest.MonkeyPatch) -> None:

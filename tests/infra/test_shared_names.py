@@ -96,9 +96,10 @@ def _joined(value: Any) -> str:
 
 
 def test_dashboard_alarms_and_functions_use_the_namespace_the_functions_emit(synth: Synth) -> None:
-    from batchinfer.observability import metrics  # what every handler emits with
-
-    emitted = metrics.namespace
+    # The stage's namespace: every function gets it as POWERTOOLS_METRICS_NAMESPACE (that observability
+    # honours it: test_production.test_observability_emits_in_the_namespace_the_stack_sets).
+    emitted = synth.stack.config.metrics_namespace
+    assert emitted == "batchinfer/dev"
     application: set[str] = set()
     for alarm in synth.resources("AWS::CloudWatch::Alarm").values():
         props = alarm["Properties"]
@@ -122,3 +123,21 @@ def test_dashboard_alarms_and_functions_use_the_namespace_the_functions_emit(syn
             if f["Properties"]["FunctionName"] == f"dev-batchinfer-{spec.name}"
         ]
         assert function["Properties"]["Environment"]["Variables"]["POWERTOOLS_METRICS_NAMESPACE"] == emitted
+
+
+def test_local_bootstrap_and_cdk_project_the_indexes_identically(synth: Synth) -> None:
+    import boto3
+    from moto import mock_aws
+
+    from batchinfer.storage.bootstrap import create_table
+
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        create_table(ddb, "t")
+        local = {
+            i["IndexName"]: i["Projection"]
+            for i in ddb.describe_table(TableName="t")["Table"]["GlobalSecondaryIndexes"]
+        }
+    (table,) = synth.resources("AWS::DynamoDB::Table").values()
+    deployed = {i["IndexName"]: i["Projection"] for i in table["Properties"]["GlobalSecondaryIndexes"]}
+    assert local == deployed

@@ -142,6 +142,12 @@ def test_queue_env_and_secrets_follow_catalog(synth: Synth) -> None:
     assert set(joined_json(env(synth, "worker")["MODEL_SECRETS"])) == with_keys
     names = {s["Properties"]["Name"] for s in synth.resources("AWS::SecretsManager::Secret").values()}
     assert names == {f"dev/batchinfer/models/{model_id}" for model_id in with_keys}
+    # Each starts as the placeholder the worker recognises and never sends (a model's requests fail as
+    # unavailable until the operator puts its key).
+    from batchinfer.catalog import SECRET_PLACEHOLDER
+
+    assert with_keys and all(s["Properties"]["SecretString"] == SECRET_PLACEHOLDER
+                             for s in synth.resources("AWS::SecretsManager::Secret").values())
 
 
 def test_edge_catalog_caps_concurrency_and_skips_auto(edge_synth: Synth) -> None:
@@ -312,7 +318,11 @@ def test_table_keys_indexes_ttl_and_pitr(synth: Synth) -> None:
             {"AttributeName": pk, "KeyType": "HASH"},
             {"AttributeName": sk, "KeyType": "RANGE"},
         ]
-        assert indexes[name]["Projection"] == {"ProjectionType": "ALL"}
+    # by_owner feeds the lists (whole items); the by_due readers use only keys and re-read the item; the
+    # sweeper takes only the id from by_active. Fewer projected attributes: smaller, fewer index writes.
+    assert indexes["by_owner"]["Projection"] == {"ProjectionType": "ALL"}
+    assert indexes["by_due"]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
+    assert indexes["by_active"]["Projection"] == {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["id"]}
 
 
 def test_data_bucket_encryption_public_access_tls_and_lifecycle(synth: Synth) -> None:
@@ -370,7 +380,7 @@ def test_functions_runtime_layers_tracing_and_logs(synth: Synth) -> None:
         _, function = function_resource(synth, name)
         props = function["Properties"]
         assert props["Runtime"] == "python3.12"
-        assert props["Architectures"] == ["x86_64"]
+        assert props["Architectures"] == ["arm64"]
         assert props["Handler"] == "handler.handler"
         assert props["TracingConfig"] == {"Mode": "Active"}
         assert {layer["Ref"] for layer in props["Layers"]} == layer_ids
@@ -387,7 +397,7 @@ def test_environment_per_function(synth: Synth) -> None:
     common = {
         "STAGE": "dev",
         "LOG_LEVEL": "INFO",
-        "POWERTOOLS_METRICS_NAMESPACE": "BatchInference",
+        "POWERTOOLS_METRICS_NAMESPACE": "batchinfer/dev",
         "FILE_BATCHES_ENABLED": "false",
         "MESSAGE_BATCHES_ENABLED": "false",
         "EMBEDDINGS_RESPONSES_BATCHES_ENABLED": "false",
@@ -412,7 +422,7 @@ def test_environment_per_function(synth: Synth) -> None:
         assert {"TABLE_NAME", "BUCKET_NAME"} <= set(variables)
         assert "MODELS_FILE" not in variables
         assert {"MAX_BODY_BYTES", "MODEL_QUEUES", "MODEL_SECRETS", *wiring} & set(variables) == own[name]
-    assert env(synth, "api")["MAX_BODY_BYTES"] == "5242880"
+    assert env(synth, "api")["MAX_BODY_BYTES"] == "4194304"
 
 
 def test_handlers_and_core_package_resolve_in_packaged_assets(synth: Synth) -> None:
@@ -487,9 +497,10 @@ def test_iam_is_scoped_to_table_bucket_queues_and_secrets(synth: Synth) -> None:
             assert statement["Effect"] == "Allow"
             if statement["Resource"] == "*":  # only X-Ray, which has no resource-level permissions
                 assert actions_of([statement]) <= {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}, name
-        assert refs(resources_for(granted, "dynamodb:PutItem")) == {table}, name
         if name != "webhooks":
-            assert refs(resources_for(granted, "s3:GetObject*")) == {bucket}, name
+            assert refs(resources_for(granted, "dynamodb:PutItem")) == {table}, name
+            assert refs(resources_for(granted, "s3:GetObject")) == {bucket}, name
+            assert refs(resources_for(granted, "s3:ListBucket")) == {bucket}, name
         assert not refs(granted) & dlqs, f"{name} must not touch the DLQs"
 
     api, dispatcher, worker, sweeper, webhooks = (statements[n] for n in FUNCTION_NAMES)
@@ -500,10 +511,10 @@ def test_iam_is_scoped_to_table_bucket_queues_and_secrets(synth: Synth) -> None:
     assert not any(a.startswith("secretsmanager:") for a in actions_of(dispatcher))
     assert refs(resources_for(worker, "sqs:ReceiveMessage")) == queues
     assert refs(resources_for(worker, "sqs:SendMessage")) == {webhook_queue}  # announces endings only
-    assert "s3:DeleteObject*" not in actions_of(worker)
+    assert "s3:DeleteObject" not in actions_of(worker)
     assert refs(resources_for(worker, "secretsmanager:GetSecretValue")) == secrets
     assert refs(resources_for(sweeper, "sqs:SendMessage")) == queues | {webhook_queue}
-    assert refs(resources_for(sweeper, "s3:DeleteObject*")) == {bucket}
+    assert refs(resources_for(sweeper, "s3:DeleteObject")) == {bucket}
     assert not any(a.startswith("secretsmanager:") for a in actions_of(sweeper))
     # webhooks: the table, its queue (consume, send retries back) and opening secrets; no objects, no keys.
     assert refs(resources_for(webhooks, "sqs:ReceiveMessage")) == {webhook_queue}
@@ -523,6 +534,84 @@ def test_iam_is_scoped_to_table_bucket_queues_and_secrets(synth: Synth) -> None:
     for name, granted in statements.items():
         assert (webhook_queue in refs(resources_for(granted, "sqs:SendMessage"))) == (name != "dispatcher"), name
         assert (webhook_queue in refs(resources_for(granted, "sqs:ReceiveMessage"))) == (name == "webhooks"), name
+
+
+def table_resource(resource: Any, table: str) -> str:
+    """'table' for the table's ARN, 'index/<name>' for one of its GSIs; anything else fails."""
+    if resource == {"Fn::GetAtt": [table, "Arn"]}:
+        return "table"
+    parts = resource["Fn::Join"][1]
+    assert parts[0] == {"Fn::GetAtt": [table, "Arn"]} and len(parts) == 2, resource
+    assert parts[1].startswith("/index/") and "*" not in parts[1], resource
+    return parts[1].removeprefix("/")
+
+
+def dynamodb_grants(statements: list[dict[str, Any]], table: str) -> dict[str, set[str]]:
+    """{dynamodb action: {'table', 'index/<name>', ...}} of one role's statements."""
+    found: dict[str, set[str]] = {}
+    for statement in statements:
+        actions = [statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"]
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        for action in actions:
+            if action.startswith("dynamodb:"):
+                found.setdefault(action, set()).update(table_resource(r, table) for r in resources)
+    return found
+
+
+# What each function's code calls (batchinfer.storage.dynamo.Table methods; transactions are authorized per
+# item as Put/Update/Delete/ConditionCheck): read from the code, written out here independently of infra.
+_ITEMS = {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "ConditionCheckItem", "Query"}
+EXPECTED_TABLE_ACTIONS = {
+    "api": _ITEMS | {"BatchWriteItem"},  # delete purges (delete_many)
+    "dispatcher": _ITEMS,
+    "worker": _ITEMS | {"BatchGetItem"},  # key, account and usage in one round trip
+    "sweeper": _ITEMS | {"BatchGetItem", "BatchWriteItem"},  # lease recovery reads, retention purges
+    "webhooks": {"GetItem", "UpdateItem"},  # the event and the webhook; attempts recorded
+}
+EXPECTED_INDEXES = {
+    "api": {"by_owner"},  # lists of batches and files, upload quota
+    "dispatcher": {"by_due"},  # retries due
+    "worker": {"by_due"},  # the dispatcher's claims, pulled by the worker itself
+    "sweeper": {"by_due", "by_active"},  # leases, purges, webhook relays; unfinished batches
+    "webhooks": set(),
+}
+FORBIDDEN_DYNAMODB = {
+    "dynamodb:Scan",
+    "dynamodb:DescribeStream",
+    "dynamodb:GetRecords",
+    "dynamodb:GetShardIterator",
+    "dynamodb:ListStreams",
+    "dynamodb:DescribeTable",
+    "dynamodb:*",
+}
+
+
+def test_table_access_is_exactly_what_each_function_calls(synth: Synth) -> None:
+    table = synth.logical_id(synth.stack.storage.table)
+    for name in FUNCTION_NAMES:
+        grants = dynamodb_grants(role_statements(synth, name), table)
+        on_table = {a.removeprefix("dynamodb:") for a, where in grants.items() if "table" in where}
+        assert on_table == EXPECTED_TABLE_ACTIONS[name], name
+        indexes = {w.removeprefix("index/") for where in grants.values() for w in where if w != "table"}
+        assert indexes == EXPECTED_INDEXES[name], name
+        # Only Query reaches an index.
+        assert all(where == {"table"} for a, where in grants.items() if a != "dynamodb:Query"), name
+
+
+def test_no_role_may_scan_or_read_streams(synth: Synth, edge_synth: Synth) -> None:
+    for built in (synth, edge_synth):
+        for policy in built.resources("AWS::IAM::Policy").values():
+            actions = actions_of(policy["Properties"]["PolicyDocument"]["Statement"])
+            assert not actions & FORBIDDEN_DYNAMODB, policy
+            assert not any(a.startswith("dynamodb:") and "Stream" in a for a in actions), policy
+            # Exact S3 object actions, no grant groups (no object lock, tagging or ACL actions).
+            assert not {a for a in actions if a.startswith("s3:")} - {
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:AbortMultipartUpload",
+                "s3:DeleteObject",
+                "s3:ListBucket",
+            }, policy
 
 
 # -- custom catalog and settings ------------------------------------------------------------------------
@@ -566,7 +655,7 @@ def test_alarms_and_dashboard(synth: Synth) -> None:
         emf = [m["MetricStat"]["Metric"] for m in rate["Metrics"] if "MetricStat" in m]
         assert {m["MetricName"] for m in emf} == {"BackendErrors", "RequestsCompleted"}
         for metric in emf:
-            assert metric["Namespace"] == "BatchInference"
+            assert metric["Namespace"] == "batchinfer/dev"
             assert {"Name": "model", "Value": model.model_id} in metric["Dimensions"]
             assert {"Name": "service", "Value": "batchinfer-worker"} in metric["Dimensions"]
     for name in FUNCTION_NAMES:
@@ -582,7 +671,7 @@ def test_alarms_and_dashboard(synth: Synth) -> None:
         {"Name": "QueueName", "Value": {"Fn::GetAtt": [synth.logical_id(synth.stack.webhooks.dlq), "QueueName"]}}
     ]
     failed = alarms["dev-batchinfer-webhooks-deliveries-failed"]
-    assert (failed["Namespace"], failed["MetricName"]) == ("BatchInference", "WebhookDeliveriesFailed")
+    assert (failed["Namespace"], failed["MetricName"]) == ("batchinfer/dev", "WebhookDeliveriesFailed")
     assert (failed["Statistic"], failed["Threshold"], failed["ComparisonOperator"]) == (
         "Sum",
         0,
@@ -629,7 +718,9 @@ def test_cdk_nag_has_no_unacknowledged_findings(which: str, request: pytest.Fixt
     unexpected = [
         w
         for w in annotations.find_warning("*", Match.any_value())
-        if not str(w.entry.data).startswith(("The deps layer is an empty placeholder", "model "))
+        if not str(w.entry.data).startswith(
+            ("The deps layer is an empty placeholder", "model ", "no alarm subscription")
+        )
     ]
     assert unexpected == []
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 
-from .catalog import METRICS_NAMESPACE
+from .settings import get_settings
 
 logger = Logger()
-# The CDK dashboard and alarms read this namespace (infra/monitoring.py imports the same constant).
-metrics = Metrics(namespace=METRICS_NAMESPACE)
+# The stack's POWERTOOLS_METRICS_NAMESPACE (per stage: its dashboard and alarms read the same), else the
+# default; passed explicitly, since an explicit namespace is what Powertools prefers over the environment.
+metrics = Metrics(namespace=get_settings().powertools_metrics_namespace)
 tracer = Tracer()

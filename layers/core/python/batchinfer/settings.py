@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .catalog import DEFAULT_MODELS_FILE  # the catalog module owns it: infra derives its default from it too
+from .catalog import DEFAULT_MODELS_FILE, METRICS_NAMESPACE  # the catalog module owns them: infra reads them too
 
 
 class Settings(BaseSettings):
@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     moto_port: int = 5000  # the local stack's moto server
     sim_port: int = 8100  # the local stack's simulated backend
     log_level: str = "WARNING"
+    # Where the functions' EMF metrics go: the stack sets a namespace per stage (its alarms watch that one).
+    powertools_metrics_namespace: str = METRICS_NAMESPACE
     local_pollers_per_queue: int = 0  # local worker invocations per queue at once; 0: the model's budget
 
     batches_enabled: bool = True  # off: every batch route answers 404 "unavailable at the moment"

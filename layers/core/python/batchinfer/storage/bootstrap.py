@@ -6,7 +6,14 @@ from botocore.exceptions import ClientError
 
 # The catalog module names queues for the CDK stack too: the local stack must create the very same names.
 from ..catalog import queue_name, queue_slugs, webhook_queue_name
+from ..layout import INDEX_PROJECTIONS
 from ..layout import INDEXES as GSIS
+
+
+def _projection(index: str) -> dict:
+    """An index's Projection as layout.INDEX_PROJECTIONS has it (the CDK stack reads the same)."""
+    kind, attributes = INDEX_PROJECTIONS[index]
+    return {"ProjectionType": kind, **({"NonKeyAttributes": list(attributes)} if attributes else {})}
 
 
 def create_table(ddb, name: str) -> None:
@@ -19,7 +26,7 @@ def create_table(ddb, name: str) -> None:
             AttributeDefinitions=[{"AttributeName": k, "AttributeType": t} for k, t in attrs.items()],
             KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
             GlobalSecondaryIndexes=[
-                {"IndexName": n, "Projection": {"ProjectionType": "ALL"},
+                {"IndexName": n, "Projection": _projection(n),
                  "KeySchema": [{"AttributeName": h[0], "KeyType": "HASH"}, {"AttributeName": r[0], "KeyType": "RANGE"}]}
                 for n, (h, r) in GSIS.items()
             ],
