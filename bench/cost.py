@@ -20,7 +20,7 @@ import time
 from collections import Counter, defaultdict
 
 from batchinfer.layout import batch_key
-from batchinfer.service.lifecycle import purge_batch
+from batchinfer.service.lifecycle import begin_purge, purge_batch
 from bench.calls import LABEL, PRICE, S3_FREE, S3_PUT_CLASS, Call, moto_cpu_seconds, recording, usd
 from bench.common import FINAL, chat, command_line, create, local_stack, median
 
@@ -51,7 +51,8 @@ def one_batch(svc, session, base: str, rec, n: int, prompt: str, latency: float)
         answer.raise_for_status()
         assert sum(chunk.count(b"\n") for chunk in answer.iter_content(1 << 20)) == n
     token = LABEL.set("sweeper")  # as the sweeper will when the batch's retention ends
-    purge_batch(svc, svc.table.get(*batch_key(batch["id"])), retention_ended=True)
+    begin_purge(svc, svc.table.get(*batch_key(batch["id"])), purge_items=False)
+    purge_batch(svc, svc.table.get(*batch_key(batch["id"])))
     LABEL.reset(token)
     time.sleep(0.5)  # let the last invocations end and be recorded
     calls: list[Call] = [c for c in rec.calls if c.label != "bench"]

@@ -1,7 +1,12 @@
-"""Yield: with interactive requests in flight on a model (`track_interactive(svc, model, +n)`, as the
-interactive endpoints will do), the batch requests in flight on it drop to the model's floor (the catalog's
-`batch_floor`, 2) within <= 2 s, and come back to the budget when the load goes (`-n`). L=2 s, so a
-request already running finishes within 2 s.
+"""Yield: with interactive requests in flight on a model, the batch requests in flight on it drop to the
+model's floor (the catalog's `batch_floor`, 2) within <= 2 s, and come back to the budget when the load goes.
+L=2 s, so a request already running finishes within 2 s.
+
+`--real` (the default): the load is real interactive chat completions through the API (`k` clients, each
+sending its next request as soon as the last answered), whose leases the budget counts; the backend's
+in-flight then holds both, so the batch's share is the backend's count less the interactive calls open.
+`--synthetic`: the load is the counter alone (`track_interactive(svc, model, +k)`), as before the
+interactive endpoints existed.
 
 A batch keeps the model busy at its budget; every 0.1 s a sampler reads the model's `in_flight` counter
 (MODEL#<id>/BUDGET: dispatched or running) and the simulated backend's `in_flight` (running). Each cycle:
@@ -28,22 +33,66 @@ GOAL_SECONDS = 2.0
 MODEL = "glm-5.3-flash"
 
 
-class Sampler(threading.Thread):
-    """(time, counter in_flight, backend in_flight) every `every` seconds."""
+class Interactive:
+    """`k` interactive clients on the API, each sending its next chat completion as its last one answers,
+    from `on()` until `off()`; `open` counts the calls under way."""
 
-    def __init__(self, svc, sim_url: str, every: float = 0.1) -> None:
+    def __init__(self, base: str, key: str, k: int) -> None:
+        self.base, self.key, self.k = base, key, k
+        self.open = 0
+        self.lock = threading.Lock()
+        self.sending = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.errors = 0
+
+    def _client(self) -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {self.key}"}, timeout=60) as client:
+            n = 0
+            while self.sending.is_set():
+                with self.lock:
+                    self.open += 1
+                try:
+                    answer = client.post(f"{self.base}/chat/completions", json={
+                        "model": MODEL, "messages": [{"role": "user", "content": f"interactive {n}"}]})
+                    self.errors += answer.status_code != 200
+                finally:
+                    with self.lock:
+                        self.open -= 1
+                n += 1
+
+    def on(self) -> None:
+        self.sending.set()
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.k)]
+        for thread in self.threads:
+            thread.start()
+
+    def off(self) -> float:
+        """Stop sending; returns when the last interactive call answered."""
+        self.sending.clear()
+        for thread in self.threads:
+            thread.join()
+        return time.monotonic()
+
+
+class Sampler(threading.Thread):
+    """(time, counter in_flight, batch calls at the backend) every `every` seconds."""
+
+    def __init__(self, svc, sim_url: str, every: float = 0.1, interactive: Interactive | None = None) -> None:
         super().__init__(daemon=True)
-        self.svc, self.sim_url, self.every = svc, sim_url, every
-        self.samples: list[tuple[float, int, int]] = []
+        self.svc, self.sim_url, self.every, self.interactive = svc, sim_url, every, interactive
+        self.samples: list[tuple[float, int, int, int]] = []  # time, counter, backend, interactive counted
         self.done = threading.Event()
 
     def run(self) -> None:
         with httpx.Client(timeout=5) as client:
             while not self.done.is_set():
                 t = time.monotonic()
-                counter = int((self.svc.table.get(*model_budget_key(MODEL)) or {}).get("in_flight", 0))
+                item = self.svc.table.get(*model_budget_key(MODEL)) or {}
+                counter, counted = int(item.get("in_flight", 0)), int(item.get("interactive", 0))
                 backend = client.get(f"{self.sim_url}/_sim/stats").json()["in_flight"]
-                self.samples.append((t, counter, backend))
+                if self.interactive is not None:  # the backend runs interactive calls too: count the batch's
+                    backend = max(0, backend - self.interactive.open)
+                self.samples.append((t, counter, backend, counted))
                 self.done.wait(max(0.0, self.every - (time.monotonic() - t)))
 
     def first(self, since: float, test, which: int) -> float | None:
@@ -66,12 +115,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--interactive", type=int, default=0, help="interactive requests in flight (0: the budget)")
     parser.add_argument("--cycles", type=int, default=10)
     parser.add_argument("--hold", type=float, default=5.0, help="seconds each phase lasts")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--real", dest="real", action="store_true", default=True,
+                      help="real interactive requests through the API (the default)")
+    mode.add_argument("--synthetic", dest="real", action="store_false", help="the interactive counter alone")
     args = parser.parse_args(argv)
     budget, latency, k = args.budget, args.latency, args.interactive or args.budget
     with local_stack(latency=latency, budget=budget) as (svc, session, base):
         model = svc.catalog.get(MODEL)
         floor = min(model.batch_floor, budget)
-        sampler = Sampler(svc, model.backend.base_url.removesuffix("/v1"))
+        key = session.headers["Authorization"].removeprefix("Bearer ")
+        load = Interactive(base, key, k) if args.real else None
+        sampler = Sampler(svc, model.backend.base_url.removesuffix("/v1"), interactive=load)
         sampler.start()
         n = int((args.cycles * 2 * args.hold + 10) * budget / latency) + budget
         batch = create(session, base, [chat(f"y-{i}", f"yield {i}") for i in range(n)])
@@ -79,17 +134,25 @@ def main(argv: list[str] | None = None) -> dict:
             time.sleep(0.1)
         time.sleep(args.hold)
         down, up = {1: [], 2: []}, {1: [], 2: []}
+        ramps: list[float] = []
         for _ in range(args.cycles):
             time.sleep(random.uniform(0, latency))  # not in step with the requests' rounds
             on = time.monotonic()
-            track_interactive(svc, MODEL, +k)
+            load.on() if load else track_interactive(svc, MODEL, +k)
             time.sleep(args.hold)
             off = time.monotonic()
-            track_interactive(svc, MODEL, -k)
+            if load:
+                gone = load.off()  # the load has gone once its last call answered
+            else:
+                track_interactive(svc, MODEL, -k)
+                gone = off
             time.sleep(args.hold)
+            # Real load arrives over a moment (each call opens its lease first): from when all k are counted.
+            full = on + (sampler.first(on, lambda v: v >= k, 3) or 0.0) if load else on
+            ramps.append(full - on)
             for which in (1, 2):
-                down[which].append(sampler.settled(on, off, floor, which))
-                up[which].append(sampler.first(off, lambda v: v >= budget, which))
+                down[which].append(sampler.settled(full, off, floor, which))
+                up[which].append(sampler.first(gone, lambda v: v >= budget, which))
         sampler.done.set()
         session.post(f"{base}/batches/{batch['id']}/cancel", timeout=30).raise_for_status()
         wait(session, base, batch["id"], poll=0.2)
@@ -101,8 +164,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     reached = [v for v in down[2] if v is not None]
     worst_down = max(down[1] + down[2]) if None not in down[1] + down[2] else float("inf")
-    print(f"yield: {k} interactive requests on {MODEL} (budget {budget}, floor {floor}), L={latency}s; "
+    how = (f"real interactive chat completions through the API ({load.errors} not 200)" if load
+           else "the interactive counter (synthetic)")
+    print(f"yield: {k} interactive requests on {MODEL} (budget {budget}, floor {floor}), L={latency}s, {how}; "
           f"{args.cycles} cycles, samples every 0.1 s")
+    if load:
+        print(f"  the load's arrival (first call sent to all {k} counted): median {median(ramps):.2f} s "
+              f"{spread(ramps, '{:.2f}')}; the times below start when all are counted")
     print(f"  to the floor, backend in flight: {summary(down[2])}; budget counter (dispatched + running): "
           f"{summary(down[1])}")
     print(f"  back to the budget when it goes, backend: {summary(up[2])}; counter: {summary(up[1])}")

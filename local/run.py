@@ -80,7 +80,8 @@ def local_settings() -> Settings:
     """The settings of `make run`: the environment's, with the extensions that are built on unless the
     environment says otherwise (a deployment turns them on in its config)."""
     settings = Settings()
-    built = {name: True for name in ("file_batches_enabled", "message_batches_enabled", "batch_webhooks_enabled")
+    built = {name: True for name in ("file_batches_enabled", "message_batches_enabled", "batch_webhooks_enabled",
+                                     "embeddings_responses_batches_enabled")
              if name not in settings.model_fields_set}
     return settings.model_copy(update=built) if built else settings
 

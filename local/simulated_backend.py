@@ -254,8 +254,22 @@ def _build_chat(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"chatcmpl-{p.digest.hex()[:16]}", "object": "chat.completion", "created": int(time.time()),
             "model": p.model, "system_fingerprint": "fp_simulated",
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": p.prompt_tokens, "completion_tokens": n_out,
-                      "total_tokens": p.prompt_tokens + n_out}}
+            "usage": _chat_usage(p, body, n_out)}
+
+
+def _chat_usage(p: Prompt, body: dict[str, Any], n_out: int) -> dict[str, Any]:
+    """Usage as vLLM or OpenAI report it; like them, token details for some requests only: a system prompt is
+    served from the prompt cache (its tokens are `cached_tokens`), and `reasoning_effort` spends half the
+    answer's tokens reasoning."""
+    usage: dict[str, Any] = {"prompt_tokens": p.prompt_tokens, "completion_tokens": n_out,
+                             "total_tokens": p.prompt_tokens + n_out}
+    system = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+    if system:
+        cached = sum(len(_text_of(m.get("content"), "messages").split()) + 3 for m in system)
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    if body.get("reasoning_effort"):
+        usage["completion_tokens_details"] = {"reasoning_tokens": n_out // 2}
+    return usage
 
 
 def _build_responses(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from batchinfer.storage.aws import client  # noqa: E402
 from local.servers import UvicornThread, free_port  # noqa: E402
 from local.simulated_backend import create_app as create_sim  # noqa: E402
 from tests.helpers import make_services  # noqa: E402
+from tests.webhook_receiver import receiver  # noqa: E402,F401  (a fixture: the webhook tests' receiver)
 
 
 @pytest.fixture(scope="session")

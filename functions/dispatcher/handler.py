@@ -7,13 +7,23 @@ from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.service.dispatch import Dispatcher
 
+# A pass that starts just before the loop ends must finish (and the metrics flush) inside the invocation.
+STOP_BEFORE_TIMEOUT_SECONDS = 10
+
+
+def loop_seconds(event: object, context: object, configured: float) -> float:
+    """How long this invocation keeps refilling: what the event or the setting asks, cut to the invocation's
+    remaining time less a margin (a shorter timeout, or a late start, must not be overrun)."""
+    wanted = float(event.get("seconds", configured)) if isinstance(event, dict) else 0.0
+    remaining = context.get_remaining_time_in_millis() / 1000 - STOP_BEFORE_TIMEOUT_SECONDS
+    return max(0.0, min(wanted, remaining))
+
 
 @logger.inject_lambda_context
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict, context: object) -> dict:
     svc = services()
-    seconds = float(event.get("seconds", svc.settings.dispatcher_loop_seconds)) if isinstance(event, dict) else 0
-    sent = Dispatcher(svc).run(seconds)
+    sent = Dispatcher(svc).run(loop_seconds(event, context, svc.settings.dispatcher_loop_seconds))
     metrics.add_metric(name=METRIC_REQUESTS_DISPATCHED, unit=MetricUnit.Count, value=sent)
     return {"dispatched": sent}

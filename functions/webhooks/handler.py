@@ -4,6 +4,7 @@ whose bookkeeping failed is reported on its own, so SQS hands back only that one
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType, async_process_partial_response
@@ -15,10 +16,15 @@ from batchinfer.runtime import services
 from batchinfer.service.webhooks import deliver
 
 processor = AsyncBatchProcessor(event_type=EventType.SQS)
+# One thread per record of a call (the event source's batch size): the default pool has cpu + 4 threads, and a
+# record waiting for one behind a slow receiver's attempt would be delayed by it.
+RECORDS_PER_CALL = 10
+_pool = ThreadPoolExecutor(max_workers=RECORDS_PER_CALL, thread_name_prefix="delivery")
 
 
 async def record_handler(record: SQSRecord) -> str:
-    result = await asyncio.to_thread(deliver, services(), json.loads(record.body))
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(_pool, deliver, services(), json.loads(record.body))
     if result in ("retry", "failed"):
         metrics.add_metric(name=METRIC_WEBHOOK_ATTEMPTS_FAILED, unit=MetricUnit.Count, value=1)
     if result == "failed":  # the last attempt failed: the receiver will not hear of this event

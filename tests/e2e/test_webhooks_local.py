@@ -13,7 +13,6 @@ from standardwebhooks.webhooks import Webhook
 
 from batchinfer.service import accounts
 from tests.e2e.conftest import local_stack
-from tests.integration.test_webhooks import Receiver
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 1.0
@@ -24,14 +23,6 @@ def stack(tmp_path_factory):
     with local_stack(tmp_path_factory, batch_webhooks_enabled=True, webhook_allow_loopback=True,
                      webhook_retry_base_seconds=1.0, webhook_timeout_seconds=TIMEOUT) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    r = Receiver()
-    r.server.start()
-    yield r
-    r.server.stop()
 
 
 def client_for(stack, key: str | None = None) -> httpx.Client:

@@ -1140,14 +1140,16 @@ def test_retention_end_removes_the_batch_and_leaves_its_request_items_to_ttl(svc
     assert gone.value.status == 404
 
 
-def test_deleting_a_batch_deletes_its_request_items_at_once(svc, sim_control):
+def test_deleting_a_batch_deletes_its_request_items_in_the_next_sweep(svc, sim_control):
     _, key = new_key(svc)
     who = authenticate(svc, key)
     batch_id = submit(svc, who, [chat_request(f"d-{i}", f"delete {i}") for i in range(3)])
     pump(svc, batch_id)
     assert len(stored_requests(svc, batch_id)) == 3
-    assert batches.delete_batch(svc, who, batch_id)["deleted"] is True
+    assert batches.delete_batch(svc, who, batch_id)["deleted"] is True  # at once: marked, not yet removed
+    assert sweep_once(svc)["purged"] == 1
     assert stored_requests(svc, batch_id) == [] and _objects(svc, batch_id) == []
+    assert get_batch(svc, batch_id) is None
 
 
 # --- Message Batches: the same scheduler, the same invariants --------------------------------------------

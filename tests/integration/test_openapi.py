@@ -224,11 +224,11 @@ def test_every_operation_answers_as_its_document_says(svc, openapi_schema):
     assert not failures, "\n\n".join(f"{label}\n{text}" for label, text in failures.items())
     # The run reached what it is for: every operation, real objects in the answers the schemas describe, and
     # refusals of a missing or unknown key.
-    assert len(ops) == 33, [op.label for op in ops]
+    assert len(ops) == 40, [op.label for op in ops]
     statuses: dict[str, set[int]] = {}
     for label, status in world.seen:
         statuses.setdefault(label, set()).add(status)
-    for label in ("POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
+    for label in ("GET /v1/models", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
                   "GET /v1/batches/{batch_id}/results", "GET /v1/batches/{batch_id}/output.jsonl",
                   "POST /v1/batches/{batch_id}/cancel", "DELETE /v1/batches/{batch_id}"):
         assert 200 in statuses[label], (label, statuses[label])
@@ -243,8 +243,9 @@ def test_every_operation_answers_as_its_document_says(svc, openapi_schema):
 
 # --- The document itself ------------------------------------------------------------------------------
 
-OPENAI_PREFIXES = ("/v1/batches", "/v1/files", "/v1/uploads", "/v1/batch_webhook")
-ANTHROPIC_PREFIXES = ("/v1/messages/batches", "/anthropic/")
+OPENAI_PREFIXES = ("/v1/batches", "/v1/files", "/v1/uploads", "/v1/batch_webhook", "/v1/chat/completions",
+                   "/v1/embeddings", "/v1/responses", "/v1/models")
+ANTHROPIC_PREFIXES = ("/v1/messages", "/anthropic/")
 
 
 def test_document_declares_the_create_body_and_each_apis_error_envelope():

@@ -8,24 +8,17 @@ with real delays and concurrent records)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import threading
 
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from batchinfer.layout import batch_key
 from batchinfer.records import WebhookEvent
 from batchinfer.service import webhooks
 from batchinfer.service.sweep import sweep_once
 from local.lambda_runtime import invoke, sqs_event
-from local.servers import UvicornThread, free_port
 from tests.helpers import new_key
 from tests.integration.test_api import _tick, error, finish, ok, req, settings
 from tests.integration.test_files import create_from, jsonl, line, upload
@@ -33,44 +26,6 @@ from tests.integration.test_message_batches import V1, entry
 
 CANARY = "CANARY-7f3a9-do-not-leak"
 PUBLIC = "93.184.216.34"
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1: records every delivery; `plan[path]` lists the status codes its next
-    calls answer (then 200); `hang[path]` seconds to wait before answering."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict] = []
-        self.plan: dict[str, list[int]] = {}
-        self.hang: dict[str, float] = {}
-        self.lock = threading.Lock()
-
-        async def hook(request: Request) -> Response:
-            path = request.url.path
-            body = await request.body()
-            with self.lock:
-                self.calls.append({"path": path, "headers": dict(request.headers), "body": body.decode()})
-                planned = self.plan.get(path) or []
-                status = planned.pop(0) if planned else 200
-            if self.hang.get(path):
-                await asyncio.sleep(self.hang[path])
-            return Response("ok" if status < 300 else "no", status_code=status)
-
-        self.server = UvicornThread(Starlette(routes=[Route("/{path:path}", hook, methods=["POST"])]), free_port())
-
-    def url(self, path: str = "/hooks") -> str:
-        return f"{self.server.url}{path}"
-
-    def at(self, path: str) -> list[dict]:
-        return [c for c in self.calls if c["path"] == path]
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    r = Receiver()
-    r.server.start()
-    yield r
-    r.server.stop()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +28,15 @@ METRIC_BACKEND_ERRORS = "BackendErrors"  # worker, per model: attempts the backe
 METRIC_REQUESTS_DISPATCHED = "RequestsDispatched"  # dispatcher
 METRIC_WEBHOOK_ATTEMPTS_FAILED = "WebhookAttemptsFailed"  # webhooks function: attempts without a 2xx
 METRIC_WEBHOOK_DELIVERIES_FAILED = "WebhookDeliveriesFailed"  # webhooks function: events given up on
+# From the storage layer (storage.dynamo), in whichever function wrote: writes DynamoDB refused.
+METRIC_TRANSACTION_CONFLICTS = "TransactionConflicts"  # another transaction held an item (tried again)
+METRIC_CONDITIONAL_CHECK_FAILURES = "ConditionalCheckFailures"  # a fenced write lost its condition
+METRIC_DYNAMODB_THROTTLES = "DynamoDBThrottles"  # a write refused for capacity (tried again)
+
+# What a model's backend-key secret holds from the deploy until the operator puts the real key: the worker
+# never sends it, and fails the model's requests instead (infra/queues.py ModelSecrets writes it). Changing
+# it changes the secret resource: the next deploy would put the placeholder back over the real key.
+SECRET_PLACEHOLDER = "batchinfer:placeholder:put-the-backend-api-key-here"
 
 
 def function_service_name(function: str) -> str:
@@ -79,6 +88,9 @@ class Model(BaseModel):
     batch_floor: int = 1
     price: Price = Field(default_factory=Price)
     endpoints: list[str] = Field(default_factory=lambda: ["/v1/chat/completions"])
+    # An auto model's candidates, in order of preference (none given: every runnable model, in catalog
+    # order); an interactive request goes to the first that serves its endpoint and the key may use.
+    route: list[str] | None = None
 
     def serves(self, endpoint: str) -> bool:
         """Whether batches may send this model requests of `endpoint`. Anthropic Messages requests
@@ -122,6 +134,16 @@ class Catalog(BaseModel):
     def runnable(self) -> list[Model]:
         """Models that batches can run on (auto models are routed per request and refused)."""
         return [m for m in self.models if not m.auto and m.backend is not None]
+
+    def route(self, auto: Model, endpoint: str, allowed: Callable[[Model], bool]) -> Model | None:
+        """Where an interactive request naming an auto model goes: the first of its `route` (or of the runnable
+        models) that serves the endpoint and that `allowed` lets the caller use."""
+        names = auto.route if auto.route is not None else [m.id for m in self.runnable]
+        for name in names:
+            model = self.lookup(name)
+            if model is not None and not model.auto and model.serves(endpoint) and allowed(model):
+                return model
+        return None
 
 
 # -- ${VAR:-default} ------------------------------------------------------------------------------------

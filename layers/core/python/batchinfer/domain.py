@@ -146,6 +146,14 @@ def unstarted_error(stop: Stop | None) -> dict | None:
     return None
 
 
+def backend_key_not_set_error(model_id: str) -> dict:
+    """The final error of a request whose model's backend key is still the deploy's placeholder: it was not
+    sent (retrying cannot help until the operator acts, and then new requests run)."""
+    return {"code": "service_unavailable", "status": 503,
+            "message": f"Model '{model_id}' is not available: the operator has not set its backend API key yet "
+                       "(its secret still holds the deploy's placeholder). The request was not run."}
+
+
 # --- Outcomes of one attempt -------------------------------------------------------------------------
 
 ERROR_CODES_BY_STATUS = {400: "invalid_request", 422: "invalid_request", 404: "model_not_found", 403: "forbidden",
@@ -172,6 +180,8 @@ class Attempt:
     request_id: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # of input_tokens, served from the backend's prompt cache (where it says)
+    reasoning_tokens: int = 0  # of output_tokens, spent reasoning (where the backend says)
     cost_known: bool = True  # False when the backend may have run it but we cannot know the cost
     message: str = ""
     retry_after: float | None = None

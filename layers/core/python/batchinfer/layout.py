@@ -6,13 +6,21 @@ import hashlib
 
 INDEX_CHUNK = 5000  # request index entries per S3 index object
 
-# The table's global secondary indexes, (hash key, range key) as (attribute, DynamoDB type); each projects
-# ALL, so a query needs no second read. The local stack (storage.bootstrap) and the CDK stack both build
-# the table from this.
+# The table's global secondary indexes, (hash key, range key) as (attribute, DynamoDB type), and what each
+# projects. The local stack (storage.bootstrap) and the CDK stack both build the table from these.
 INDEXES: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
     "by_owner": (("owner_pk", "S"), ("owner_sk", "S")),
     "by_due": (("due_pk", "S"), ("due_at", "N")),
     "by_active": (("active_pk", "S"), ("active_sk", "S")),
+}
+# (projection type, non-key attributes). `by_owner` feeds the lists, which show whole items: ALL. The readers
+# of `by_due` use only the keys (pk, sk, due_at) and read the item itself again, and the sweeper takes only
+# the id from `by_active`: projecting no more means an index write is one small item, and an update that
+# leaves an index's keys (and `id`) alone writes nothing to it. A reader that needs more reads the item.
+INDEX_PROJECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "by_owner": ("ALL", ()),
+    "by_due": ("KEYS_ONLY", ()),
+    "by_active": ("INCLUDE", ("id",)),
 }
 TTL_ATTRIBUTE = "ttl"  # DynamoDB deletes an item on its own once this time (epoch seconds) has passed
 BATCHES_PREFIX = "batches/"  # S3: everything of a batch lies under batches/<id>/
@@ -75,6 +83,11 @@ def model_budget_key(model_id: str) -> tuple[str, str]:
 def slot_lease_key(model_id: str, lease_id: str) -> tuple[str, str]:
     """A slot lease: some of a model's batch slots, held by one worker invocation (service.work's pump)."""
     return f"MODEL#{model_id}", f"SLOTS#{lease_id}"
+
+
+def interactive_lease_key(model_id: str, lease_id: str) -> tuple[str, str]:
+    """An interactive request in flight on a model: counted in the budget's `interactive` while it exists."""
+    return f"MODEL#{model_id}", f"INTERACTIVE#{lease_id}"
 
 
 def lane_key(model_id: str, created_at: int, batch_id: str) -> tuple[str, str]:
@@ -160,6 +173,11 @@ def export_object(batch_id: str) -> str:
 
 def file_object(file_id: str) -> str:
     return f"{FILES_PREFIX}{file_id}/content"
+
+
+def file_prefix(file_id: str) -> str:
+    """Everything of one file: its content, and a result file's carry objects while it is written."""
+    return f"{FILES_PREFIX}{file_id}/"
 
 
 def upload_key(upload_id: str) -> tuple[str, str]:

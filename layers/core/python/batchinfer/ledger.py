@@ -44,6 +44,8 @@ class Settlement:
     response_object: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
     cost_usd: float = 0.0
     cost_unknown: int = 0
     retry_at: int | None = None  # for WAITING
@@ -52,7 +54,8 @@ class Settlement:
 
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
-TALLIED = ("input_tokens", "output_tokens", "cost_usd", "cost_unknown", "result_bytes")
+TALLIED = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "cost_usd", "cost_unknown",
+           "result_bytes")
 
 
 @dataclass

@@ -41,6 +41,7 @@ from .layout import (
     batch_key,
     file_key,
     idempotency_key,
+    interactive_lease_key,
     lane_key,
     lanes_of,
     model_budget_key,
@@ -323,12 +324,34 @@ class Batch:
                                      "AND attribute_not_exists(deleting)")
 
     @staticmethod
-    def mark_deleting(t: Table, batch_id: str) -> Op:
-        """The batch reads as deleted from now on; fenced on no request of it holding a slot."""
+    def mark_deleting(t: Table, batch: BatchItem, now: int, purge_items: bool) -> Op:
+        """The batch reads as deleted from now on, stops, leaves `by_active`, and is due for the sweeper's
+        purge at once (`by_due` PURGE). Fenced on no request of it holding a slot, on the status it was read
+        with (whether its unfinished counts go back depends on it), and on not being marked already.
+        `purge_items`: its request items are deleted too (a user's delete; after the retention their TTL does)."""
         return t.op_update(
-            *batch_key(batch_id), "SET deleting = :yes, #stop = if_not_exists(#stop, :cancel) REMOVE active_pk",
-            vals={":yes": True, ":cancel": Stop.CANCEL.value, ":zero": 0},
-            condition="attribute_exists(pk) AND in_flight = :zero AND attribute_not_exists(deleting)")
+            *batch_key(batch["id"]),
+            "SET deleting = :yes, #stop = if_not_exists(#stop, :cancel), due_pk = :purge, due_at = :now, "
+            "purge_items = :items REMOVE active_pk, active_sk",
+            vals={":yes": True, ":cancel": Stop.CANCEL.value, ":zero": 0, ":purge": PURGE_DUE, ":now": now,
+                  ":items": purge_items, ":seen": batch["status"]},
+            condition="attribute_exists(pk) AND in_flight = :zero AND attribute_not_exists(deleting) "
+                      "AND #status = :seen")
+
+    @staticmethod
+    def not_deleting(t: Table, batch_id: str) -> Op:
+        """The check a write for a batch makes when it must not outlive the batch's purge."""
+        return t.op_check(*batch_key(batch_id), "attribute_exists(pk) AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def purge_page(t: Table, batch: BatchItem, limit: int) -> list[dict]:
+        """Up to `limit` of what lies under the batch's partition but the batch item (its groups and request
+        items), with what deleting each needs. Deleted items leave the page, so reading from the start
+        again is how a purge resumes."""
+        pk, sk = batch_key(batch["id"])
+        items, _ = t.query("pk = :pk AND sk > :b", {":pk": pk, ":b": sk}, limit=limit, consistent=True,
+                           projection="pk, sk, #state, #token, model")
+        return items
 
     @staticmethod
     def delete(t: Table, batch_id: str) -> None:
@@ -530,9 +553,12 @@ class Request:
                            filter_expression="#state = :w", consistent=True)  # type: ignore[return-value]
 
     @staticmethod
-    def keys_of(t: Table, batch: BatchItem) -> list[tuple[str, str]]:
-        return [(i["pk"], i["sk"]) for i in t.query_all("pk = :pk AND begins_with(sk, :r)",
-                                                        {":pk": batch["pk"], ":r": REQUEST_PREFIX}, consistent=True)]
+    def drop_waiting(t: Table, req: dict) -> list[Op]:
+        """Delete a request waiting for a retry (its batch is being purged), with its place in the model's
+        `waiting` count; fenced on its state and token, so it goes, and the count moves, once."""
+        return [t.op_delete(req["pk"], req["sk"], condition="#state = :w AND #token = :t",
+                            vals={":w": RequestState.WAITING.value, ":t": req["token"]}),
+                t.op_update(*model_budget_key(req["model"]), "ADD waiting :minus", vals={":minus": -1})]
 
     @staticmethod
     def due_retries(t: Table, model_id: str, now: int, limit: int) -> list[dict]:
@@ -596,6 +622,26 @@ class Budget:
         else:
             t.update(*model_budget_key(model_id), "SET adaptive_cap = :new, probed_at = :now",
                      vals={":new": new_cap, ":now": now, ":old": old_cap}, condition="adaptive_cap = :old")
+
+
+class InteractiveLease:
+    """An interactive request in flight on a model. Beginning one counts it in the budget's `interactive`
+    (batch work makes way); ending it takes it off, in one transaction each. Under `by_due` (LEASE) until it
+    ends, so a request whose process died is taken off by the sweeper once its lease runs out."""
+
+    @staticmethod
+    def begin(t: Table, model_id: str, lease_id: str, account_id: str, now: int, lease_ends: int) -> list[Op]:
+        pk, sk = interactive_lease_key(model_id, lease_id)
+        item = {"pk": pk, "sk": sk, "model": model_id, "interactive": True, "account_id": account_id,
+                "started_at": now, "due_pk": LEASE_DUE, "due_at": lease_ends}
+        return [t.op_put(item, condition="attribute_not_exists(pk)"),
+                t.op_update(*model_budget_key(model_id), "ADD interactive :one", vals={":one": 1})]
+
+    @staticmethod
+    def end(t: Table, model_id: str, lease_id: str) -> list[Op]:
+        """Fenced on the lease still existing: a lease the sweeper already recovered is not taken off twice."""
+        return [t.op_delete(*interactive_lease_key(model_id, lease_id), condition="attribute_exists(pk)"),
+                t.op_update(*model_budget_key(model_id), "ADD interactive :minus", vals={":minus": -1})]
 
 
 class SlotLease:
@@ -761,6 +807,12 @@ class File:
         return t.op_put(item, condition="attribute_not_exists(pk)")
 
     @staticmethod
+    def register_result(t: Table, item: FileItem) -> list[Op]:
+        """A batch's output or error file (written again the same by a writer that runs again), only while
+        its batch is not being deleted: a file registered after the purge removed its files would outlive it."""
+        return [t.op_put(item), Batch.not_deleting(t, item["batch_id"])]
+
+    @staticmethod
     def delete(t: Table, file_id: str) -> None:
         t.delete(*file_key(file_id))
 
@@ -798,9 +850,11 @@ class Usage:
         return t.get(*usage_key(account_id, day), consistent=False)
 
     @staticmethod
-    def add_cost(t: Table, account_id: str, cost_usd: float, now: int) -> Op:
-        return t.op_update(*usage_key(account_id, utc_day(now)), "ADD cost_usd :c SET #ttl = :ttl",
-                           vals={":c": cost_usd, ":ttl": now + 3 * 86400})
+    def add_cost(t: Table, account_id: str, cost_usd: float, now: int, unknown: int = 0) -> Op:
+        """The day's spend; `unknown`: attempts whose outcome (and so cost) was lost after they were sent."""
+        return t.op_update(*usage_key(account_id, utc_day(now)),
+                           "ADD cost_usd :c" + (", cost_unknown_attempts :u" if unknown else "") + " SET #ttl = :ttl",
+                           vals={":c": cost_usd, ":ttl": now + 3 * 86400, **({":u": unknown} if unknown else {})})
 
 
 # --- Idempotency-Key ----------------------------------------------------------------------------------

@@ -10,14 +10,14 @@ from fastapi.openapi.utils import get_openapi
 from ..runtime import Services, services
 from . import schemas
 from .envelopes import install_error_handlers
-from .routes import batches, console, files, health, message_batches, uploads, webhooks
+from .routes import batches, console, files, health, inference, message_batches, messages, uploads, webhooks
 
 
 def create_app(get_services: Callable[[], Services] = services) -> FastAPI:
     app = FastAPI(title="Batch inference", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json")
     app.state.get_services = get_services
     install_error_handlers(app)
-    for module in (health, batches, files, uploads, message_batches, webhooks, console):
+    for module in (health, batches, files, uploads, message_batches, webhooks, inference, messages, console):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)
     return app

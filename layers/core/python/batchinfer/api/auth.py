@@ -22,11 +22,16 @@ def api_key_of(request: Request) -> str | None:
     return raw or request.headers.get("x-api-key")
 
 
-def caller(request: Request, svc: Services = Depends(services_of)) -> Principal:
-    """The authenticated caller; every batch route depends on it (batches switched off: 404 for all)."""
-    if not svc.settings.batches_enabled:
-        raise ApiError(404, "Batch inference is unavailable at the moment.", code="batches_unavailable")
+def key_holder(request: Request, svc: Services = Depends(services_of)) -> Principal:
+    """The authenticated caller of an interactive route (served whether batches are on or not)."""
     try:
         return authenticate(svc, api_key_of(request))
     except AuthError as error:
         raise ApiError(401, str(error), code="invalid_api_key") from None
+
+
+def caller(request: Request, svc: Services = Depends(services_of)) -> Principal:
+    """The authenticated caller; every batch route depends on it (batches switched off: 404 for all)."""
+    if not svc.settings.batches_enabled:
+        raise ApiError(404, "Batch inference is unavailable at the moment.", code="batches_unavailable")
+    return key_holder(request, svc)

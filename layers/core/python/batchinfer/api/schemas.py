@@ -60,10 +60,20 @@ class RequestCounts(BaseModel):
     failed: int
 
 
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int
+
+
 class Usage(BaseModel):
     input_tokens: int
     output_tokens: int
     total_tokens: int
+    input_tokens_details: InputTokensDetails | None = Field(None, description="Once a backend reported any")
+    output_tokens_details: OutputTokensDetails | None = Field(None, description="Once a backend reported any")
 
 
 class BatchObject(BaseModel):

@@ -40,8 +40,9 @@ async def call(model: Model, endpoint: str, body: dict, api_key: str | None, tim
     request_id = answer.headers.get("request-id")
     if 200 <= answer.status_code < 300 and isinstance(parsed, dict) and parsed.get("type") == "message":
         prompt, completion = _usage(parsed)
+        cached = int((parsed.get("usage") or {}).get("cache_read_input_tokens") or 0)
         return Attempt(status_code=answer.status_code, body=parsed, request_id=request_id,
-                       input_tokens=prompt, output_tokens=completion)
+                       input_tokens=prompt, output_tokens=completion, cached_tokens=cached)
     if 200 <= answer.status_code < 300:
         return Attempt(status_code=502, message="The backend answered with a body that is not a message.")
     return failed(answer, parsed, request_id, _message(parsed, answer.status_code))

@@ -7,11 +7,16 @@ from ..domain import Attempt
 from .http import failed, post_json
 
 
-def _usage(body: dict) -> tuple[int, int]:
+def _usage(body: dict) -> tuple[int, int, int, int]:
+    """(input, output, cached input, reasoning output) tokens, in the chat/embeddings spelling or the
+    Responses one (`input_tokens`, `input_tokens_details`)."""
     usage = body.get("usage") or {}
     prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0
     completion = usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0
-    return int(prompt), int(completion)
+    cached = (usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}).get("cached_tokens")
+    reasoning = (usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}).get(
+        "reasoning_tokens")
+    return int(prompt), int(completion), int(cached or 0), int(reasoning or 0)
 
 
 def _message(body: object, status: int) -> str:
@@ -37,9 +42,10 @@ async def call(model: Model, endpoint: str, body: dict, api_key: str | None, tim
     answer, parsed = sent
     request_id = answer.headers.get("x-request-id")
     if 200 <= answer.status_code < 300 and isinstance(parsed, dict):
-        prompt, completion = _usage(parsed)
+        prompt, completion, cached, reasoning = _usage(parsed)
         return Attempt(status_code=answer.status_code, body=parsed, request_id=request_id,
-                       input_tokens=prompt, output_tokens=completion)
+                       input_tokens=prompt, output_tokens=completion, cached_tokens=cached,
+                       reasoning_tokens=reasoning)
     if 200 <= answer.status_code < 300:
         return Attempt(status_code=502, message="The backend answered with a body that is not JSON.")
     return failed(answer, parsed, request_id, _message(parsed, answer.status_code))

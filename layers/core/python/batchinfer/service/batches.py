@@ -101,13 +101,23 @@ def batch_object(item: BatchItem) -> dict:
                            "failed": item.get("failed", 0)},
         "metadata": item.get("metadata"),
         **({"webhook_url": item["webhook_url"]} if item.get("webhook_url") else {}),  # only where one was given
-        "usage": {"input_tokens": item.get("input_tokens", 0), "output_tokens": item.get("output_tokens", 0),
-                  "total_tokens": item.get("input_tokens", 0) + item.get("output_tokens", 0)},
+        "usage": usage_object(item),
         "cost_usd": round(float(item.get("cost_usd", 0)), 10),
         "cost_unknown_attempts": item.get("cost_unknown_attempts", 0),
         "results_expires_at": at("results_expires_at"),
         "error": item.get("error"),
     }
+
+
+def usage_object(item: BatchItem) -> dict:
+    """The batch's tokens; with DeepInfra's `input_tokens_details.cached_tokens` and
+    `output_tokens_details.reasoning_tokens` once a backend has reported any."""
+    usage = {"input_tokens": item.get("input_tokens", 0), "output_tokens": item.get("output_tokens", 0),
+             "total_tokens": item.get("input_tokens", 0) + item.get("output_tokens", 0)}
+    if "cached_tokens" in item or "reasoning_tokens" in item:
+        usage["input_tokens_details"] = {"cached_tokens": item.get("cached_tokens", 0)}
+        usage["output_tokens_details"] = {"reasoning_tokens": item.get("reasoning_tokens", 0)}
+    return usage
 
 
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
@@ -164,11 +174,12 @@ def cancel_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
 
 
 def delete_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
+    """Answers at once: the batch reads as not found from then on, and the sweeper removes what it holds."""
     batch = owned_batch(svc, principal, batch_id)
     if batch.get("in_flight", 0) > 0:
         raise ApiError(409, BATCH_RUNNING, code="batch_running")
     try:
-        lifecycle.purge_batch(svc, batch)
+        lifecycle.delete(svc, batch)
     except ConditionFailed:
         raise ApiError(409, BATCH_RUNNING, code="batch_running") from None
     return {"id": batch_id, "object": "batch.deleted", "deleted": True}

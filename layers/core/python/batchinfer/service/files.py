@@ -149,11 +149,11 @@ def upload(svc: Services, principal: Principal, *, filename: str, purpose: objec
 def register_result_file(svc: Services, *, file_id: str, account_id: str, batch_id: str, filename: str, size: int,
                          sha256: str, expires_at: int | None) -> FileItem:
     """The record of a batch's output or error file, once its bytes are written (service.finalize). A run
-    that writes it again writes the same record."""
+    that writes it again writes the same record. Raises ConditionFailed once the batch is being deleted."""
     item = File.new(file_id=file_id, account_id=account_id, filename=filename, purpose=RESULT, size=size,
                     sha256=sha256, now=svc.now(), expires_at=expires_at, owner_created_us=time.time_ns() // 1000,
                     batch_id=batch_id)
-    svc.table.put(item)
+    svc.table.transact(File.register_result(svc.table, item))
     return item
 
 

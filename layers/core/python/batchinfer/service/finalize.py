@@ -114,13 +114,22 @@ def write(svc: Services, batch: BatchItem, kinds: tuple[str, ...], deadline: flo
                     new["parts"].append([number, svc.blobs.put_part(key, new["upload_id"], number, buffer)])
                 new["next"] = end
                 if end >= batch["total"] and not out_of_time:
-                    new.update(_complete(svc, batch, kind, key, new))
+                    try:
+                        new.update(_complete(svc, batch, kind, key, new))
+                    except ConditionFailed:  # the batch is being deleted: its file must not outlive the purge
+                        svc.blobs.delete(key)
+                        return None
             try:
                 Batch.save_writer(svc.table, batch["id"], kind, new, previous=state)
             except ConditionFailed:
                 if state is None:  # another run started this writer at the same moment: keep its upload
                     svc.blobs.abort_multipart(key, new["upload_id"])
                 return None  # another run advanced this writer: it carries on
+            if state is None:
+                # This upload is the writer's now. Any other on the key was started by a run cut off before it
+                # saved its upload id (or one that lost the race above, and aborts its own): its parts would
+                # cost storage for good.
+                svc.blobs.abort_uploads(key, keep=new["upload_id"])
             if state and state.get("carry") and state["carry"] != new.get("carry"):
                 svc.blobs.delete(state["carry"])  # its lines are in a part, or in the new carry, now
             batch = {**batch, "writing": {**(batch.get("writing") or {}), kind: new}}

@@ -98,7 +98,7 @@ def replay(svc: Services, principal: Principal, claim: IdempotencyClaim) -> Batc
         raise ApiError(409, "This Idempotency-Key was already used for a different request.",
                        code="idempotency_key_reused")
     batch = Batch.get(svc.table, record["batch_id"])
-    if record.get("deleted") or batch is None:
+    if record.get("deleted") or batch is None or batch.get("deleting"):
         raise ApiError(410, "The batch this Idempotency-Key created has been deleted.", code="batch_deleted")
     return batch
 

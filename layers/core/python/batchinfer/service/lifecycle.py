@@ -1,7 +1,8 @@
 """A batch's lifecycle: the only place that changes a batch's status.
 
 Stop (cancel, expire, fail), settle (the final status once nothing runs or is left to start), purge
-(delete with its results). Every status change is checked against the transition table in `domain`
+(delete with its results: marked at once, by a user's delete or when the retention ends, then removed by the
+sweeper in resumable steps). Every status change is checked against the transition table in `domain`
 (through `records.Batch`), and fenced in DynamoDB on the status it was decided from, so two callers
 (the API, the sweeper, a worker) racing on one batch change it once. Whatever the API a batch came
 from (inline, file, Message Batch), it ends here.
@@ -10,6 +11,7 @@ from (inline, file, Message Batch), it ends here.
 from __future__ import annotations
 
 import logging
+import time
 
 from ..domain import (
     FINAL_BATCH,
@@ -20,7 +22,7 @@ from ..domain import (
     final_status,
     new_file_id,
 )
-from ..layout import batch_prefix, export_object, file_object
+from ..layout import REQUEST_PREFIX, batch_prefix, export_object, file_prefix
 from ..ledger import Settlement, settle
 from ..records import Account, Batch, BatchItem, File, Idempotency, Lane, Request
 from ..runtime import Services
@@ -56,10 +58,16 @@ def stop_batch(svc: Services, batch: BatchItem, stop: Stop) -> bool:
     return True
 
 
-def _close_waiting(svc: Services, batch: BatchItem, stop: Stop) -> None:
+def _out_of_time(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _close_waiting(svc: Services, batch: BatchItem, stop: Stop, deadline: float | None = None) -> None:
     """Requests waiting to run again when their batch stops: those that never ran become unstarted; those
-    that ran keep their last error as their outcome."""
+    that ran keep their last error as their outcome. Stops at `deadline`; the next sweep closes the rest."""
     for req in Request.waiting_of(svc.table, batch):
+        if _out_of_time(deadline):
+            return
         to = RequestState.UNSTARTED if req.get("attempt", 0) == 0 else RequestState.FAILED
         try:
             settle(svc, req, Settlement(to=to, error=req.get("error") if to is RequestState.FAILED else None),
@@ -82,7 +90,7 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
     if stop is None and (undispatched_count(batch) > 0 or batch.get("open", 0) > 0):
         return batch
     if stop is not None and batch.get("open", 0) > 0:
-        _close_waiting(svc, batch, stop)
+        _close_waiting(svc, batch, stop, deadline)
         batch = Batch.get(svc.table, batch_id)
         if batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
             return batch
@@ -173,39 +181,114 @@ def due_to_expire(batch: BatchItem, now: int) -> bool:
     return not batch.get("stop") and now >= batch["expires_at"] and undispatched_count(batch) > 0
 
 
+# What a cancel does before it answers: enough to end a small batch at once; closing the waiting requests and
+# writing the result files of a large one go on in the sweeper, resumably.
+CANCEL_SETTLE_SECONDS = 2.0
+PURGE_PAGE = 1000  # a purge's DynamoDB page: keys of the batch's items read, then deleted
+DELETES_PER_STEP = 100  # items deleted between two looks at the deadline
+
+
 def cancel(svc: Services, batch: BatchItem) -> BatchItem:
-    """Cancel: unstarted requests are cancelled, running ones finish. Returns the batch as it is now."""
+    """Cancel: unstarted requests are cancelled, running ones finish. Returns the batch as it is now
+    (cancelled, or cancelling while the sweeper finishes settling it)."""
     if batch["status"] in FINAL_BATCH or batch["status"] == BatchStatus.FINALIZING.value or batch.get("stop"):
         return batch
     stop_batch(svc, batch, Stop.CANCEL)
-    settle_batch(svc, batch["id"])
+    settle_batch(svc, batch["id"], deadline=time.monotonic() + CANCEL_SETTLE_SECONDS)
     return Batch.get(svc.table, batch["id"])
 
 
-def purge_batch(svc: Services, batch: BatchItem, retention_ended: bool = False) -> None:
-    """Delete a batch with its requests and results (by the user, or when its retention ends).
-    Raises ConditionFailed while one of its requests holds a slot.
+def begin_purge(svc: Services, batch: BatchItem, purge_items: bool) -> bool:
+    """Mark the batch deleting: it reads as not found from then on, starts nothing more, gives back its
+    unfinished counts, and is due for the sweeper's purge at once (`purge_batch`). `purge_items`: its
+    request items go too (a user's delete); after the retention their TTL removes them for free.
 
-    When the retention ends, the request items are left to their TTL (see ledger._items_ttl): they cannot be
-    reached once the batch item is gone, and a TTL delete costs no write units where deleting them here
-    would cost one per request."""
-    now = svc.now()
-    ops = [Batch.mark_deleting(svc.table, batch["id"])]
-    if batch["status"] not in FINAL_BATCH:
-        ops.append(Account.release_unfinished(svc.table, batch["account_id"], batch["total"]))
-    svc.table.transact(ops)
-    for model_id in batch["lanes"]:
-        Lane.delete(svc.table, model_id, batch)
-    if not retention_ended:
-        svc.table.delete_many(Request.keys_of(svc.table, batch))
-    svc.blobs.delete_prefix(batch_prefix(batch["id"]))
-    for file_id in (batch.get("result_file_ids") or {}).values():  # its output and error files go with it
-        svc.blobs.delete(file_object(file_id))
-        File.delete(svc.table, file_id)
-    if batch.get("idempotency_key"):
+    True when this call marked it; False when it is gone or marked already (a delete and the retention, or
+    two deletes, converge on one purge). Raises ConditionFailed while one of its requests holds a slot."""
+    for _ in range(3):
+        ops = [Batch.mark_deleting(svc.table, batch, svc.now(), purge_items)]
+        if batch["status"] not in FINAL_BATCH:
+            ops.append(Account.release_unfinished(svc.table, batch["account_id"], batch["total"]))
         try:
-            Idempotency.mark_deleted(svc.table, batch["account_id"], batch["idempotency_key"],
-                                     now + svc.settings.idempotency_retention_seconds)
+            svc.table.transact(ops)
+            return True
         except ConditionFailed:
-            pass
-    Batch.delete(svc.table, batch["id"])
+            current = Batch.get(svc.table, batch["id"])
+            if current is None or current.get("deleting"):
+                return False
+            if current.get("in_flight", 0) > 0:
+                raise
+            batch = current  # it ended (or moved on) meanwhile: decide its counts again from what it is now
+    raise ConditionFailed(f"batch {batch['id']} kept changing")
+
+
+def delete(svc: Services, batch: BatchItem) -> None:
+    """A user's delete: marked at once (with its result files, at most two, so they read as gone with it);
+    the sweeper removes the rest. Raises ConditionFailed while one of its requests holds a slot."""
+    if begin_purge(svc, batch, purge_items=True):
+        _purge_result_files(svc, batch)
+
+
+def _purge_result_files(svc: Services, batch: BatchItem) -> None:
+    for file_id in (batch.get("result_file_ids") or {}).values():
+        svc.blobs.abort_uploads(file_prefix(file_id))  # a writer cut off mid-file
+        svc.blobs.delete_prefix(file_prefix(file_id))  # the file and its writer's carry objects
+        File.delete(svc.table, file_id)
+
+
+def purge_batch(svc: Services, batch: BatchItem, deadline: float | None = None) -> bool:
+    """Remove a batch marked deleting (`begin_purge`), in steps each safe to repeat, the batch item last so
+    that the batch stays due until everything of it is gone: lanes, its groups and request items a page at
+    a time, its S3 objects, its result files, its Idempotency-Key. True once nothing of it is left; False
+    when `deadline` (time.monotonic()) came first: the next run goes on where this one stopped."""
+    t = svc.table
+    if _out_of_time(deadline):
+        return False
+    for model_id in batch.get("lanes") or {}:
+        Lane.delete(t, model_id, batch)
+    if batch.get("purge_items"):
+        while True:
+            if _out_of_time(deadline):
+                return False
+            page = Batch.purge_page(t, batch, PURGE_PAGE)
+            if not page:
+                break
+            if not _delete_page(svc, page, deadline):
+                return False
+    svc.blobs.abort_uploads(batch_prefix(batch["id"]))  # an export's writer cut off mid-upload
+    while True:
+        if _out_of_time(deadline):
+            return False
+        if not svc.blobs.delete_page(batch_prefix(batch["id"])):
+            break
+    _purge_result_files(svc, batch)
+    if batch.get("idempotency_key"):  # a replay of its create answers 410 from now on
+        try:
+            Idempotency.mark_deleted(t, batch["account_id"], batch["idempotency_key"],
+                                     svc.now() + svc.settings.idempotency_retention_seconds)
+        except ConditionFailed:
+            pass  # forgotten already
+    Batch.delete(t, batch["id"])
+    return True
+
+
+def _delete_page(svc: Services, page: list[dict], deadline: float | None) -> bool:
+    """Delete one page of a batch's items; False when the deadline came first or nothing could go."""
+    t = svc.table
+    gone = 0
+    # A request waiting for a retry leaves the model's waiting count with it (one transaction each: few wait).
+    for req in page:
+        if req.get("state") == RequestState.WAITING.value and req["sk"].startswith(REQUEST_PREFIX):
+            try:
+                t.transact(Request.drop_waiting(t, req))
+                gone += 1
+            except ConditionFailed:
+                pass  # gone already, or moved: the next page reads it again
+    keys = [(i["pk"], i["sk"]) for i in page if i.get("state") != RequestState.WAITING.value
+            or not i["sk"].startswith(REQUEST_PREFIX)]
+    for at in range(0, len(keys), DELETES_PER_STEP):
+        if _out_of_time(deadline):
+            return False
+        t.delete_many(keys[at:at + DELETES_PER_STEP])
+        gone += len(keys[at:at + DELETES_PER_STEP])
+    return gone > 0

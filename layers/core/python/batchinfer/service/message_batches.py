@@ -128,7 +128,7 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
                           status=BatchStatus.IN_PROGRESS, window_seconds=WINDOW_SECONDS)
 
 
-class _Errored(Exception):
+class ParamsError(Exception):
     def __init__(self, message: str, kind: str = "invalid_request_error", code: str = "invalid_request") -> None:
         super().__init__(message)
         self.error = {"code": code, "type": kind, "message": message}
@@ -137,71 +137,71 @@ class _Errored(Exception):
 def _checked(svc: Services, account: dict, custom_id: str, params: object, version: str
              ) -> ValidRequest | RejectedRequest:
     try:
-        return ValidRequest(custom_id=custom_id, model_id=_model_for(svc, account, params, version), body=params)
-    except _Errored as errored:
+        return ValidRequest(custom_id=custom_id, model_id=params_model(svc, account, params, version), body=params)
+    except ParamsError as errored:
         return RejectedRequest(custom_id=custom_id, error=errored.error)
 
 
-def _model_for(svc: Services, account: dict, params: object, version: str) -> str:
-    """The catalog id of the model a request's params may run on as written, or _Errored saying why not."""
+def params_model(svc: Services, account: dict, params: object, version: str) -> str:
+    """The catalog id of the model a request's params may run on as written, or ParamsError saying why not."""
     if not isinstance(params, dict):
-        raise _Errored("params: must be an object (a Messages API request body).")
+        raise ParamsError("params: must be an object (a Messages API request body).")
     unknown = sorted(set(params) - VERSIONS[version])
     if unknown:
-        raise _Errored(f"{unknown[0]}: not a parameter of the Messages API at anthropic-version {version}.")
+        raise ParamsError(f"{unknown[0]}: not a parameter of the Messages API at anthropic-version {version}.")
     if non_finite(params):
-        raise _Errored("params: holds NaN or Infinity, which is not valid JSON.")
+        raise ParamsError("params: holds NaN or Infinity, which is not valid JSON.")
     name = params.get("model")
     if not isinstance(name, str) or not name:
-        raise _Errored("model: Field required (a string).")
+        raise ParamsError("model: Field required (a string).")
     max_tokens = params.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise _Errored("max_tokens: Field required (an integer of at least 1).")
+        raise ParamsError("max_tokens: Field required (an integer of at least 1).")
     _check_messages(params.get("messages"))
     system = params.get("system")
     if system is not None and not isinstance(system, str) and not (
             isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system)):
-        raise _Errored("system: must be a string or an array of text blocks.")
+        raise ParamsError("system: must be a string or an array of text blocks.")
     if params.get("stream") not in (None, False):
-        raise _Errored("stream: a batched request cannot stream; leave it out.")
+        raise ParamsError("stream: a batched request cannot stream; leave it out.")
     metadata = params.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
-            raise _Errored("metadata: must be an object.")
+            raise ParamsError("metadata: must be an object.")
         extra = sorted(set(metadata) - {"user_id"})
         if extra:
-            raise _Errored(f"metadata.{extra[0]}: Extra inputs are not permitted.")
+            raise ParamsError(f"metadata.{extra[0]}: Extra inputs are not permitted.")
     refused = refused_everywhere(params)
     if refused:
-        raise _Errored(refused)
+        raise ParamsError(refused)
     model = svc.catalog.lookup(name)
     if model is None or not may_use_model(account, model.id):
-        raise _Errored(f"model: {name}", kind="not_found_error", code="model_not_found")
+        raise ParamsError(f"model: {name}", kind="not_found_error", code="model_not_found")
     if model.auto:
-        raise _Errored(f"model: '{name}' is an auto model; auto models cannot be used in a batch.",
+        raise ParamsError(f"model: '{name}' is an auto model; auto models cannot be used in a batch.",
                        code="model_not_found")
     if not model.serves(MESSAGES_ENDPOINT):
-        raise _Errored(f"model: '{name}' does not serve Messages requests.", code="unsupported_endpoint")
+        raise ParamsError(f"model: '{name}' does not serve Messages requests.", code="unsupported_endpoint")
     assert model.backend is not None
     if model.backend.kind == "openai":
         problem = untranslatable(params, model.backend.features)
         if problem:
-            raise _Errored(problem)
+            raise ParamsError(problem)
     return model.id
 
 
 def _check_messages(messages: object) -> None:
     if not isinstance(messages, list) or not messages:
-        raise _Errored("messages: Field required (a non-empty array).")
+        raise ParamsError("messages: Field required (a non-empty array).")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise _Errored(f"messages[{i}].role: must be 'user' or 'assistant'.")
+            raise ParamsError(f"messages[{i}].role: must be 'user' or 'assistant'.")
         content = message.get("content")
         if isinstance(content, str):
             continue
         if not isinstance(content, list) or not all(isinstance(b, dict) and isinstance(b.get("type"), str)
                                                     for b in content):
-            raise _Errored(f"messages[{i}].content: must be a string or an array of content blocks, each with "
+            raise ParamsError(f"messages[{i}].content: must be a string or an array of content blocks, each with "
                            "a type.")
 
 
@@ -311,5 +311,5 @@ def cancel(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
 
 def delete(svc: Services, principal: Principal, batch_id: str) -> dict:
     item = _ended_batch(svc, principal, batch_id, "it can be deleted")
-    lifecycle.purge_batch(svc, item)
+    lifecycle.delete(svc, item)  # at once; the sweeper removes what it holds
     return {"id": batch_id, "type": "message_batch_deleted"}

@@ -4,21 +4,30 @@ batches; every change it makes to a batch goes through `lifecycle`."""
 from __future__ import annotations
 
 import logging
+import time
 
 from ..domain import FINAL_BATCH, RequestState, Stop
 from ..layout import LEASE_DUE, request_key
 from ..ledger import Settlement, close_group, give_back_slots, position_item, settle
-from ..records import Batch, Request
+from ..records import Batch, InteractiveLease, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from . import webhooks
 from .intake import validate_file_batch
-from .lifecycle import due_to_expire, purge_batch, settle_batch, stop_batch
+from .lifecycle import begin_purge, due_to_expire, purge_batch, settle_batch, stop_batch
 
 log = logging.getLogger(__name__)
 
 
 LOST = {"code": "timeout", "message": "The worker running this request stopped before it answered."}
+PURGES_PER_RUN = 50  # batches one run works on purging at most (each only while the run's time lasts)
+# Checking a file batch's lines is one step, not resumable (50,000 lines, 9 MB: about 5 s of CPU here): it
+# starts only with this much time left before the run's deadline, and the handler keeps 15 s more in hand.
+VALIDATION_RESERVE_SECONDS = 30.0
+
+
+def _out_of_time(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
 
 
 def _recover_group(svc: Services, group: dict) -> None:
@@ -45,14 +54,22 @@ def _recover_group(svc: Services, group: dict) -> None:
     close_group(svc, group, written, new)
 
 
-def recover_leases(svc: Services, limit: int = 100) -> int:
+def recover_leases(svc: Services, limit: int = 100, deadline: float | None = None) -> int:
     """Requests, groups and slot leases whose lease ran out: the message was lost or the worker died. Put them
-    back."""
+    back (none after `deadline`, time.monotonic(): the next run goes on)."""
     now = svc.now()
     recovered = 0
     for stale in Request.due_leases(svc.table, now, limit):
+        if _out_of_time(deadline):
+            break
         req = svc.table.get(stale["pk"], stale["sk"])
         if not req or req.get("due_pk") != LEASE_DUE or req["due_at"] > now:
+            continue
+        if req.get("interactive"):  # an interactive request whose process died: batch work may have its slot
+            try:
+                svc.table.transact(InteractiveLease.end(svc.table, req["model"], req["sk"].split("#", 1)[1]))
+            except (ConditionFailed, Throttled):
+                pass  # it ended meanwhile, or DynamoDB is busy
             continue
         if "slots" in req:  # a SlotLease whose worker died: its slots go back to the budget
             try:
@@ -86,14 +103,24 @@ def recover_leases(svc: Services, limit: int = 100) -> int:
 
 def sweep_once(svc: Services, deadline: float | None = None) -> dict:
     """One pass of the sweeper. Safe to run in several places at once: every change is conditional.
-    `deadline` (time.monotonic()): when long steps (result files, exports) stop, to go on next pass."""
+    `deadline` (time.monotonic()): no step starts after it (past already: the run starts nothing), and the
+    long ones (result files, exports, purges) stop at it; the next run goes on where this one stopped."""
     now = svc.now()
+    counts = {"recovered": 0, "settled": 0, "expired": 0, "purged": 0, "webhook_events_resent": 0}
+    if _out_of_time(deadline):
+        return counts
     try:
-        recovered = recover_leases(svc)
+        counts["recovered"] = recover_leases(svc, deadline=deadline)
     except Throttled:
-        recovered = 0
-    counts = {"recovered": recovered, "settled": 0, "expired": 0, "purged": 0}
+        pass
+    # Relays are few and quick, and a late one keeps a receiver waiting: before the long steps.
+    try:
+        counts["webhook_events_resent"] = webhooks.relay_due(svc, deadline=deadline)
+    except Throttled:
+        pass
     for item in Batch.active(svc.table):
+        if _out_of_time(deadline):
+            break  # the batches not reached are still active: the next run walks them
         try:
             counts_for = _sweep_batch(svc, item["id"], now, deadline)
         except Throttled:
@@ -101,19 +128,29 @@ def sweep_once(svc: Services, deadline: float | None = None) -> dict:
             continue
         for name in counts_for:
             counts[name] += 1
-    for item in Batch.due_for_purge(svc.table, now, limit=50):
-        batch = svc.table.get(item["pk"], item["sk"])
-        if batch:
-            try:
-                purge_batch(svc, batch, retention_ended=True)
+    for item in Batch.due_for_purge(svc.table, now, limit=PURGES_PER_RUN):
+        if _out_of_time(deadline):
+            break
+        try:
+            if _purge(svc, item, deadline):
                 counts["purged"] += 1
-            except (ConditionFailed, Throttled):
-                log.warning("batch %s could not be purged yet", batch["id"])
-    try:
-        counts["webhook_events_resent"] = webhooks.relay_due(svc)
-    except Throttled:
-        counts["webhook_events_resent"] = 0
+        except (ConditionFailed, Throttled):
+            log.warning("batch %s could not be purged yet", item.get("id", item["pk"]))
     return counts
+
+
+def _purge(svc: Services, item: dict, deadline: float | None) -> bool:
+    """Go on with the purge of a batch due for one: deleted by its owner, or its retention ended (marked
+    here first). True once it is gone."""
+    batch = svc.table.get(item["pk"], item["sk"])
+    if batch is None:
+        return False
+    if not batch.get("deleting"):  # its retention ended: request items are left to their TTL
+        begin_purge(svc, batch, purge_items=False)
+        batch = svc.table.get(item["pk"], item["sk"])
+        if batch is None or not batch.get("deleting"):
+            return False
+    return purge_batch(svc, batch, deadline)
 
 
 def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None = None) -> list[str]:
@@ -121,6 +158,8 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
     done: list[str] = []
     after = settle_batch(svc, batch_id, deadline)
     if after is not None and after.get("awaiting_validation") and not after.get("stop"):
+        if deadline is not None and time.monotonic() + VALIDATION_RESERVE_SECONDS > deadline:
+            return done  # not enough time left for the whole step (fenced, safe to repeat): the next run
         if validate_file_batch(svc, after) == "failed":
             done.append("settled")
         return done

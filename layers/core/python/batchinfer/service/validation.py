@@ -134,7 +134,27 @@ def _check_body(endpoint: str, body: dict) -> str | None:
         for field in ("previous_response_id", "conversation", "background"):
             if body.get(field) is not None:
                 return f"{field} is not allowed in a batched Responses request"
+        for i, tool in enumerate(body.get("tools") or []):
+            if isinstance(tool, dict) and tool.get("type") not in ("function", "custom"):
+                return (f"tools[{i}]: the hosted tool '{tool.get('type')}' is not allowed in a batched Responses "
+                        "request (only function tools: a batch runs each request on its own)")
+        for where, part in _input_parts(body.get("input")):
+            if part.get("type") == "input_file" or part.get("file_id"):
+                return f"{where}: file inputs are not allowed in a batched Responses request"
     return None
+
+
+def _input_parts(value: object) -> list[tuple[str, dict]]:
+    """The content parts of a Responses `input` with where each is, e.g. ('input[0].content[1]', {...})."""
+    found: list[tuple[str, dict]] = []
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        if not isinstance(item, dict):
+            continue
+        found.append((f"input[{i}]", item))
+        for j, part in enumerate(item.get("content") if isinstance(item.get("content"), list) else []):
+            if isinstance(part, dict):
+                found.append((f"input[{i}].content[{j}]", part))
+    return found
 
 
 class Problem(Exception):

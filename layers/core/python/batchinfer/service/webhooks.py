@@ -172,11 +172,14 @@ def announce(svc: Services, event: dict | None) -> None:
         log.warning("webhook event %s not queued (%s); the sweeper will", event["id"], type(error).__name__)
 
 
-def relay_due(svc: Services, limit: int = 50) -> int:
-    """Send again the pending events nobody has heard of for a while (a lost message, a delivery that died)."""
+def relay_due(svc: Services, limit: int = 50, deadline: float | None = None) -> int:
+    """Send again the pending events nobody has heard of for a while (a lost message, a delivery that died);
+    none after `deadline` (time.monotonic()): those stay due for the next run."""
     now = svc.now()
     sent = 0
     for item in WebhookEvent.due(svc.table, now, limit):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         try:
             WebhookEvent.relayed(svc.table, item, now + svc.settings.webhook_relay_seconds)
         except ConditionFailed:

@@ -16,7 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..catalog import Model
-from ..domain import Attempt, RequestState, Stop, is_retryable, new_token, next_utc_midnight, retry_delay, utc_day
+from ..domain import (
+    Attempt,
+    RequestState,
+    Stop,
+    backend_key_not_set_error,
+    is_retryable,
+    new_token,
+    next_utc_midnight,
+    retry_delay,
+    utc_day,
+)
 from ..layout import group_key, requests_object, result_object
 from ..ledger import (
     Settlement,
@@ -31,28 +41,19 @@ from ..ledger import (
     start_group_in_lease,
     take_slots,
 )
-from ..providers import call_backend
 from ..records import Batch, Budget, Request, key_account_and_usage
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from ..storage.secrets import secret_value
+from ..storage.secrets import BackendKeyNotSet
+from . import inference
 from .accounts import key_problem, may_use_model
 from .capacity import backend_throttled, effective_budget
 from .dispatch import Dispatcher
+from .inference import backend_key
 from .lifecycle import settle_batch, stop_batch
 
 log = logging.getLogger(__name__)
 ACCESS_RECHECK_SECONDS = 60
-
-
-def backend_key(svc: Services, model: Model) -> str | None:
-    backend = model.backend
-    if backend is None:
-        return None
-    secret = svc.settings.model_secrets.get(model.id) or backend.api_key_secret
-    if secret:
-        return secret_value(secret, svc.settings.aws_endpoint_url, svc.settings.aws_region)
-    return svc.env.get(backend.api_key_env) if backend.api_key_env else None
 
 
 def _stopped(svc: Services, batch: dict, stop: Stop) -> Stop:
@@ -90,13 +91,25 @@ def _precheck(svc: Services, req: dict, batch: dict) -> tuple[Settlement, Stop |
         return Settlement(to=RequestState.FAILED, error={
             "code": "model_not_found", "message": f"Model '{req['model']}' is gone, or this key may no longer use it.",
             "status": 404}), None
+    if _backend_key_not_set(svc, model):  # failed at once, unsent: retrying cannot help until the operator acts
+        return Settlement(to=RequestState.FAILED, error=backend_key_not_set_error(model.id)), None
     return None
+
+
+def _backend_key_not_set(svc: Services, model: Model) -> bool:
+    """Whether the model's secret still holds the deploy's placeholder (never sent as a key)."""
+    try:
+        backend_key(svc, model)
+    except BackendKeyNotSet:
+        return True
+    return False
 
 
 def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
     s = svc.settings
-    cost = model.cost_usd(attempt.input_tokens, attempt.output_tokens) if attempt.cost_known else 0.0
-    common = {"input_tokens": attempt.input_tokens, "output_tokens": attempt.output_tokens, "cost_usd": cost,
+    cost = inference.cost_of(model, attempt)
+    common = {"input_tokens": attempt.input_tokens, "output_tokens": attempt.output_tokens,
+              "cached_tokens": attempt.cached_tokens, "reasoning_tokens": attempt.reasoning_tokens, "cost_usd": cost,
               "cost_unknown": 0 if attempt.cost_known else 1}
     if attempt.ok:
         response = {"status_code": attempt.status_code, "request_id": attempt.request_id or f"req_{req['token']}",
@@ -146,11 +159,8 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
 
 
 async def _attempt(model: Model, batch: dict, body: dict, key: str | None, timeout: float) -> Attempt:
-    try:
-        return await call_backend(model, batch["endpoint"], body, key, timeout, version=batch.get("anthropic_version"))
-    except Exception as error:  # a bug or an odd answer must not strand the request until its lease ends
-        log.exception("backend call failed")
-        return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
+    """The batch request's attempt, through the very function an interactive call uses."""
+    return await inference.attempt(model, batch["endpoint"], body, key, timeout, batch.get("anthropic_version"))
 
 
 async def process(svc: Services, message: dict, claimed: dict | None = None, batch: dict | None = None) -> Counter:
@@ -679,7 +689,8 @@ async def process_and_pull(svc: Services, message: dict, seconds_left: float) ->
     round trip through the dispatcher and the queue."""
     deadline = time.monotonic() + seconds_left - svc.settings.backend_timeout_seconds - 10
     model = svc.catalog.lookup(message["model"])
-    if not svc.settings.worker_pull or model is None or time.monotonic() >= deadline:
+    if (not svc.settings.worker_pull or model is None or time.monotonic() >= deadline
+            or await asyncio.to_thread(_backend_key_not_set, svc, model)):  # its requests fail unsent: no pump
         return await process(svc, message)
     pump = SlotPump(svc, model, deadline)
     # A group's slots become the pump's at its start (no slot goes back to the budget between its members

@@ -93,6 +93,26 @@ class Blobs:
             if error.response.get("Error", {}).get("Code") != "NoSuchUpload":
                 raise
 
+    def abort_uploads(self, prefix: str, keep: str | None = None) -> int:
+        """Abort the multipart uploads under `prefix` (but `keep`, an upload id): their parts cost storage
+        until aborted, and a writer cut off before it saved its upload id cannot abort its own."""
+        aborted = 0
+        for page in self.s3.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix):
+            for upload in page.get("Uploads", []):
+                if upload["UploadId"] != keep:
+                    self.abort_multipart(upload["Key"], upload["UploadId"])
+                    aborted += 1
+        return aborted
+
+    def delete_page(self, prefix: str, most: int = 1000) -> int:
+        """Delete up to `most` (at most 1,000) objects under `prefix`, one list and one delete call: a step a
+        caller with a deadline repeats until it returns 0."""
+        listed = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=min(most, 1000))
+        keys = [{"Key": o["Key"]} for o in listed.get("Contents", [])]
+        if keys:
+            self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+        return len(keys)
+
     def exists(self, key: str) -> bool:
         try:
             self.s3.head_object(Bucket=self.bucket, Key=key)

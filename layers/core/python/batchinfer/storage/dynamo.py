@@ -9,8 +9,12 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+from aws_lambda_powertools.metrics import MetricUnit
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
+
+from ..catalog import METRIC_CONDITIONAL_CHECK_FAILURES, METRIC_DYNAMODB_THROTTLES, METRIC_TRANSACTION_CONFLICTS
+from ..observability import metrics
 
 _ser = TypeSerializer()
 _de = TypeDeserializer()
@@ -70,25 +74,40 @@ def _names(names: dict | None, *expressions: str | None) -> dict | None:
     return found or None
 
 
-_BUSY_REASONS = ("ThrottlingError", "ProvisionedThroughputExceeded", "TransactionConflict", "RequestLimitExceeded")
+_THROTTLE_REASONS = ("ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded")
+_BUSY_REASONS = (*_THROTTLE_REASONS, "TransactionConflict")
+_THROTTLE_CODES = ("ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded")
+
+
+def _count(name: str) -> None:
+    """One refused write, as an EMF metric of the invocation (Powertools adds them up until it flushes)."""
+    metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
 
 
 def _raise(error: ClientError) -> None:
     code = error.response.get("Error", {}).get("Code", "")
     if code == "ConditionalCheckFailedException":
+        _count(METRIC_CONDITIONAL_CHECK_FAILURES)
         raise ConditionFailed(str(error)) from error
     if code == "TransactionCanceledException":
         reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
         if any(r == "ConditionalCheckFailed" for r in reasons):
+            _count(METRIC_CONDITIONAL_CHECK_FAILURES)
             raise ConditionFailed(str(error)) from error
         if any(r in _BUSY_REASONS for r in reasons) or not reasons:
             # Throttled, or another transaction touched one of the items at the same moment (hot counters):
             # nothing was written, so the same transaction may simply be tried again.
+            if any(r == "TransactionConflict" for r in reasons):
+                _count(METRIC_TRANSACTION_CONFLICTS)
+            if any(r in _THROTTLE_REASONS for r in reasons):
+                _count(METRIC_DYNAMODB_THROTTLES)
             raise Throttled(str(error)) from error
         raise ConditionFailed(str(error)) from error
     if code == "TransactionConflictException":
+        _count(METRIC_TRANSACTION_CONFLICTS)
         raise Throttled(str(error)) from error
-    if code in ("ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"):
+    if code in _THROTTLE_CODES:
+        _count(METRIC_DYNAMODB_THROTTLES)
         raise Throttled(str(error)) from error
     raise error
 
@@ -199,8 +218,10 @@ class Table:
 
     def query(self, key_condition: str, vals: dict, index: str | None = None, forward: bool = True,
               limit: int | None = None, start: dict | None = None, names: dict | None = None,
-              filter_expression: str | None = None, consistent: bool = False) -> tuple[list[dict], dict | None]:
-        """One page: (items, key to continue from or None)."""
+              filter_expression: str | None = None, consistent: bool = False,
+              projection: str | None = None) -> tuple[list[dict], dict | None]:
+        """One page: (items, key to continue from or None). `projection`: the attributes to read (`#word`
+        names allowed), when the caller needs only a few."""
         kwargs: dict[str, Any] = {"TableName": self.name, "KeyConditionExpression": key_condition,
                                   "ExpressionAttributeValues": values(vals), "ScanIndexForward": forward}
         if index:
@@ -211,11 +232,13 @@ class Table:
             kwargs["Limit"] = limit
         if start:
             kwargs["ExclusiveStartKey"] = serialize(start)
-        names = _names(names, key_condition, filter_expression)
+        names = _names(names, key_condition, filter_expression, projection)
         if names:
             kwargs["ExpressionAttributeNames"] = names
         if filter_expression:
             kwargs["FilterExpression"] = filter_expression
+        if projection:
+            kwargs["ProjectionExpression"] = projection
         answer = self.client.query(**kwargs)
         last = answer.get("LastEvaluatedKey")
         return [deserialize(i) for i in answer.get("Items", [])], (deserialize(last) if last else None)

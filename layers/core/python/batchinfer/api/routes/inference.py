@@ -1,0 +1,61 @@
+"""The interactive OpenAI endpoints batches mirror (OpenAI's error envelope): chat completions, embeddings,
+Responses (stateless) and the models the key may use. Thin: `service.interactive` checks, routes, runs and
+charges."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from ...errors import ApiError
+from ...request_bodies import CHAT, EMBEDDINGS, RESPONSES
+from ...runtime import Services
+from ...service import interactive
+from ...service.accounts import Principal
+from ...service.intake import parse_json_body
+from ..auth import key_holder, services_of
+from ..bodies import declared_over
+from ..envelopes import OPENAI, OpenAIRoute, error_responses
+
+router = APIRouter(route_class=OpenAIRoute, tags=["interactive"])
+ANSWER = {"responses": {"200": {"description": "The backend's answer, as the endpoint defines it",
+                                "content": {"application/json": {"schema": {"type": "object"}}}}},
+          "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}}
+ERRORS = error_responses(OPENAI, 429, 502, 503, 504)
+INTERACTIVE_BODY_BYTES = 6 * 1024 * 1024  # a Lambda invoke payload; the backends' own limits are lower
+
+
+async def _serve(request: Request, who: Principal, svc: Services, endpoint: str) -> JSONResponse:
+    if declared_over(request, INTERACTIVE_BODY_BYTES):
+        raise ApiError(413, f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
+    served = await interactive.serve_openai(svc, who, endpoint, parse_json_body(await request.body()))
+    return JSONResponse(served.body, status_code=served.status)
+
+
+@router.post(CHAT, summary="Create a chat completion", responses=ERRORS, openapi_extra=ANSWER)
+async def chat_completions(request: Request, who: Principal = Depends(key_holder),
+                           svc: Services = Depends(services_of)) -> JSONResponse:
+    return await _serve(request, who, svc, CHAT)
+
+
+@router.post(EMBEDDINGS, summary="Create embeddings", responses=ERRORS, openapi_extra=ANSWER)
+async def embeddings(request: Request, who: Principal = Depends(key_holder),
+                     svc: Services = Depends(services_of)) -> JSONResponse:
+    return await _serve(request, who, svc, EMBEDDINGS)
+
+
+@router.post(RESPONSES, summary="Create a response (stateless: store false)", responses=ERRORS,
+             openapi_extra=ANSWER)
+async def responses(request: Request, who: Principal = Depends(key_holder),
+                    svc: Services = Depends(services_of)) -> JSONResponse:
+    return await _serve(request, who, svc, RESPONSES)
+
+
+@router.get("/v1/models", summary="The models this key may use", responses=error_responses(OPENAI))
+def list_models(who: Principal = Depends(key_holder), svc: Services = Depends(services_of)) -> dict:
+    return interactive.models_page(svc, who)
+
+
+@router.get("/v1/models/{model_id:path}", summary="One model", responses=error_responses(OPENAI))
+def retrieve_model(model_id: str, who: Principal = Depends(key_holder), svc: Services = Depends(services_of)) -> dict:
+    return interactive.one_model(svc, who, model_id)

@@ -1,0 +1,40 @@
+"""`/v1/messages` (also under `/anthropic`): Anthropic's Messages endpoint, interactive (Anthropic's error
+envelope), as `client.messages.create` calls it. Thin: `service.interactive` checks (as a Message Batch
+request is checked), routes, runs (translated for `openai` backends) and charges."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from ...catalog import MESSAGES_ENDPOINT
+from ...errors import ApiError
+from ...runtime import Services
+from ...service import interactive
+from ...service.accounts import Principal
+from ...service.intake import parse_json_body
+from ..auth import key_holder, services_of
+from ..bodies import declared_over
+from ..envelopes import ANTHROPIC, AnthropicRoute, error_responses
+from ..schemas import ANTHROPIC_HEADERS
+from .inference import ANSWER, INTERACTIVE_BODY_BYTES
+from .message_batches import PREFIXES, anthropic_version
+
+router = APIRouter(route_class=AnthropicRoute, tags=["interactive"])
+
+
+def _add_route(prefix: str) -> None:
+    @router.post(prefix + MESSAGES_ENDPOINT, summary="Create a message",
+                 responses=error_responses(ANTHROPIC, 429, 502, 503, 504),
+                 openapi_extra={**ANSWER, "parameters": list(ANTHROPIC_HEADERS)})
+    async def create_message(request: Request, who: Principal = Depends(key_holder),
+                             version: str = Depends(anthropic_version),
+                             svc: Services = Depends(services_of)) -> JSONResponse:
+        if declared_over(request, INTERACTIVE_BODY_BYTES):
+            raise ApiError(413, f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
+        served = await interactive.serve_messages(svc, who, parse_json_body(await request.body()), version)
+        return JSONResponse(served.body, status_code=served.status)
+
+
+for _prefix in PREFIXES:
+    _add_route(_prefix)

@@ -1,0 +1,184 @@
+"""The interactive endpoints batches mirror: `/v1/chat/completions`, `/v1/embeddings`, `/v1/responses`,
+Anthropic's `/v1/messages`, and `/v1/models`. A request is checked by the same code a batch request is
+(`request_bodies`, the Message Batch parameter checks), runs through the same function (`inference`), and is
+charged to the same daily quota at the same price. While it runs it holds an interactive lease on its model,
+which shrinks that model's batch budget (down to its floor) so batch work makes way.
+
+Answers are sent whole: on API Gateway + Lambda (buffered responses) a stream would arrive all at once, so
+`stream: true` is refused with a 400 that says so, rather than buffered silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ..catalog import MESSAGES_ENDPOINT, Model
+from ..domain import Attempt, new_token, next_utc_midnight
+from ..errors import ApiError
+from ..records import InteractiveLease, Usage
+from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed
+from ..storage.secrets import BackendKeyNotSet
+from . import inference
+from .accounts import Principal, may_use_model, quota_used_up
+from .message_batches import ParamsError, params_model
+from .validation import non_finite
+
+OPENAI_ENDPOINTS = (CHAT, EMBEDDINGS, RESPONSES)
+NO_STREAM = ("stream: streaming answers are not served here: behind API Gateway and Lambda an answer is sent "
+             "whole, so a stream would arrive all at once. Send stream false (or leave it out).")
+LEASE_GRACE_SECONDS = 60  # beyond the backend timeout: a request whose lease is older than this died
+
+
+@dataclass(frozen=True)
+class Served:
+    status: int
+    body: dict
+    model: Model
+    cost_usd: float
+
+
+# --- Routing -----------------------------------------------------------------------------------------------
+
+def route(svc: Services, account: dict, name: object, endpoint: str) -> Model:
+    """The model a request naming `name` runs on: the model itself, or for an auto model the catalog's rule
+    (`Catalog.route`)."""
+    model = svc.catalog.lookup(name) if isinstance(name, str) and name else None
+    if model is None or not may_use_model(account, model.id):
+        raise ApiError(404, f"The model '{name}' does not exist or you do not have access to it.",
+                       code="model_not_found", param="model")
+    if model.auto:
+        chosen = svc.catalog.route(model, endpoint, lambda m: may_use_model(account, m.id))
+        if chosen is None:
+            raise ApiError(400, f"The auto model '{name}' has no model for {endpoint} that this key may use.",
+                           code="unsupported_endpoint", param="model")
+        return chosen
+    if not model.serves(endpoint):
+        raise ApiError(400, f"The model '{name}' does not serve {endpoint}.", code="unsupported_endpoint",
+                       param="model")
+    return model
+
+
+def _check_quota(svc: Services, account: dict) -> None:
+    if quota_used_up(svc, account):
+        now = svc.now()
+        raise ApiError(429, "Your daily quota is used up; it renews at 00:00 UTC.", code="quota_exceeded",
+                       retry_after=max(1, next_utc_midnight(now) - now))
+
+
+# --- Running -----------------------------------------------------------------------------------------------
+
+async def _run(svc: Services, principal: Principal, model: Model, endpoint: str, body: dict,
+               version: str | None = None) -> tuple[Attempt, float]:
+    """One attempt under an interactive lease, charged to the account's day. The lease goes in one
+    transaction with the budget's count; its end, the count and the cost in another."""
+    timeout = svc.settings.backend_timeout_seconds
+    try:
+        key = await asyncio.to_thread(inference.backend_key, svc, model)
+    except BackendKeyNotSet:
+        raise ApiError(503, f"The model '{model.id}' is not available: its backend API key has not been set.",
+                       code="service_unavailable") from None
+    lease_id = new_token()
+    now = svc.now()
+    await asyncio.to_thread(svc.table.transact, InteractiveLease.begin(
+        svc.table, model.id, lease_id, principal.account_id, now, now + int(timeout) + LEASE_GRACE_SECONDS))
+    attempt: Attempt | None = None
+    try:
+        attempt = await inference.attempt(model, endpoint, body, key, timeout, version)
+    finally:
+        cost = inference.cost_of(model, attempt) if attempt else 0.0
+        unknown = 0 if attempt is None or attempt.cost_known else 1
+        await asyncio.to_thread(_end, svc, principal, model, lease_id, cost, unknown)
+    return attempt, cost
+
+
+def _end(svc: Services, principal: Principal, model: Model, lease_id: str, cost: float, unknown: int) -> None:
+    charge = [Usage.add_cost(svc.table, principal.account_id, cost, svc.now(), unknown)] if cost or unknown else []
+    try:
+        svc.table.transact(InteractiveLease.end(svc.table, model.id, lease_id) + charge)
+    except ConditionFailed:  # the sweeper took the lease off already (it ran past its time): still charge it
+        if charge:
+            svc.table.transact(charge)
+
+
+def _refusal(attempt: Attempt) -> ApiError:
+    """What the caller is told when the backend gave no success: its own status and message where it
+    answered (a 5xx as 502, it is not this service's fault), 504 when it did not answer in time."""
+    if attempt.status_code is None:
+        return ApiError(504, attempt.message or "The backend did not answer in time.", code="timeout")
+    status = attempt.status_code
+    if status == 429:
+        return ApiError(429, attempt.message or "The backend is busy.", code="rate_limited",
+                        retry_after=max(1, round(attempt.retry_after or 1)))
+    if status >= 500 or status < 400:
+        return ApiError(503 if status == 503 else 502, attempt.message or f"The backend answered HTTP {status}.",
+                        code="upstream_error")
+    return ApiError(status, attempt.message or f"The backend answered HTTP {status}.")
+
+
+async def serve_openai(svc: Services, principal: Principal, endpoint: str, payload: object) -> Served:
+    """A chat completion, embedding or (stateless) response, checked as a batch request's body is."""
+    if not isinstance(payload, dict):
+        raise ApiError(400, "The body must be a JSON object.")
+    if payload.get("stream") is True:
+        raise ApiError(400, NO_STREAM, code="stream_unsupported", param="stream")
+    if non_finite(payload):
+        raise ApiError(400, "The body holds NaN or Infinity, which is not valid JSON.")
+    if endpoint == RESPONSES and payload.get("store") is True:
+        raise ApiError(400, "store: responses are not stored here; send store false (or leave it out).",
+                       param="store")
+    problem = body_problem(endpoint, payload)
+    if problem:
+        raise ApiError(400, problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
+    model = route(svc, principal.account, payload.get("model"), endpoint)
+    _check_quota(svc, principal.account)
+    attempt, cost = await _run(svc, principal, model, endpoint, payload)
+    if not attempt.ok or attempt.body is None:
+        raise _refusal(attempt)
+    return Served(status=attempt.status_code or 200, body=attempt.body, model=model, cost_usd=cost)
+
+
+async def serve_messages(svc: Services, principal: Principal, payload: object, version: str) -> Served:
+    """An Anthropic Messages request, checked as a Message Batch's request is, translated for `openai`
+    backends by the same code."""
+    if isinstance(payload, dict) and payload.get("stream") is True:
+        raise ApiError(400, NO_STREAM, param="stream")
+    if isinstance(payload, dict):
+        named = svc.catalog.lookup(payload.get("model")) if isinstance(payload.get("model"), str) else None
+        if named is not None and named.auto and may_use_model(principal.account, named.id):
+            payload = {**payload, "model": route(svc, principal.account, named.id, MESSAGES_ENDPOINT).id}
+    try:
+        model = svc.catalog.get(params_model(svc, principal.account, payload, version))
+    except ParamsError as refused:
+        status = 404 if refused.error["type"] == "not_found_error" else 400
+        raise ApiError(status, refused.error["message"], code=refused.error["code"]) from None
+    _check_quota(svc, principal.account)
+    assert isinstance(payload, dict)
+    attempt, cost = await _run(svc, principal, model, MESSAGES_ENDPOINT, payload, version)
+    if not attempt.ok or attempt.body is None:
+        raise _refusal(attempt)
+    return Served(status=200, body=attempt.body, model=model, cost_usd=cost)
+
+
+# --- Models ------------------------------------------------------------------------------------------------
+
+def model_object(model: Model) -> dict:
+    return {"id": model.id, "object": "model", "created": 0, "owned_by": "batchinfer"}
+
+
+def models_page(svc: Services, principal: Principal) -> dict:
+    """The models the key may use (auto ones included: they route interactive requests), OpenAI's list."""
+    usable = [m for m in svc.catalog.models if (m.auto or m.backend is not None)
+              and may_use_model(principal.account, m.id)]
+    return {"object": "list", "data": [model_object(m) for m in usable]}
+
+
+def one_model(svc: Services, principal: Principal, model_id: str) -> dict:
+    model = svc.catalog.lookup(model_id)
+    if model is None or model.id != model_id or not may_use_model(principal.account, model.id) or (
+            not model.auto and model.backend is None):
+        raise ApiError(404, f"The model '{model_id}' does not exist or you do not have access to it.",
+                       code="model_not_found", param="model")
+    return model_object(model)

@@ -1,0 +1,50 @@
+"""The interactive endpoints on the local stack with the official SDKs at every major the e2e tests cover
+(`openai` 3.x/2.x/1.x, `anthropic` 2.x/1.x), each in its own interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from batchinfer.service import accounts
+from tests.conftest import SDK_MAJORS
+from tests.e2e.conftest import local_stack
+
+pytestmark = pytest.mark.e2e
+SCRIPT = Path(__file__).with_name("sdk_scripts") / "interactive_calls.py"
+MODEL = "glm-5.3-flash"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with local_stack(tmp_path_factory) as running:
+        yield running
+
+
+@pytest.mark.parametrize("major", SDK_MAJORS)
+def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_path):
+    account = accounts.create_account(stack["svc"], tier="pro")
+    key = accounts.create_key(stack["svc"], account["id"])
+    env = {k: v for k, v in os.environ.items()
+           if k != "PYTHONPATH" and not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env.update(HOME=str(tmp_path), FREEINFERENCE_BASE_URL=stack["base"], FREEINFERENCE_API_KEY=key)
+    run = subprocess.run([sdk_python(major), str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["chat"]["object"] == "chat.completion" and out["chat"]["content"] and out["chat"]["model"] == MODEL
+    assert all(n > 0 for n in out["chat"]["usage"])
+    assert len(out["embeddings"]) == 2 and out["embeddings"][0] > 0
+    assert out["responses"]["object"] == "response" and out["responses"]["text"]
+    assert out["models"] == [MODEL, "qwen3.6-35b", "auto", "auto-pro"] and out["model"] == "qwen3.6-35b"
+    assert out["auto"] == "qwen3.6-35b"
+    status, param, message = out["refused"]
+    assert status == 400 and param == "temperature" and "hot" in message
+    assert out["not_found"] == [404, "model_not_found"]
+    if major != "openai1":  # that interpreter has only openai
+        assert out["message"]["type"] == "message" and out["message"]["role"] == "assistant"
+        assert out["message"]["text"] and out["message"]["stop_reason"] in ("end_turn", "max_tokens")
+        assert out["message_not_found"] == [404, "NotFoundError"]
