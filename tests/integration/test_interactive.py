@@ -5,6 +5,7 @@ calls them with the official SDKs.)"""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -15,7 +16,8 @@ from batchinfer.service import accounts
 from batchinfer.service.capacity import effective_budget
 from batchinfer.service.sweep import sweep_once
 from tests.helpers import new_key
-from tests.integration.test_api import _tick, error, finish, ok, req, settings, sim_requests
+from tests.integration.test_api import _tick, error, finish, ok, req, settings, sim_requests, step
+from tests.integration.test_files import content, create_from, jsonl, upload
 from tests.integration.test_message_batches import V1, anthropic_error
 
 GLM, QWEN = "glm-5.3-flash", "qwen3.6-35b"
@@ -231,3 +233,35 @@ def test_usage_carries_cached_and_reasoning_tokens_where_the_backend_reports_the
     assert usage["input_tokens_details"] == {"cached_tokens": 2 * cached}
     assert usage["output_tokens_details"] == {"reasoning_tokens": 2 * reasoning}
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_an_embedding_batch_from_a_file(api, svc, sim_control):
+    settings(svc, embeddings_responses_batches_enabled=True, file_batches_enabled=True)
+    _, key = new_key(svc)
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": GLM, "input": f"text {i}"}} for i in range(3)]
+    uploaded = ok(upload(api, key, jsonl(*lines)))
+    batch = ok(create_from(api, key, uploaded["id"], endpoint="/v1/embeddings"))
+    final = finish(svc, batch["id"])
+    assert final["status"] == "completed" and final["completed"] == 3
+    output = ok(api("GET", f"/v1/batches/{batch['id']}", key))["output_file_id"]
+    rows = [json.loads(x) for x in content(api, key, output)[0].splitlines()]
+    assert [r["custom_id"] for r in rows] == ["e0", "e1", "e2"]
+    assert all(r["response"]["body"]["data"][0]["embedding"] for r in rows)
+
+
+def test_a_running_batch_pauses_when_the_quota_is_used_up_and_resumes_when_it_renews(api, svc, sim_control):
+    _, key = new_key(svc, daily_quota_usd=1e-4)  # some 20 small requests a day
+    batch = api.created(key, [req("a"), req("b")])
+    long = {**CHAT, "messages": [{"role": "user", "content": "word " * 2000}]}  # 2,000 input tokens: $0.0002
+    ok(api("POST", "/v1/chat/completions", key, json_body=long))  # the day's quota is used up from here
+    before = sim_requests(sim_control)
+    for _ in range(3):
+        step(svc)
+    paused = ok(api("GET", f"/v1/batches/{batch['id']}", key))  # reading never answers 429 for the quota
+    assert paused["status"] == "in_progress" and paused["request_counts"]["completed"] == 0
+    assert sim_requests(sim_control) == before  # nothing of it ran
+    _tick(svc, next_utc_midnight(svc.now()) - svc.now() + 1)  # 00:00 UTC: the quota renews
+    final = finish(svc, batch["id"])
+    assert final["status"] == "completed" and final["completed"] == 2
+    assert sim_requests(sim_control) == before + 2
