@@ -56,3 +56,22 @@ def test_settings_defaults_match_the_spec():
     assert (s.batch_completion_window_seconds, s.batch_retention_seconds) == (86_400, 604_800)
     assert not any([s.file_batches_enabled, s.message_batches_enabled, s.embeddings_responses_batches_enabled,
                     s.batch_webhooks_enabled])
+
+
+def test_interactive_memory_gives_way_at_once_and_takes_room_back_after_its_window(monkeypatch):
+    """Back-to-back interactive calls dip the count for milliseconds between them; batch work must not take
+    those dips as room (it would run for a whole request)."""
+    from batchinfer.service import capacity
+
+    clock = [100.0]
+    monkeypatch.setattr(capacity.time, "monotonic", lambda: clock[0])
+    memory = capacity.InteractiveMemory()
+    assert memory.level("m", {"interactive": 0}) == 0
+    assert memory.level("m", {"interactive": 16}) == 16  # load arrives: at once
+    clock[0] += 0.3
+    assert memory.level("m", {"interactive": 15}) == 16  # a dip between two calls: ignored
+    clock[0] += 0.5
+    assert memory.level("m", {"interactive": 16}) == 16
+    clock[0] += capacity.InteractiveMemory.WINDOW_SECONDS + 0.1
+    assert memory.level("m", {}) == 0  # gone for the whole window: the room comes back
+    assert memory.level("other", {"interactive": 3}) == 3  # per model

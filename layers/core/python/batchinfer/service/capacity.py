@@ -8,6 +8,9 @@ second (additive increase, multiplicative decrease, as TCP does).
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from ..catalog import Model
 from ..records import Budget
 from ..runtime import Services
@@ -16,15 +19,37 @@ from ..storage.dynamo import ConditionFailed
 PROBE_AFTER_SECONDS = 2  # no 429 for this long: the adaptive cap may grow again, one slot a second
 
 
-def effective_budget(model: Model, budget_item: dict | None, yield_per_request: int) -> int:
-    """The batch requests the model may have in flight now."""
+def effective_budget(model: Model, budget_item: dict | None, yield_per_request: int,
+                     interactive: int | None = None) -> int:
+    """The batch requests the model may have in flight now. `interactive`: the interactive load to make way
+    for (default: the count on the budget item; a caller with an InteractiveMemory passes its level)."""
     item = budget_item or {}
     floor = min(model.batch_floor, model.batch_budget)
-    interactive = int(item.get("interactive", 0))
+    interactive = int(item.get("interactive", 0)) if interactive is None else interactive
     cap = model.batch_budget - interactive * yield_per_request
     if "adaptive_cap" in item:
         cap = min(cap, int(item["adaptive_cap"]))
     return max(floor, cap)
+
+
+class InteractiveMemory:
+    """The highest interactive count a caller saw on each model over the last WINDOW_SECONDS. Interactive
+    clients send back to back: between one call's end and the next one's start the count dips for a few
+    milliseconds, and a dispatcher reading it then would start batch work that runs for a whole request.
+    Batch work gives way at once and takes the room back once the load has stayed lower for the window."""
+
+    WINDOW_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self.seen: dict[str, deque[tuple[float, int]]] = {}
+
+    def level(self, model_id: str, budget_item: dict | None) -> int:
+        now = time.monotonic()
+        seen = self.seen.setdefault(model_id, deque())
+        seen.append((now, int((budget_item or {}).get("interactive", 0))))
+        while seen and seen[0][0] < now - self.WINDOW_SECONDS:
+            seen.popleft()
+        return max(n for _, n in seen)
 
 
 def track_interactive(svc: Services, model_id: str, delta: int) -> None:

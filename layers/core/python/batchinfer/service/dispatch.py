@@ -15,7 +15,7 @@ from ..ledger import GROUP_MAX, Position, claim_from_lane, claim_retry, queue_me
 from ..records import Account, Batch, Budget, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from .capacity import effective_budget, probe_up
+from .capacity import InteractiveMemory, effective_budget, probe_up
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class Dispatcher:
         self.interactive_seen = 0  # the model's interactive count the last claim's cap was computed from
         self.slot_lease: dict | None = None  # the SlotLease the current claim's work runs in, if any
         self.lanes_seen = 0  # how many batches had work for the model at the last claim
+        self.interactive = InteractiveMemory()  # the interactive load seen lately, per model
 
     def run(self, seconds: float) -> int:
         """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
@@ -84,7 +85,8 @@ class Dispatcher:
         if slot_lease is None:
             budget_item = Budget.get(svc.table, model.id)
             probe_up(svc, model, budget_item)
-        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
+                               self.interactive.level(model.id, budget_item))
         self.interactive_seen = int((budget_item or {}).get("interactive", 0))
         free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:

@@ -532,7 +532,8 @@ class SlotPump:
                 if time.monotonic() - polled >= self.POLL_SECONDS:  # not at every wake: on its own clock
                     polled = time.monotonic()
                     budget_item = await self._claiming(Budget.get, svc.table, model.id, False)
-                    cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+                    cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
+                                           self.dispatcher.interactive.level(model.id, budget_item))
                     in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
                     mine = self.slots - self.releasing
                     if in_flight > cap and mine > 0:
