@@ -101,9 +101,8 @@ def _where(loc: tuple) -> str:
     return out
 
 
-def body_fault(endpoint: str, body: dict) -> tuple[str, str] | None:
-    """(the parameter, what is wrong with it) for a body's known parameters, e.g. ("temperature", "input
-    should be a valid number (got 'hot')"); None if nothing is."""
+def body_problem(endpoint: str, body: dict) -> str | None:
+    """What is wrong with a body's known parameters for its endpoint, naming the parameter; None if nothing."""
     model = BODIES.get(endpoint)
     if model is None:
         return None
@@ -114,17 +113,5 @@ def body_fault(endpoint: str, body: dict) -> tuple[str, str] | None:
         value = first.get("input")
         shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) and len(repr(value)) <= 60 else ""
         message = first["msg"][0].lower() + first["msg"][1:]
-        return _where(first["loc"]).removeprefix("body").lstrip("."), f"{message}{shown}"
+        return f"{_where(first['loc'])}: {message}{shown}"
     return None
-
-
-def described(fault: tuple[str, str]) -> str:
-    """A fault as one line naming the parameter: `body.temperature: input should be ...`."""
-    where, what = fault
-    return f"body.{where}: {what}" if where else f"body: {what}"
-
-
-def body_problem(endpoint: str, body: dict) -> str | None:
-    """The fault `body_fault` finds, `described`; None if there is none."""
-    fault = body_fault(endpoint, body)
-    return None if fault is None else described(fault)

@@ -17,7 +17,7 @@ from ..catalog import MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, new_token, next_utc_midnight
 from ..errors import ApiError
 from ..records import InteractiveLease, Usage
-from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_fault, described
+from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import BackendKeyNotSet
@@ -129,9 +129,9 @@ async def serve_openai(svc: Services, principal: Principal, endpoint: str, paylo
     if endpoint == RESPONSES and payload.get("store") is True:
         raise ApiError(400, "store: responses are not stored here; send store false (or leave it out).",
                        param="store")
-    fault = body_fault(endpoint, payload)
-    if fault:
-        raise ApiError(400, described(fault), param=fault[0] or None)
+    problem = body_problem(endpoint, payload)
+    if problem:
+        raise ApiError(400, problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
     model = route(svc, principal.account, payload.get("model"), endpoint)
     _check_quota(svc, principal.account)
     attempt, cost = await _run(svc, principal, model, endpoint, payload)
