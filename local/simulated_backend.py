@@ -4,8 +4,10 @@ This is NOT a model and runs no inference. Every answer is built deterministical
 of the request (model + message texts), so the same input always gives the same output and
 different inputs give different outputs. It exists for unit/integration tests and benchmarks.
 
-Endpoints (non-streaming only): POST /v1/chat/completions, /v1/embeddings, /v1/responses (OpenAI
-shapes), POST /v1/messages (Anthropic shape), GET /v1/models.
+Endpoints: POST /v1/chat/completions, /v1/embeddings, /v1/responses (OpenAI shapes), POST /v1/messages
+(Anthropic shape), GET /v1/models. Chat completions and messages stream with `stream: true` (server-sent
+events in each API's shapes: the same answer, a word per delta, after the latency; chat sends a usage chunk
+only with `stream_options.include_usage`, as OpenAI does).
 
 Faults, set at start-up (CLI / SimConfig) or at run time through the control API:
   latency_seconds        every model request sleeps this long (asyncio, so requests overlap)
@@ -54,7 +56,7 @@ from itertools import accumulate
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_BIG_BYTES = 64 * 1024 * 1024
@@ -159,14 +161,14 @@ def _parse_messages(messages: Any, param: str, require_role: bool = True) -> tup
     return texts, last_user
 
 
-def _base(body: Any) -> str:
+def _base(body: Any, streams: bool = False) -> str:
     if not isinstance(body, dict):
         raise SimError(400, "The request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise SimError(400, "You must provide a model parameter", param="model")
-    if body.get("stream"):
-        raise SimError(400, "stream=true is not supported by the simulated backend", param="stream")
+    if body.get("stream") and not streams:
+        raise SimError(400, "stream=true is not supported on this endpoint by the simulated backend", param="stream")
     _check_types(body)
     return model
 
@@ -176,7 +178,7 @@ def _base(body: Any) -> str:
 # shared them would agree with their mistakes.
 _NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k")
 _INTEGERS = ("n", "seed", "top_logprobs", "dimensions")
-_BOOLEANS = ("logprobs", "parallel_tool_calls", "store", "echo")
+_BOOLEANS = ("logprobs", "parallel_tool_calls", "store", "echo", "stream")
 
 
 def _check_types(body: dict[str, Any]) -> None:
@@ -206,7 +208,7 @@ def _max_tokens(body: dict[str, Any], *names: str) -> int | None:
 
 
 def _parse_chat(body: Any, max_names: tuple[str, ...] = ("max_completion_tokens", "max_tokens")) -> Prompt:
-    model = _base(body)
+    model = _base(body, streams=True)
     texts, last_user = _parse_messages(body.get("messages"), "messages")
     if body.get("system"):  # Anthropic Messages: top-level system prompt
         texts = [_text_of(body["system"], "system"), *texts]
@@ -296,6 +298,70 @@ def _build_anthropic(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
             "stop_sequence": None, "usage": {"input_tokens": p.prompt_tokens, "output_tokens": n_out}}
 
 
+def _words(text: str) -> list[str]:
+    """The text in deltas of one word each (the space before a word goes with it), joining back to the text."""
+    return re.findall(r"\s*\S+", text) or [text]
+
+
+def _chat_chunks(answer: dict[str, Any], body: dict[str, Any]) -> Any:
+    """A chat completion as OpenAI streams it: a role delta, content (or tool call) deltas, the finish, then
+    the usage chunk when asked for (`usage: null` on the others)."""
+    with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    base = {k: answer[k] for k in ("id", "created", "model", "system_fingerprint")} | {
+        "object": "chat.completion.chunk"}
+    choice, message = answer["choices"][0], answer["choices"][0]["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                **({"usage": None} if with_usage else {})}
+
+    yield chunk({"role": "assistant", "content": "" if message["content"] is not None else None})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
+    for word in _words(message["content"]) if message["content"] else ():
+        yield chunk({"content": word})
+    yield chunk({}, choice["finish_reason"])
+    if with_usage:
+        yield {**base, "choices": [], "usage": answer["usage"]}
+
+
+def _message_events(answer: dict[str, Any]) -> Any:
+    """A message as Anthropic streams it: message_start, a ping, each block's start, deltas and stop, then
+    message_delta (stop reason, output tokens) and message_stop."""
+    start = {**answer, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {"input_tokens": answer["usage"]["input_tokens"], "output_tokens": 1}}
+    yield "message_start", {"type": "message_start", "message": start}
+    yield "ping", {"type": "ping"}
+    for index, block in enumerate(answer["content"]):
+        if block["type"] == "tool_use":
+            opening, deltas = {**block, "input": {}}, [{"type": "input_json_delta",
+                                                         "partial_json": json.dumps(block["input"])}]
+        else:
+            opening, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": w}
+                                                             for w in _words(block["text"])]
+        yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": opening}
+        for delta in deltas:
+            yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        yield "content_block_stop", {"type": "content_block_stop", "index": index}
+    yield "message_delta", {"type": "message_delta", "usage": {"output_tokens": answer["usage"]["output_tokens"]},
+                            "delta": {"stop_reason": answer["stop_reason"], "stop_sequence": None}}
+    yield "message_stop", {"type": "message_stop"}
+
+
+def _streamed(answer: dict[str, Any], body: dict[str, Any], flavour: str) -> StreamingResponse:
+    async def events() -> Any:
+        if flavour == "anthropic":
+            for name, data in _message_events(answer):
+                yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
+        else:
+            for data in _chat_chunks(answer, body):
+                yield f"data: {json.dumps(data)}\n\n"
+            yield "data: [DONE]\n\n"
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 def embedding_vector(model: str, text: str) -> list[float]:
     """Deterministic pseudo-embedding in [-1, 1] of length EMBEDDING_DIM."""
     d = hashlib.sha256(f"{model}\n{text}".encode()).digest()
@@ -382,7 +448,7 @@ async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body
 
 def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[..., dict[str, Any]],
               flavour: str) -> Callable[..., Any]:
-    async def handle(request: Request) -> JSONResponse:
+    async def handle(request: Request) -> Response:
         try:
             try:
                 body = json.loads(await request.body())
@@ -390,11 +456,13 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
                 raise SimError(400, "We could not parse the JSON body of your request") from None
             prompt = parse(body)
             await _apply_faults(request, state, prompt, body)
+            if body.get("stream") is True:
+                return _streamed(build(prompt, body), body, flavour)
             return JSONResponse(build(prompt, body))
         except SimError as err:
             return _error_response(err, flavour)
 
-    async def endpoint(request: Request) -> JSONResponse:
+    async def endpoint(request: Request) -> Response:
         state.total += 1
         state.by_path[request.url.path] += 1
         state.in_flight += 1

@@ -21,7 +21,7 @@ MODEL = "glm-5.3-flash"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with local_stack(tmp_path_factory) as running:
+    with local_stack(tmp_path_factory, interactive_streaming_enabled=True) as running:
         yield running
 
 
@@ -44,7 +44,18 @@ def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_
     status, param, message = out["refused"]
     assert status == 400 and param == "temperature" and "hot" in message
     assert out["not_found"] == [404, "model_not_found"]
+    # stream: true arrives a word per chunk, adding up to the same answer, with the usage asked for
+    streamed = out["chat_stream"]
+    assert streamed["deltas"] > 3 and streamed["text"] == out["chat"]["content"]
+    assert streamed["finish"] in ("stop", "length") and streamed["usage"] == out["chat"]["usage"]
+    assert out["chat_stream_no_usage"] == []  # not asked for: not sent, though the service asks the backend
+    assert out["responses_stream"] == [400, "stream"]
     if major != "openai1":  # that interpreter has only openai
         assert out["message"]["type"] == "message" and out["message"]["role"] == "assistant"
         assert out["message"]["text"] and out["message"]["stop_reason"] in ("end_turn", "max_tokens")
         assert out["message_not_found"] == [404, "NotFoundError"]
+        streamed = out["message_stream"]
+        assert streamed["pieces"] > 3 and streamed["text"] == streamed["final"] == out["message"]["text"]
+        assert streamed["stop_reason"] == out["message"]["stop_reason"]
+        assert streamed["usage"][0] > 0 and streamed["usage"][1] == out["message"]["output_tokens"]
+        assert out["message_stream_tool"] == ["tool_use", "tool_use", "lookup", {"query": "Simulated"}]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pytest
 
+from batchinfer import messages_to_chat
 from batchinfer.messages_to_chat import FEATURES, refused_everywhere, to_chat, to_message, untranslatable
 
 ALL = FEATURES
@@ -476,3 +478,82 @@ def test_round_trip_tool_use_id() -> None:
     body = to_chat(follow_up, ())
     assert body["messages"][1]["tool_calls"][0]["id"] == "call_abc"
     assert body["messages"][2] == {"role": "tool", "tool_call_id": "call_abc", "content": "sunny"}
+
+
+# --- a streamed answer ------------------------------------------------------------------------------------------
+
+def chunk(delta: dict | None = None, finish: str | None = None, **extra: Any) -> dict:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": choices}
+
+
+def streamed(chunks: list[dict], stop_sequences: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    stream = messages_to_chat.MessageStream("claude-x", stop_sequences)
+    return [event for c in chunks for event in stream.feed(c)] + stream.end()
+
+
+def accumulated(events: list[tuple[str, dict]]) -> dict:
+    """The message the events build, as the anthropic SDK's stream helper accumulates it."""
+    message: dict = {}
+    for name, data in events:
+        assert name == data["type"]
+        if name == "message_start":
+            message = data["message"]
+        elif name == "content_block_start":
+            assert data["index"] == len(message["content"])
+            message["content"].append({**data["content_block"], "json": ""})
+        elif name == "content_block_delta":
+            block, delta = message["content"][data["index"]], data["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            else:
+                block["json"] += delta["partial_json"]
+        elif name == "message_delta":
+            message.update(data["delta"])
+            message["usage"] = data["usage"]
+    for block in message["content"]:
+        if block["type"] == "tool_use":
+            block["input"] = json.loads(block["json"])
+        block.pop("json")
+    return message
+
+
+def test_a_streamed_answer_builds_the_message_a_whole_answer_translates_to():
+    calls = [{"id": "call_a", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}},
+             {"id": "call_b", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Rome"}'}}]
+    whole = {"id": "chatcmpl-1", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "Let me look.", "tool_calls": calls}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 12}}
+    chunks = [chunk({"role": "assistant", "content": ""}), chunk({"content": "Let"}), chunk({"content": " me look."})]
+    for i, call in enumerate(calls):
+        chunks.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                             "function": {"name": "weather", "arguments": ""}}]}))
+        args = call["function"]["arguments"]
+        chunks += [chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]})
+                   for part in (args[:5], args[5:])]
+    chunks += [chunk({}, "tool_calls"), {**chunk(), "usage": whole["usage"]}]
+    events = streamed(chunks)
+    expected = to_message(whole, "claude-x")
+    built = accumulated(events)
+    assert built["content"] == expected["content"]
+    assert built["stop_reason"] == expected["stop_reason"] == "tool_use"
+    assert built["usage"] == expected["usage"] and built["id"] == expected["id"]
+    assert [n for n, _ in events][-2:] == ["message_delta", "message_stop"]
+
+
+@pytest.mark.parametrize(("finish", "extra", "stops", "reason", "sequence"), [
+    ("stop", {}, (), "end_turn", None),
+    ("length", {}, (), "max_tokens", None),
+    ("stop", {"stop_reason": "END"}, ("END",), "stop_sequence", "END"),
+    ("content_filter", {}, (), "refusal", None),
+])
+def test_a_streamed_answer_stops_for_the_same_reasons(finish, extra, stops, reason, sequence):
+    delta = dict(streamed([chunk({"content": "Hi"}), chunk({}, finish, **extra)], stops))["message_delta"]["delta"]
+    assert (delta["stop_reason"], delta["stop_sequence"]) == (reason, sequence)
+
+
+def test_a_streamed_refusal_is_text_and_stops_as_a_refusal():
+    events = streamed([chunk({"refusal": "I can't help with that."}), chunk({}, "stop")])
+    built = accumulated(events)
+    assert built["content"] == [{"type": "text", "text": "I can't help with that."}]
+    assert built["stop_reason"] == "refusal"

@@ -118,7 +118,7 @@ def test_multimodal_content_parts(client: TestClient) -> None:
         ({"model": "m", "messages": [{"content": "no role"}]}, "messages[0]"),
         ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (chat_body(max_tokens=0), "max_tokens"),
-        (chat_body(stream=True), "stream"),
+        (chat_body(stream="yes"), "stream"),
         (chat_body(temperature="hot"), "temperature"),
         (chat_body(top_p=True), "top_p"),
         (chat_body(n="2"), "n"),
@@ -138,8 +138,31 @@ def test_unparseable_json_is_400(client: TestClient) -> None:
     assert_openai_error(resp, 400)
 
 
-def test_stream_refused(client: TestClient) -> None:
-    err = assert_openai_error(client.post(CHAT, json=chat_body(stream=True)), 400)
+def _sse(text: str) -> list[tuple[str | None, Any]]:
+    found = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        data = fields["data"]
+        found.append((fields.get("event"), data if data == "[DONE]" else json.loads(data)))
+    return found
+
+
+def test_stream_is_the_same_answer_a_word_per_chunk(client: TestClient) -> None:
+    whole = client.post(CHAT, json=chat_body()).json()
+    resp = client.post(CHAT, json=chat_body(stream=True, stream_options={"include_usage": True}))
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = _sse(resp.text)
+    assert events[-1] == (None, "[DONE]")
+    chunks = [data for _, data in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == \
+        whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"] == whole["usage"] and chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    plain = [data for _, data in _sse(client.post(CHAT, json=chat_body(stream=True)).text)[:-1]]
+    assert all("usage" not in c for c in plain)  # only with stream_options.include_usage, as OpenAI
+
+
+def test_stream_refused_where_the_endpoint_does_not_stream(client: TestClient) -> None:
+    err = assert_openai_error(client.post("/v1/responses", json={"model": "m", "input": "hi", "stream": True}), 400)
     assert "stream" in err["message"]
 
 

@@ -36,6 +36,18 @@ if openai is not None:
         client.chat.completions.create(model="no-such-model", messages=PROMPT)
     except openai.NotFoundError as error:
         out["not_found"] = [error.status_code, error.code]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20, stream=True,
+                                                 stream_options={"include_usage": True}))
+    out["chat_stream"] = {"deltas": sum(1 for c in chunks if c.choices and c.choices[0].delta.content),
+                          "text": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+                          "finish": [c.choices[0].finish_reason for c in chunks if c.choices][-1],
+                          "usage": [chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens]}
+    plain = list(client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20, stream=True))
+    out["chat_stream_no_usage"] = [c.usage for c in plain if getattr(c, "usage", None)]
+    try:
+        client.responses.create(model=MODEL, input="Say hi", store=False, stream=True)
+    except openai.BadRequestError as error:
+        out["responses_stream"] = [error.status_code, error.param]
 
 try:
     import anthropic
@@ -50,5 +62,18 @@ if anthropic is not None:
         client.messages.create(model="no-such-model", max_tokens=5, messages=PROMPT)
     except anthropic.NotFoundError as error:
         out["message_not_found"] = [error.status_code, type(error).__name__]
+    with client.messages.stream(model=MODEL, max_tokens=64, messages=PROMPT) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    out["message_stream"] = {"pieces": len(pieces), "text": "".join(pieces), "final": final.content[0].text,
+                             "stop_reason": final.stop_reason,
+                             "usage": [final.usage.input_tokens, final.usage.output_tokens]}
+    tool = {"name": "lookup", "description": "Look a word up.",
+            "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}
+    with client.messages.stream(model=MODEL, max_tokens=64, tools=[tool], messages=[
+            {"role": "user", "content": "Look it up [[sim:tool:lookup]]"}]) as stream:
+        called = stream.get_final_message()
+    out["message_stream_tool"] = [called.stop_reason, called.content[0].type, called.content[0].name,
+                                  called.content[0].input]
 
 print(json.dumps(out))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -195,6 +196,17 @@ class Attempt:
             return {"code": "timeout", "message": self.message or "The backend did not answer in time."}
         return {"code": error_code_for_status(self.status_code), "message": self.message or "Backend error",
                 "status": self.status_code}
+
+
+@dataclass
+class Relay:
+    """A streamed answer being passed on (interactive `stream: true`): `chunks` are what the caller is sent,
+    server-sent events in its own API's shapes; `outcome()` is the attempt they added up to once `chunks`
+    ended or stopped (usage known only if the stream ran to its end); `close()` lets go of the backend."""
+
+    chunks: AsyncIterator[bytes]
+    outcome: Callable[[], Attempt]
+    close: Callable[[], Awaitable[None]]
 
 
 def retry_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:

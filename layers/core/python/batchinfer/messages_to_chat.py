@@ -517,3 +517,84 @@ def _stop(choice: dict, has_calls: bool, refused: bool, stop_sequences: Sequence
     if finish == "stop" and isinstance(matched, str) and matched in stop_sequences:
         return "stop_sequence", matched
     return "end_turn", None
+
+
+# --- a streamed answer: chat completion chunks -> Messages stream events ---------------------------------------
+
+class MessageStream:
+    """Chat completion chunks to the events of Anthropic's message stream, as they come: `message_start`,
+    then per block `content_block_start`, its deltas (`text_delta`, `input_json_delta`) and
+    `content_block_stop`, then `message_delta` (stop reason, usage) and `message_stop` from `end()`. The same
+    mapping as `to_message` (text, refusal as text, one tool_use block per tool call, the same stop reasons);
+    the usage only comes with the last chunk, so `message_start` counts 0 input tokens and `message_delta`
+    carries both counts."""
+
+    def __init__(self, model: str, stop_sequences: Sequence[str] = ()) -> None:
+        self.model, self.stop_sequences = model, stop_sequences
+        self.started = False
+        self.seed = ""
+        self.index = -1  # of the open block
+        self.open: tuple[str, int] | None = None  # ("text", 0) or ("tool", tool call index)
+        self.calls = 0
+        self.refused = False
+        self.choice: dict = {}
+        self.usage: dict = {}
+
+    def feed(self, chunk: dict) -> list[tuple[str, dict]]:
+        events: list[tuple[str, dict]] = []
+        if not self.started:
+            self.started = True
+            self.seed = str(chunk.get("id") or "")
+            events.append(("message_start", {"type": "message_start", "message": {
+                "id": "msg_" + hashlib.sha256(self.seed.encode()).hexdigest()[:24], "type": "message",
+                "role": "assistant", "model": self.model, "content": [], "stop_reason": None,
+                "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}}))
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            for text, refusal in ((delta.get("content"), False), (delta.get("refusal"), True)):
+                if isinstance(text, str) and text:
+                    self.refused = self.refused or refusal
+                    events += self._block(("text", 0), {"type": "text", "text": ""})
+                    events.append(self._delta({"type": "text_delta", "text": text}))
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                key = ("tool", int(call.get("index") or 0))
+                if self.open != key:
+                    self.calls += 1
+                    call_id = call.get("id") or "toolu_" + hashlib.sha256(
+                        f"{self.seed}:{key[1]}".encode()).hexdigest()[:24]
+                    events += self._block(key, {"type": "tool_use", "id": call_id, "name": function.get("name"),
+                                                "input": {}})
+                if function.get("arguments"):
+                    events.append(self._delta({"type": "input_json_delta", "partial_json": function["arguments"]}))
+            if choice.get("finish_reason"):
+                self.choice = choice
+        return events
+
+    def end(self) -> list[tuple[str, dict]]:
+        events = self._close()
+        stop_reason, stop_sequence = _stop(self.choice, self.calls > 0, self.refused, self.stop_sequences)
+        usage = {"input_tokens": int(self.usage.get("prompt_tokens") or 0),
+                 "output_tokens": int(self.usage.get("completion_tokens") or 0)}
+        return events + [("message_delta", {"type": "message_delta", "usage": usage,
+                                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}),
+                         ("message_stop", {"type": "message_stop"})]
+
+    def _block(self, key: tuple[str, int], opening: dict) -> list[tuple[str, dict]]:
+        if self.open == key:
+            return []
+        events = self._close()
+        self.open, self.index = key, self.index + 1
+        return events + [("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                  "content_block": opening})]
+
+    def _delta(self, delta: dict) -> tuple[str, dict]:
+        return "content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}
+
+    def _close(self) -> list[tuple[str, dict]]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.index})]

@@ -88,13 +88,16 @@ class ResponseBody(_Body):
 BODIES: dict[str, type[_Body]] = {CHAT: ChatCompletionBody, EMBEDDINGS: EmbeddingBody, RESPONSES: ResponseBody}
 
 
+_BRANCH_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "union"})
+_BRANCH_PREFIXES = ("constrained-", "function-", "literal", "lax-", "strict-", "json-or-python")
+
+
 def _where(loc: tuple) -> str:
     out = "body"
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("function-after", "union") or "[" in str(part) or str(part).startswith(
-                ("str", "int", "float", "bool", "list", "dict", "constrained", "literal", "function")):
+        elif part in _BRANCH_TYPES or "[" in str(part) or str(part).startswith(_BRANCH_PREFIXES):
             continue  # pydantic's names for the branch of a union it tried, not a place in the body
         else:
             out += f".{part}"

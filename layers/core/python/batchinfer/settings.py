@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     message_batches_enabled: bool = False
     embeddings_responses_batches_enabled: bool = False
     batch_webhooks_enabled: bool = False
+    # Interactive `stream: true` relayed as server-sent events: only where the API is served by a server that
+    # streams (the local stack's uvicorn); behind API Gateway + Lambda an answer is buffered whole, so off.
+    interactive_streaming_enabled: bool = False
 
     # Batch lifetime.
     batch_completion_window_seconds: int = 24 * 3600

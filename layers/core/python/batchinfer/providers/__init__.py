@@ -4,6 +4,7 @@ and a line here; the worker does not change. The only code that talks HTTP to ba
 
 An Anthropic Messages request for a model on an `openai` backend is translated to a chat completion and
 its answer back to a message (`messages_to_chat`); intake already refused what the translation cannot carry.
+Interactive `stream: true` answers are relayed by `streaming.open_stream`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt
 from ..messages_to_chat import to_chat, to_message
 from . import anthropic, openai_compat
+from .streaming import open_stream
+
+__all__ = ["PROVIDERS", "call_backend", "open_stream"]
 
 # Modules, not functions: a call looks the function up when it is made (tests can wrap it in place).
 PROVIDERS: dict[str, ModuleType] = {"openai": openai_compat, "anthropic": anthropic}

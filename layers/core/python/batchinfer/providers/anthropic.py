@@ -1,11 +1,16 @@
 """Anthropic-compatible Messages backends (Anthropic's API, or a proxy in front of it): one attempt, one
-call, the request sent as it came (Message Batches' `params`, under the batch's `anthropic-version`)."""
+call, the request sent as it came (Message Batches' `params`, under the batch's `anthropic-version`); or,
+for an interactive `stream: true` message, one call whose events are read as they come."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import httpx
+
 from ..catalog import Model
 from ..domain import Attempt
-from .http import failed, post_json
+from .http import Events, failed, post_for_events, post_json
 
 DEFAULT_VERSION = "2023-06-01"
 
@@ -27,16 +32,21 @@ def _message(body: object, status: int) -> str:
 async def call(model: Model, endpoint: str, body: dict, api_key: str | None, timeout: float,
                version: str | None = None) -> Attempt:
     """Send one Messages request to the model's backend and describe what came back."""
+    url, headers = _address(model, endpoint, api_key, version)
+    sent = await post_json(url, {**body, "model": model.backend_model}, headers, timeout)
+    return sent if isinstance(sent, Attempt) else _answered(*sent)
+
+
+def _address(model: Model, endpoint: str, api_key: str | None, version: str | None) -> tuple[str, dict[str, str]]:
     assert model.backend is not None
     url = model.backend.base_url.rstrip("/") + endpoint.removeprefix("/v1")
     headers = {"anthropic-version": version or DEFAULT_VERSION}
     if api_key:
         headers["x-api-key"] = api_key
-    payload = {**body, "model": model.backend_model}
-    sent = await post_json(url, payload, headers, timeout)
-    if isinstance(sent, Attempt):
-        return sent
-    answer, parsed = sent
+    return url, headers
+
+
+def _answered(answer: httpx.Response, parsed: object) -> Attempt:
     request_id = answer.headers.get("request-id")
     if 200 <= answer.status_code < 300 and isinstance(parsed, dict) and parsed.get("type") == "message":
         prompt, completion = _usage(parsed)
@@ -46,3 +56,51 @@ async def call(model: Model, endpoint: str, body: dict, api_key: str | None, tim
     if 200 <= answer.status_code < 300:
         return Attempt(status_code=502, message="The backend answered with a body that is not a message.")
     return failed(answer, parsed, request_id, _message(parsed, answer.status_code))
+
+
+class MessageEvents:
+    """A streamed message's events, as the backend sends them (passed on unchanged): input tokens from
+    `message_start`, output tokens from `message_delta`, the end at `message_stop`."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.usage: dict = {}
+        self.ended = False
+
+    async def __aiter__(self) -> AsyncIterator[tuple[str, dict]]:
+        async for name, data in self.events:
+            if not isinstance(data, dict):
+                continue
+            kind = data.get("type", name)
+            if kind == "message_start" and isinstance(data.get("message"), dict):
+                self.usage.update(data["message"].get("usage") or {})
+            elif kind == "message_delta":
+                self.usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
+            elif kind == "message_stop":
+                self.ended = True
+            yield kind, data
+
+    def outcome(self) -> Attempt:
+        status = self.events.response.status_code
+        if not self.ended:
+            return Attempt(status_code=status, cost_known=False, message="The stream ended before message_stop.")
+        prompt, completion = _usage({"usage": self.usage})
+        return Attempt(status_code=status, request_id=self.events.response.headers.get("request-id"),
+                       input_tokens=prompt, output_tokens=completion,
+                       cached_tokens=int(self.usage.get("cache_read_input_tokens") or 0))
+
+
+async def open_message(model: Model, params: dict, api_key: str | None, timeout: float,
+                       version: str | None = None) -> MessageEvents | Attempt:
+    """Start a streamed message: its events, or the Attempt it gave when it did not stream."""
+    url, headers = _address(model, "/v1/messages", api_key, version)
+    sent = await post_for_events(url, {**params, "model": model.backend_model, "stream": True}, headers, timeout)
+    if isinstance(sent, Events):
+        return MessageEvents(sent)
+    if isinstance(sent, Attempt):
+        return sent
+    attempt = _answered(*sent)
+    if attempt.ok:
+        return Attempt(status_code=502, input_tokens=attempt.input_tokens, output_tokens=attempt.output_tokens,
+                       message="The backend answered without streaming.")
+    return attempt

@@ -1,11 +1,15 @@
 """The HTTP both backend kinds share: one pooled client per event loop, and a POST whose transport failure
-is already the Attempt it gave (no answer: the backend may have run it, so its cost is unknown)."""
+is already the Attempt it gave (no answer: the backend may have run it, so its cost is unknown); for
+streamed answers, a POST whose events are read as they come (`httpx-sse` parses them)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 
 import httpx
+from httpx_sse import EventSource
 
 from ..domain import Attempt
 
@@ -25,17 +29,69 @@ def client_for_loop() -> httpx.AsyncClient:
     return client
 
 
+def _lost(error: Exception) -> Attempt:
+    if isinstance(error, httpx.TimeoutException):
+        return Attempt(status_code=None, cost_known=False, message="The backend did not answer in time.")
+    # The request may or may not have reached the backend.
+    return Attempt(status_code=None, cost_known=False, message=f"Could not reach the backend: {type(error).__name__}")
+
+
 async def post_json(url: str, payload: dict, headers: dict[str, str], timeout: float
                     ) -> tuple[httpx.Response, object] | Attempt:
     """POST `payload`: (the answer, its JSON body or None), or the Attempt a transport failure gave."""
     try:
         answer = await client_for_loop().post(url, json=payload, headers=headers, timeout=timeout)
-    except httpx.TimeoutException:
-        return Attempt(status_code=None, cost_known=False, message="The backend did not answer in time.")
     except httpx.TransportError as error:
-        # The request may or may not have reached the backend.
-        return Attempt(status_code=None, cost_known=False,
-                       message=f"Could not reach the backend: {type(error).__name__}")
+        return _lost(error)
+    try:
+        return answer, answer.json()
+    except ValueError:
+        return answer, None
+
+
+class CutOff(Exception):
+    """A stream stopped before its end (the connection failed, or an event was not JSON)."""
+
+
+class Events:
+    """A 2xx answer of server-sent events being read: (event name, JSON data or the text `[DONE]`) as each
+    arrives. The timeout applies to each read, so a long answer may take as long as it streams."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+
+    async def __aiter__(self) -> AsyncIterator[tuple[str, object]]:
+        try:
+            async for event in EventSource(self.response).aiter_sse():
+                if event.data == "[DONE]":
+                    yield event.event, "[DONE]"
+                elif event.data:
+                    yield event.event, json.loads(event.data)
+        except (httpx.HTTPError, ValueError) as error:
+            raise CutOff(f"The backend's stream broke off: {type(error).__name__}") from error
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+async def post_for_events(url: str, payload: dict, headers: dict[str, str], timeout: float
+                          ) -> Events | tuple[httpx.Response, object] | Attempt:
+    """POST `payload` asking for a stream: its events, or (the answer, its JSON body or None) when it answered
+    otherwise (an error, or a backend that does not stream), or the Attempt a transport failure gave."""
+    client = client_for_loop()
+    try:
+        answer = await client.send(client.build_request("POST", url, json=payload, headers=headers,
+                                                        timeout=timeout), stream=True)
+    except httpx.TransportError as error:
+        return _lost(error)
+    if answer.is_success and answer.headers.get("content-type", "").startswith("text/event-stream"):
+        return Events(answer)
+    try:
+        await answer.aread()
+    except httpx.TransportError as error:
+        return _lost(error)
+    finally:
+        await answer.aclose()
     try:
         return answer, answer.json()
     except ValueError:

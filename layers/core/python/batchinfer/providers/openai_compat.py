@@ -1,10 +1,15 @@
-"""OpenAI-compatible backends (vLLM, Ollama, OpenAI, the simulated backend): one attempt, one call."""
+"""OpenAI-compatible backends (vLLM, Ollama, OpenAI, the simulated backend): one attempt, one call; or, for
+an interactive `stream: true` chat completion, one call whose chunks are read as they come."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import httpx
+
 from ..catalog import Model
 from ..domain import Attempt
-from .http import failed, post_json
+from .http import Events, failed, post_for_events, post_json
 
 
 def _usage(body: dict) -> tuple[int, int, int, int]:
@@ -32,14 +37,18 @@ def _message(body: object, status: int) -> str:
 async def call(model: Model, endpoint: str, body: dict, api_key: str | None, timeout: float,
                version: str | None = None) -> Attempt:
     """Send one request to the model's backend and describe what came back."""
+    url, headers = _address(model, endpoint, api_key)
+    sent = await post_json(url, {**body, "model": model.backend_model}, headers, timeout)
+    return sent if isinstance(sent, Attempt) else _answered(*sent)
+
+
+def _address(model: Model, endpoint: str, api_key: str | None) -> tuple[str, dict[str, str]]:
     assert model.backend is not None
     url = model.backend.base_url.rstrip("/") + endpoint.removeprefix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    payload = {**body, "model": model.backend_model}
-    sent = await post_json(url, payload, headers, timeout)
-    if isinstance(sent, Attempt):
-        return sent
-    answer, parsed = sent
+    return url, {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _answered(answer: httpx.Response, parsed: object) -> Attempt:
     request_id = answer.headers.get("x-request-id")
     if 200 <= answer.status_code < 300 and isinstance(parsed, dict):
         prompt, completion, cached, reasoning = _usage(parsed)
@@ -49,3 +58,52 @@ async def call(model: Model, endpoint: str, body: dict, api_key: str | None, tim
     if 200 <= answer.status_code < 300:
         return Attempt(status_code=502, message="The backend answered with a body that is not JSON.")
     return failed(answer, parsed, request_id, _message(parsed, answer.status_code))
+
+
+class ChatChunks:
+    """A streamed chat completion's chunks, as the backend sends them. The backend is always asked for the
+    usage chunk (`stream_options.include_usage`): it is what the answer costs."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.usage: dict | None = None
+        self.ended = False  # [DONE] came
+
+    async def __aiter__(self) -> AsyncIterator[dict]:
+        async for _, data in self.events:
+            if data == "[DONE]":
+                self.ended = True
+                return
+            if isinstance(data, dict):
+                if isinstance(data.get("usage"), dict):
+                    self.usage = data["usage"]
+                yield data
+
+    def outcome(self) -> Attempt:
+        """The attempt the stream added up to: its usage when it ran to its end, else cost unknown."""
+        status = self.events.response.status_code
+        if not self.ended or self.usage is None:
+            return Attempt(status_code=status, cost_known=False,
+                           message="The stream ended before the backend reported its usage.")
+        prompt, completion, cached, reasoning = _usage({"usage": self.usage})
+        return Attempt(status_code=status, request_id=self.events.response.headers.get("x-request-id"),
+                       input_tokens=prompt, output_tokens=completion, cached_tokens=cached,
+                       reasoning_tokens=reasoning)
+
+
+async def open_chat(model: Model, body: dict, api_key: str | None, timeout: float) -> ChatChunks | Attempt:
+    """Start a streamed chat completion: its chunks, or the Attempt it gave when it did not stream."""
+    url, headers = _address(model, "/v1/chat/completions", api_key)
+    options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+    payload = {**body, "model": model.backend_model, "stream": True,
+               "stream_options": {**options, "include_usage": True}}
+    sent = await post_for_events(url, payload, headers, timeout)
+    if isinstance(sent, Events):
+        return ChatChunks(sent)
+    if isinstance(sent, Attempt):
+        return sent
+    attempt = _answered(*sent)
+    if attempt.ok:  # it ran, but answered whole: what it cost is known, the caller asked for a stream
+        return Attempt(status_code=502, input_tokens=attempt.input_tokens, output_tokens=attempt.output_tokens,
+                       message="The backend answered without streaming.")
+    return attempt

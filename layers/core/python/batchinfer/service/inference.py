@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 from ..catalog import Model
-from ..domain import Attempt
-from ..providers import call_backend
+from ..domain import Attempt, Relay
+from ..providers import call_backend, open_stream
 from ..runtime import Services
 from ..storage.secrets import secret_value
 
@@ -34,6 +34,17 @@ async def attempt(model: Model, endpoint: str, body: dict, key: str | None, time
         return await call_backend(model, endpoint, body, key, timeout, version=version)
     except Exception as error:
         log.exception("backend call failed")
+        return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
+
+
+async def stream(model: Model, endpoint: str, body: dict, key: str | None, timeout: float,
+                 version: str | None = None) -> Relay | Attempt:
+    """One streamed attempt (interactive `stream: true` only): the relay once the backend started streaming,
+    or the attempt it gave. Never raises, as `attempt` does not."""
+    try:
+        return await open_stream(model, endpoint, body, key, timeout, version=version)
+    except Exception as error:
+        log.exception("backend stream failed to start")
         return Attempt(status_code=None, cost_known=False, message=f"The call failed: {type(error).__name__}")
 
 

@@ -4,17 +4,22 @@ Anthropic's `/v1/messages`, and `/v1/models`. A request is checked by the same c
 charged to the same daily quota at the same price. While it runs it holds an interactive lease on its model,
 which shrinks that model's batch budget (down to its floor) so batch work makes way.
 
-Answers are sent whole: on API Gateway + Lambda (buffered responses) a stream would arrive all at once, so
+`stream: true` on chat completions and messages is relayed as server-sent events where the route can carry
+them (`INTERACTIVE_STREAMING_ENABLED`, on in the local stack); the lease is held and the cost charged when
+the stream ends. On API Gateway + Lambda an answer is buffered whole, so there the switch is off and
 `stream: true` is refused with a 400 that says so, rather than buffered silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import anyio
+
 from ..catalog import MESSAGES_ENDPOINT, Model
-from ..domain import Attempt, new_token, next_utc_midnight
+from ..domain import Attempt, Relay, new_token, next_utc_midnight
 from ..errors import ApiError
 from ..records import InteractiveLease, Usage
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
@@ -29,6 +34,7 @@ from .validation import non_finite
 OPENAI_ENDPOINTS = (CHAT, EMBEDDINGS, RESPONSES)
 NO_STREAM = ("stream: streaming answers are not served here: behind API Gateway and Lambda an answer is sent "
              "whole, so a stream would arrive all at once. Send stream false (or leave it out).")
+STREAMED_ENDPOINTS = (CHAT, MESSAGES_ENDPOINT)
 LEASE_GRACE_SECONDS = 60  # beyond the backend timeout: a request whose lease is older than this died
 
 
@@ -38,6 +44,13 @@ class Served:
     body: dict
     model: Model
     cost_usd: float
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A streamed answer: server-sent events, charged when they end."""
+    events: AsyncIterator[bytes]
+    model: Model
 
 
 # --- Routing -----------------------------------------------------------------------------------------------
@@ -70,11 +83,8 @@ def _check_quota(svc: Services, account: dict) -> None:
 
 # --- Running -----------------------------------------------------------------------------------------------
 
-async def _run(svc: Services, principal: Principal, model: Model, endpoint: str, body: dict,
-               version: str | None = None) -> tuple[Attempt, float]:
-    """One attempt under an interactive lease, charged to the account's day. The lease goes in one
-    transaction with the budget's count; its end, the count and the cost in another."""
-    timeout = svc.settings.backend_timeout_seconds
+async def _begin(svc: Services, principal: Principal, model: Model) -> tuple[str | None, str]:
+    """The backend key and a new interactive lease (in one transaction with the budget's count)."""
     try:
         key = await asyncio.to_thread(inference.backend_key, svc, model)
     except BackendKeyNotSet:
@@ -82,25 +92,65 @@ async def _run(svc: Services, principal: Principal, model: Model, endpoint: str,
                        code="service_unavailable") from None
     lease_id = new_token()
     now = svc.now()
+    timeout = int(svc.settings.backend_timeout_seconds)
     await asyncio.to_thread(svc.table.transact, InteractiveLease.begin(
-        svc.table, model.id, lease_id, principal.account_id, now, now + int(timeout) + LEASE_GRACE_SECONDS))
+        svc.table, model.id, lease_id, principal.account_id, now, now + timeout + LEASE_GRACE_SECONDS))
+    return key, lease_id
+
+
+async def _run(svc: Services, principal: Principal, model: Model, endpoint: str, body: dict,
+               version: str | None = None) -> tuple[Attempt, float]:
+    """One attempt under an interactive lease, charged to the account's day. The lease goes in one
+    transaction with the budget's count; its end, the count and the cost in another."""
+    key, lease_id = await _begin(svc, principal, model)
     attempt: Attempt | None = None
     try:
-        attempt = await inference.attempt(model, endpoint, body, key, timeout, version)
+        attempt = await inference.attempt(model, endpoint, body, key, svc.settings.backend_timeout_seconds, version)
     finally:
-        cost = inference.cost_of(model, attempt) if attempt else 0.0
-        unknown = 0 if attempt is None or attempt.cost_known else 1
-        await asyncio.to_thread(_end, svc, principal, model, lease_id, cost, unknown)
+        cost = await asyncio.to_thread(_end, svc, principal, model, lease_id, attempt)
     return attempt, cost
 
 
-def _end(svc: Services, principal: Principal, model: Model, lease_id: str, cost: float, unknown: int) -> None:
+async def _stream(svc: Services, principal: Principal, model: Model, endpoint: str, body: dict,
+                  version: str | None = None) -> AsyncIterator[bytes]:
+    """A streamed attempt under an interactive lease: its events once the backend started streaming (an
+    answer that did not start is refused as `_run`'s is). The lease ends and the cost is charged when the
+    events end, or stop because the caller went away (then the cost is unknown)."""
+    key, lease_id = await _begin(svc, principal, model)
+    opened: Relay | Attempt | None = None
+    try:
+        opened = await inference.stream(model, endpoint, body, key, svc.settings.backend_timeout_seconds, version)
+    finally:
+        if not isinstance(opened, Relay):
+            await asyncio.to_thread(_end, svc, principal, model, lease_id, opened)
+    if isinstance(opened, Attempt):
+        raise _refusal(opened)
+    return _relayed(svc, principal, model, lease_id, opened)
+
+
+async def _relayed(svc: Services, principal: Principal, model: Model, lease_id: str,
+                   relay: Relay) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in relay.chunks:
+            yield chunk
+    finally:
+        with anyio.CancelScope(shield=True):  # the caller may have gone: the lease must still end, once
+            await relay.close()
+            await anyio.to_thread.run_sync(_end, svc, principal, model, lease_id, relay.outcome())
+
+
+def _end(svc: Services, principal: Principal, model: Model, lease_id: str, attempt: Attempt | None) -> float:
+    """End the lease and charge the attempt (None: it was cut off after it may have been sent, so its cost is
+    unknown); the cost charged."""
+    cost = inference.cost_of(model, attempt) if attempt else 0.0
+    unknown = 0 if attempt is not None and attempt.cost_known else 1
     charge = [Usage.add_cost(svc.table, principal.account_id, cost, svc.now(), unknown)] if cost or unknown else []
     try:
         svc.table.transact(InteractiveLease.end(svc.table, model.id, lease_id) + charge)
     except ConditionFailed:  # the sweeper took the lease off already (it ran past its time): still charge it
         if charge:
             svc.table.transact(charge)
+    return cost
 
 
 def _refusal(attempt: Attempt) -> ApiError:
@@ -118,12 +168,21 @@ def _refusal(attempt: Attempt) -> ApiError:
     return ApiError(status, attempt.message or f"The backend answered HTTP {status}.")
 
 
-async def serve_openai(svc: Services, principal: Principal, endpoint: str, payload: object) -> Served:
+def _check_stream(svc: Services, endpoint: str) -> None:
+    if not svc.settings.interactive_streaming_enabled:
+        raise ApiError(400, NO_STREAM, code="stream_unsupported", param="stream")
+    if endpoint not in STREAMED_ENDPOINTS:
+        raise ApiError(400, f"stream: {endpoint} answers are not streamed here (chat completions and messages "
+                            "are); send stream false (or leave it out).", code="stream_unsupported", param="stream")
+
+
+async def serve_openai(svc: Services, principal: Principal, endpoint: str, payload: object) -> Served | Streamed:
     """A chat completion, embedding or (stateless) response, checked as a batch request's body is."""
     if not isinstance(payload, dict):
         raise ApiError(400, "The body must be a JSON object.")
-    if payload.get("stream") is True:
-        raise ApiError(400, NO_STREAM, code="stream_unsupported", param="stream")
+    streams = payload.get("stream") is True
+    if streams:
+        _check_stream(svc, endpoint)
     if non_finite(payload):
         raise ApiError(400, "The body holds NaN or Infinity, which is not valid JSON.")
     if endpoint == RESPONSES and payload.get("store") is True:
@@ -134,17 +193,25 @@ async def serve_openai(svc: Services, principal: Principal, endpoint: str, paylo
         raise ApiError(400, problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
     model = route(svc, principal.account, payload.get("model"), endpoint)
     _check_quota(svc, principal.account)
+    if streams:
+        return Streamed(await _stream(svc, principal, model, endpoint, payload), model)
     attempt, cost = await _run(svc, principal, model, endpoint, payload)
     if not attempt.ok or attempt.body is None:
         raise _refusal(attempt)
     return Served(status=attempt.status_code or 200, body=attempt.body, model=model, cost_usd=cost)
 
 
-async def serve_messages(svc: Services, principal: Principal, payload: object, version: str) -> Served:
-    """An Anthropic Messages request, checked as a Message Batch's request is, translated for `openai`
-    backends by the same code."""
-    if isinstance(payload, dict) and payload.get("stream") is True:
-        raise ApiError(400, NO_STREAM, param="stream")
+async def serve_messages(svc: Services, principal: Principal, payload: object, version: str) -> Served | Streamed:
+    """An Anthropic Messages request, checked as a Message Batch's request is (but for `stream`), translated
+    for `openai` backends by the same code."""
+    streams = False
+    if isinstance(payload, dict) and "stream" in payload:
+        if payload["stream"] is not None and not isinstance(payload["stream"], bool):
+            raise ApiError(400, "stream: expected a boolean.", param="stream")
+        streams = payload["stream"] is True
+        if streams:
+            _check_stream(svc, MESSAGES_ENDPOINT)
+        payload = {k: v for k, v in payload.items() if k != "stream"}
     if isinstance(payload, dict):
         named = svc.catalog.lookup(payload.get("model")) if isinstance(payload.get("model"), str) else None
         if named is not None and named.auto and may_use_model(principal.account, named.id):
@@ -156,6 +223,8 @@ async def serve_messages(svc: Services, principal: Principal, payload: object, v
         raise ApiError(status, refused.error["message"], code=refused.error["code"]) from None
     _check_quota(svc, principal.account)
     assert isinstance(payload, dict)
+    if streams:
+        return Streamed(await _stream(svc, principal, model, MESSAGES_ENDPOINT, payload, version), model)
     attempt, cost = await _run(svc, principal, model, MESSAGES_ENDPOINT, payload, version)
     if not attempt.ok or attempt.body is None:
         raise _refusal(attempt)

@@ -5,7 +5,7 @@ charges."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...errors import ApiError
 from ...request_bodies import CHAT, EMBEDDINGS, RESPONSES
@@ -18,36 +18,46 @@ from ..bodies import declared_over
 from ..envelopes import OPENAI, OpenAIRoute, error_responses
 
 router = APIRouter(route_class=OpenAIRoute, tags=["interactive"])
-ANSWER = {"responses": {"200": {"description": "The backend's answer, as the endpoint defines it",
-                                "content": {"application/json": {"schema": {"type": "object"}}}}},
+ANSWER = {"responses": {"200": {"description": "The backend's answer, as the endpoint defines it (server-sent "
+                                               "events for stream: true, where streaming is enabled)",
+                                "content": {"application/json": {"schema": {"type": "object"}},
+                                            "text/event-stream": {"schema": {"type": "string"}}}}},
           "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}}
 ERRORS = error_responses(OPENAI, 429, 502, 503, 504)
 INTERACTIVE_BODY_BYTES = 6 * 1024 * 1024  # a Lambda invoke payload; the backends' own limits are lower
+# Proxies must pass server-sent events on as they come, not gather them.
+EVENT_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-async def _serve(request: Request, who: Principal, svc: Services, endpoint: str) -> JSONResponse:
+def answer(served: interactive.Served | interactive.Streamed) -> Response:
+    """The answer of an interactive call: JSON, or server-sent events for `stream: true`."""
+    if isinstance(served, interactive.Streamed):
+        return StreamingResponse(served.events, media_type="text/event-stream", headers=EVENT_HEADERS)
+    return JSONResponse(served.body, status_code=served.status)
+
+
+async def _serve(request: Request, who: Principal, svc: Services, endpoint: str) -> Response:
     if declared_over(request, INTERACTIVE_BODY_BYTES):
         raise ApiError(413, f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
-    served = await interactive.serve_openai(svc, who, endpoint, parse_json_body(await request.body()))
-    return JSONResponse(served.body, status_code=served.status)
+    return answer(await interactive.serve_openai(svc, who, endpoint, parse_json_body(await request.body())))
 
 
 @router.post(CHAT, summary="Create a chat completion", responses=ERRORS, openapi_extra=ANSWER)
 async def chat_completions(request: Request, who: Principal = Depends(key_holder),
-                           svc: Services = Depends(services_of)) -> JSONResponse:
+                           svc: Services = Depends(services_of)) -> Response:
     return await _serve(request, who, svc, CHAT)
 
 
 @router.post(EMBEDDINGS, summary="Create embeddings", responses=ERRORS, openapi_extra=ANSWER)
 async def embeddings(request: Request, who: Principal = Depends(key_holder),
-                     svc: Services = Depends(services_of)) -> JSONResponse:
+                     svc: Services = Depends(services_of)) -> Response:
     return await _serve(request, who, svc, EMBEDDINGS)
 
 
 @router.post(RESPONSES, summary="Create a response (stateless: store false)", responses=ERRORS,
              openapi_extra=ANSWER)
 async def responses(request: Request, who: Principal = Depends(key_holder),
-                    svc: Services = Depends(services_of)) -> JSONResponse:
+                    svc: Services = Depends(services_of)) -> Response:
     return await _serve(request, who, svc, RESPONSES)
 
 

@@ -5,7 +5,7 @@ request is checked), routes, runs (translated for `openai` backends) and charges
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...errors import ApiError
@@ -17,7 +17,7 @@ from ..auth import key_holder, services_of
 from ..bodies import declared_over
 from ..envelopes import ANTHROPIC, AnthropicRoute, error_responses
 from ..schemas import ANTHROPIC_HEADERS
-from .inference import ANSWER, INTERACTIVE_BODY_BYTES
+from .inference import ANSWER, INTERACTIVE_BODY_BYTES, answer
 from .message_batches import PREFIXES, anthropic_version
 
 router = APIRouter(route_class=AnthropicRoute, tags=["interactive"])
@@ -29,11 +29,10 @@ def _add_route(prefix: str) -> None:
                  openapi_extra={**ANSWER, "parameters": list(ANTHROPIC_HEADERS)})
     async def create_message(request: Request, who: Principal = Depends(key_holder),
                              version: str = Depends(anthropic_version),
-                             svc: Services = Depends(services_of)) -> JSONResponse:
+                             svc: Services = Depends(services_of)) -> Response:
         if declared_over(request, INTERACTIVE_BODY_BYTES):
             raise ApiError(413, f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
-        served = await interactive.serve_messages(svc, who, parse_json_body(await request.body()), version)
-        return JSONResponse(served.body, status_code=served.status)
+        return answer(await interactive.serve_messages(svc, who, parse_json_body(await request.body()), version))
 
 
 for _prefix in PREFIXES:
