@@ -11,11 +11,16 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
 .PHONY: venv sdk-previous sdk-openai1 browser run test lint synth layers bench clean
 
-$(BIN)/.installed: requirements.txt requirements-dev.txt
+# The venv takes the layer lock's versions as constraints, so its indirect packages (starlette, botocore, ...)
+# are the ones Lambda runs; hash-free, written from the lock by infra.layers (stdlib only), see constraints_text.
+LOCK_CONSTRAINTS := build/layers/lock-constraints.txt
+
+$(BIN)/.installed: requirements.txt requirements-dev.txt requirements-layer.lock
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==25.3
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m infra.layers --constraints $(LOCK_CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c $(LOCK_CONSTRAINTS)
 	touch $@
 
 venv: $(BIN)/.installed

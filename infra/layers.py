@@ -40,6 +40,8 @@ LOCK_FILE = REPO_ROOT / "requirements-layer.lock"
 BUILD_DIR = REPO_ROOT / "build" / "layers"
 DEPS_LAYER_DIR = BUILD_DIR / "deps"
 DEPS_STAMP_FILE = BUILD_DIR / "deps.stamp"
+# The lock as pip constraints for the dev venv (`make venv`): see `constraints_text`.
+CONSTRAINTS_FILE = BUILD_DIR / "lock-constraints.txt"
 PLACEHOLDER_LAYER_DIR = BUILD_DIR / "deps-placeholder"
 
 SKIP_ENV_VAR = "BATCHINFER_SKIP_DEPS_BUILD"
@@ -159,6 +161,16 @@ def lock_problems(requirements: Path = REQUIREMENTS_FILE, lock: Path = LOCK_FILE
     return problems
 
 
+def constraints_text(lock: Path = LOCK_FILE) -> str:
+    """The lock as pip constraints (`-c`) for the dev venv: its `name==version` lines without their hashes, so
+    the venv's indirect packages are the layer's versions. Not the lock itself: any `--hash` in a constraints
+    file turns on pip's hash-checking mode for the whole install, which then refuses every unhashed
+    requirement of requirements-dev.txt; and the lock has the hashes of Lambda's wheels (CPython 3.12,
+    manylinux aarch64), which for the compiled packages are not the wheels this machine installs."""
+    pinned = "\n".join(sorted(lock_entries(lock)))
+    return f"# Generated from {lock.name} by `python -m infra.layers --constraints`: versions only.\n{pinned}\n"
+
+
 def requirements_hash(lock: Path = LOCK_FILE) -> str:
     """Hash of the lock file and the build recipe: the deps layer's identity (stamp and asset hash)."""
     digest = hashlib.sha256()
@@ -249,7 +261,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lock", action="store_true", help=f"re-resolve {REQUIREMENTS_FILE.name} into {LOCK_FILE.name} (uv)"
     )
+    parser.add_argument(
+        "--constraints",
+        nargs="?",
+        const=CONSTRAINTS_FILE,
+        type=Path,
+        metavar="PATH",
+        help=f"write {LOCK_FILE.name}'s versions, without hashes, as pip constraints for the dev venv",
+    )
     args = parser.parse_args(argv)
+    if args.constraints:
+        args.constraints.parent.mkdir(parents=True, exist_ok=True)
+        args.constraints.write_text(constraints_text())
+        print(f"{args.constraints} written")
+        return 0
     if args.lock:
         subprocess.run(lock_arguments(), check=True, cwd=REPO_ROOT)
         problems = lock_problems()

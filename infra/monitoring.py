@@ -4,8 +4,10 @@ Application metrics come from Powertools Metrics (EMF log lines) in the stage's 
 `config.metrics_namespace` (`batchinfer/<stage>`), which every function receives as
 POWERTOOLS_METRICS_NAMESPACE: two stages in one account never feed each other's alarms. Powertools
 always adds the `service` dimension, so a metric the worker emits with `model` is identified by
-{service: batchinfer-worker, model: <id>}; the queries here use exactly that pair. The webhooks function's
-metrics carry no dimension of their own: {service: batchinfer-webhooks}.
+{service: batchinfer-worker, model: <id>}; the queries here use exactly that pair. Only the worker's per-model
+metrics (RequestsCompleted, BackendErrors) carry `model`, in an EMF blob of their own; everything else a
+function emits, the storage layer's counts included, is {service: batchinfer-<fn>}
+(batchinfer.observability.metrics_with).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from constructs import Construct
 
 from batchinfer.catalog import (
     METRIC_BACKEND_ERRORS,
+    METRIC_CONDITIONAL_CHECK_FAILURES,
     METRIC_REQUESTS_COMPLETED,
+    METRIC_SWEEP_LAG,
+    METRIC_TRANSACTION_CONFLICTS,
     METRIC_WEBHOOK_ATTEMPTS_FAILED,
     METRIC_WEBHOOK_DELIVERIES_FAILED,
     WORKER_METRICS_SERVICE,
@@ -43,10 +48,12 @@ BACKEND_METRICS_SERVICE = WORKER_METRICS_SERVICE
 # EMF metrics the webhooks function emits (attempts without a 2xx, events given up on).
 WEBHOOKS_METRICS_SERVICE = function_service_name("webhooks")
 
+# EMF metrics the sweeper emits (SweepLagSeconds, once per run).
+SWEEPER_METRICS_SERVICE = function_service_name("sweeper")
+
 # EMF metrics the storage layer emits from every function ({service: batchinfer-<fn>}): transactions
-# DynamoDB cancelled for a conflict (retried), and conditional writes that lost (an answer, often expected).
-METRIC_TRANSACTION_CONFLICTS = "TransactionConflicts"
-METRIC_CONDITIONAL_CHECK_FAILURES = "ConditionalCheckFailures"
+# DynamoDB cancelled for a conflict (METRIC_TRANSACTION_CONFLICTS, retried), and conditional writes that lost
+# (METRIC_CONDITIONAL_CHECK_FAILURES, an answer, often expected).
 STORAGE_METRICS_SERVICES = tuple(function_service_name(spec.name) for spec in SPECS)
 # Per 5 minutes over all functions, for 15 minutes: starting points, to tune once a baseline is known
 # (leases and claims lose conditions by design; a storm of them means contention or a loop).
@@ -54,6 +61,9 @@ TRANSACTION_CONFLICTS_ALARM = 50
 CONDITIONAL_CHECK_FAILURES_ALARM = 500
 # The worker's p99 duration past this share of its timeout: the next slow backend makes it time out.
 WORKER_DURATION_ALARM_SHARE = 0.8
+# The sweeper runs every minute, so what it finds due is normally at most about a minute late; 10 minutes late
+# in every 5 minutes for 15 minutes means it has fallen behind (or stopped finishing its runs).
+SWEEP_LAG_ALARM_SECONDS = 10 * 60
 # The operations the storage layer calls (batchinfer.storage.dynamo.Table): SystemErrors is per operation.
 TABLE_OPERATIONS = (
     dynamodb.Operation.GET_ITEM,
@@ -104,6 +114,17 @@ def webhooks_metric(namespace: str, metric_name: str, period: Duration = ONE_MIN
         metric_name=metric_name,
         dimensions_map={"service": WEBHOOKS_METRICS_SERVICE},
         statistic=cloudwatch.Stats.SUM,
+        period=period,
+    )
+
+
+def sweep_lag_metric(namespace: str, period: Duration = FIVE_MINUTES) -> cloudwatch.Metric:
+    """How late the sweeper found its most overdue item (Maximum of its runs per period)."""
+    return cloudwatch.Metric(
+        namespace=namespace,
+        metric_name=METRIC_SWEEP_LAG,
+        dimensions_map={"service": SWEEPER_METRICS_SERVICE},
+        statistic=cloudwatch.Stats.MAXIMUM,
         period=period,
     )
 
@@ -345,6 +366,18 @@ class Monitoring(Construct):
                 treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
                 description=f"{name}: no invocation for 10 min; its schedule is not firing.",
             )
+        self._alarm(
+            "sweeper-lag",
+            metric=sweep_lag_metric(self._namespace),
+            threshold=SWEEP_LAG_ALARM_SECONDS,
+            evaluation_periods=3,
+            # Every run that gets going emits it (0 when nothing is overdue): none for 5 min means the runs do
+            # not get that far (failing, timing out, not invoked), which is falling behind too.
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+            description=f"sweeper: its runs found work over {SWEEP_LAG_ALARM_SECONDS // 60} min overdue (expired "
+            "leases, webhook relays, batches to expire), or emitted no lag, for 15 min: requests are not "
+            "recovered, webhooks not re-sent, batches not ended.",
+        )
         timeout_ms = WORKER.timeout.to_milliseconds()
         self._alarm(
             "worker-duration-p99",
@@ -571,6 +604,7 @@ class Monitoring(Construct):
                     functions.worker.metric_duration(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)),
                     functions.worker.metric_duration(period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM),
                 ],
+                width=8,
                 horizontal=[
                     cloudwatch.HorizontalAnnotation(value=WORKER_DURATION_ALARM_SHARE * timeout_ms, label="alarm"),
                     cloudwatch.HorizontalAnnotation(value=timeout_ms, label="timeout"),
@@ -583,10 +617,20 @@ class Monitoring(Construct):
                     schedule_group.metric_dropped(period=ONE_MINUTE, label="dropped"),
                     schedule_group.metric_target_errors(period=ONE_MINUTE, label="target errors"),
                 ],
+                width=8,
             ),
+            _graph(
+                "Sweeper lag: most overdue item (s)",
+                [_labelled(sweep_lag_metric(self._namespace, ONE_MINUTE), "most overdue item (s)")],
+                width=8,
+                horizontal=[cloudwatch.HorizontalAnnotation(value=SWEEP_LAG_ALARM_SECONDS, label="alarm")],
+            ),
+        )
+        dashboard.add_widgets(
             _graph(
                 "Transaction conflicts / min",
                 [storage_metric(self._namespace, METRIC_TRANSACTION_CONFLICTS, s) for s in STORAGE_METRICS_SERVICES],
+                width=12,
                 stacked=True,
             ),
             _graph(
@@ -595,6 +639,7 @@ class Monitoring(Construct):
                     storage_metric(self._namespace, METRIC_CONDITIONAL_CHECK_FAILURES, s)
                     for s in STORAGE_METRICS_SERVICES
                 ],
+                width=12,
                 stacked=True,
             ),
         )

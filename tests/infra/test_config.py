@@ -292,6 +292,22 @@ def test_tests_run_against_the_layer_s_locked_versions() -> None:
     assert drift == {}
 
 
+def test_the_venv_installs_under_the_lock_s_versions_as_hash_free_constraints(tmp_path: Path) -> None:
+    # What keeps the check above true from a clean clone: `make venv` writes the lock's versions, without the
+    # hashes (they would put the whole install in hash-checking mode, and are of Lambda's wheels), and
+    # installs requirements-dev.txt under them.
+    text = layers.constraints_text()
+    assert "--hash" not in text
+    pinned = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert pinned == sorted(f"{name}=={version}" for name, version in layers.pins(layers.LOCK_FILE).items())
+    written = tmp_path / "constraints.txt"
+    assert layers.main(["--constraints", str(written)]) == 0 and written.read_text() == text
+    makefile = (layers.REPO_ROOT / "Makefile").read_text()
+    assert "$(BIN)/.installed: requirements.txt requirements-dev.txt requirements-layer.lock" in makefile
+    assert "-m infra.layers --constraints $(LOCK_CONSTRAINTS)" in makefile
+    assert "pip install --quiet -r requirements-dev.txt -c $(LOCK_CONSTRAINTS)" in makefile
+
+
 def test_skip_flag_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(layers.SKIP_ENV_VAR, raising=False)
     assert not layers.skip_requested() and layers.skip_requested(True) and layers.skip_requested("1")

@@ -280,6 +280,141 @@ def test_storage_layer_emf_alarms_cover_every_function(synth: Synth) -> None:
         assert metric_name in dashboard_body(synth)
 
 
+def emf_read(synth: Synth, namespace: str, service: str) -> set[tuple[str, frozenset[tuple[str, str]]]]:
+    """(metric name, dimension set) of every metric of `service` in `namespace` that an alarm or a dashboard
+    widget reads."""
+    read = set()
+    for alarm in alarms_of(synth).values():
+        for metric in metric_stats(alarm):
+            if metric["Namespace"] != namespace:  # AWS metrics: their dimension values may be tokens
+                continue
+            dims = frozenset((d["Name"], d["Value"]) for d in metric["Dimensions"])
+            if ("service", service) in dims:
+                read.add((metric["MetricName"], dims))
+    (dashboard,) = synth.resources("AWS::CloudWatch::Dashboard").values()
+    for widget in json.loads(_joined(dashboard["Properties"]["DashboardBody"]))["widgets"]:
+        for metric in widget.get("properties", {}).get("metrics", []):
+            if not (metric and isinstance(metric[0], str) and metric[0] == namespace):
+                continue
+            pairs = [part for part in metric[2:] if isinstance(part, str)]
+            dims = frozenset(zip(pairs[::2], pairs[1::2], strict=True))
+            if ("service", service) in dims:
+                read.add((metric[1], dims))
+    return read
+
+
+def published_emf(stdout: str) -> dict[tuple[str, str, frozenset[tuple[str, str]]], list[float]]:
+    """What the EMF lines of a function's output publish: {(namespace, metric name, dimension set): values},
+    one entry per dimension set of each blob, as CloudWatch reads them."""
+    found: dict[tuple[str, str, frozenset[tuple[str, str]]], list[float]] = {}
+    for line in stdout.splitlines():
+        try:
+            blob = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(blob, dict) or "_aws" not in blob:
+            continue
+        for directive in blob["_aws"]["CloudWatchMetrics"]:
+            for names in directive["Dimensions"]:
+                dims = frozenset((name, blob[name]) for name in names)
+                for metric in directive["Metrics"]:
+                    values = blob[metric["Name"]]
+                    found.setdefault((directive["Namespace"], metric["Name"], dims), []).extend(
+                        values if isinstance(values, list) else [values]
+                    )
+    return found
+
+
+@pytest.fixture
+def run_emitting(synth: Synth, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """run_emitting(function, event, **fakes): call the function's handler in-process with the service name and
+    namespace its template sets and EMF printed (the tests turn it off elsewhere), the module attributes in
+    `fakes` replaced; answers what its EMF lines publish."""
+    from batchinfer.observability import metrics
+    from local.lambda_runtime import FakeContext, load_handler
+
+    def run(function: str, event: dict, **fakes: Any) -> dict[tuple[str, str, frozenset[tuple[str, str]]], list[float]]:
+        variables = env(synth, function)
+        monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
+        monkeypatch.setattr(metrics, "service", variables["POWERTOOLS_SERVICE_NAME"])
+        monkeypatch.setattr(metrics, "namespace", variables["POWERTOOLS_METRICS_NAMESPACE"])
+        module = load_handler(function, "_emf")  # a copy of its own: its attributes are faked here
+        for name, fake in fakes.items():
+            monkeypatch.setattr(module, name, fake)
+        metrics.clear_metrics()
+        capsys.readouterr()
+        module.handler(event, FakeContext(function_name=function))
+        return published_emf(capsys.readouterr().out)
+
+    return run
+
+
+def test_the_worker_publishes_each_metric_with_the_dimensions_its_alarms_and_dashboard_read(
+    synth: Synth, run_emitting
+) -> None:
+    from botocore.exceptions import ClientError
+
+    from batchinfer.storage import dynamo
+    from local.lambda_runtime import sqs_event
+
+    model_id = "glm-5.3-flash"
+
+    async def process_and_pull(svc: object, message: dict, seconds_left: float) -> dict:
+        # What a record's writes may meet in the storage layer: a conflicting transaction, a lost condition.
+        for code, reasons in (("TransactionCanceledException", ["TransactionConflict"]),
+                              ("ConditionalCheckFailedException", [])):
+            response: dict = {"Error": {"Code": code, "Message": "refused"}}
+            if reasons:
+                response["CancellationReasons"] = [{"Code": r} for r in reasons]
+            with pytest.raises((dynamo.Throttled, dynamo.ConditionFailed)):
+                dynamo._raise(ClientError(response, "TransactWriteItems"))
+        return {"completed": 2, "failed": 1, "waiting": 1}
+
+    body = json.dumps({"model": model_id, "batch_id": "batch_1"})
+    event = sqs_event("arn:aws:sqs:us-east-1:000000000000:q",
+                      [{"MessageId": "m-1", "ReceiptHandle": "r-1", "Body": body}])
+    published = run_emitting("worker", event, process_and_pull=process_and_pull, services=lambda: None)
+
+    namespace = env(synth, "worker")["POWERTOOLS_METRICS_NAMESPACE"]
+    service = env(synth, "worker")["POWERTOOLS_SERVICE_NAME"]
+    # What the alarms and widgets read of the worker: per function, and per model for this invocation's model.
+    read = {
+        (name, dims)
+        for name, dims in emf_read(synth, namespace, service)
+        if dict(dims).get("model", model_id) == model_id
+    }
+    assert {name for name, _ in read} >= {
+        "RequestsCompleted", "BackendErrors", "TransactionConflicts", "ConditionalCheckFailures"
+    }
+    assert read <= {(name, dims) for ns, name, dims in published if ns == namespace}
+    # The storage layer's counts per function, without the model; the per-model ones with it.
+    assert published[(namespace, "TransactionConflicts", frozenset({("service", service)}))] == [1.0]
+    assert published[(namespace, "ConditionalCheckFailures", frozenset({("service", service)}))] == [1.0]
+    per_model = frozenset({("service", service), ("model", model_id)})
+    assert published[(namespace, "RequestsCompleted", per_model)] == [3.0]
+    assert published[(namespace, "BackendErrors", per_model)] == [2.0]
+
+
+def test_the_sweeper_lag_alarm_reads_what_the_sweeper_publishes(synth: Synth, run_emitting) -> None:
+    def sweep_once(svc: object, deadline: float | None = None, overdue: Any = None) -> dict:
+        overdue.saw(42)  # the most overdue item this run found
+        return {"recovered": 0, "settled": 0, "expired": 0, "purged": 0, "webhook_events_resent": 0}
+
+    published = run_emitting("sweeper", {}, sweep_once=sweep_once, services=lambda: None)
+    alarm = alarms_of(synth)["dev-batchinfer-sweeper-lag"]
+    (metric,) = metric_stats(alarm)
+    service = env(synth, "sweeper")["POWERTOOLS_SERVICE_NAME"]
+    assert (metric["Namespace"], metric["MetricName"]) == ("batchinfer/dev", "SweepLagSeconds")
+    assert metric["Dimensions"] == [{"Name": "service", "Value": service}]
+    dims = frozenset({("service", service)})
+    assert published[("batchinfer/dev", "SweepLagSeconds", dims)] == [42.0]
+    # Behind: 10 min overdue in each of three 5-minute periods; no data (runs that never get that far) too.
+    assert (alarm["Statistic"], alarm["Period"], alarm["EvaluationPeriods"]) == ("Maximum", 300, 3)
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanThreshold", 600)
+    assert alarm["TreatMissingData"] == "breaching"
+    assert ("SweepLagSeconds", dims) in emf_read(synth, "batchinfer/dev", service)  # on the dashboard too
+
+
 def test_every_alarm_notifies_the_topic_on_alarm_and_ok(synth: Synth, edge_synth: Synth) -> None:
     topic = {"Ref": synth.logical_id(synth.stack.monitoring.topic)}
     for alarm in alarms_of(synth).values():

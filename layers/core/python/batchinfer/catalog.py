@@ -26,6 +26,9 @@ METRICS_NAMESPACE = "BatchInference"
 METRIC_REQUESTS_COMPLETED = "RequestsCompleted"  # worker, per model: requests that ended (completed or failed)
 METRIC_BACKEND_ERRORS = "BackendErrors"  # worker, per model: attempts the backend refused (retried or final)
 METRIC_REQUESTS_DISPATCHED = "RequestsDispatched"  # dispatcher
+# sweeper, per run: seconds past its due time of the most overdue item it found (a lease that ran out, a
+# webhook event to send again, a batch to expire); 0 when nothing was overdue
+METRIC_SWEEP_LAG = "SweepLagSeconds"
 METRIC_WEBHOOK_ATTEMPTS_FAILED = "WebhookAttemptsFailed"  # webhooks function: attempts without a 2xx
 METRIC_WEBHOOK_DELIVERIES_FAILED = "WebhookDeliveriesFailed"  # webhooks function: events given up on
 # From the storage layer (storage.dynamo), in whichever function wrote: writes DynamoDB refused.

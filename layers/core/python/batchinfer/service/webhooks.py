@@ -26,13 +26,14 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Callable
 
 from standardwebhooks.webhooks import Webhook as Signer
 
 from ..addresses import UrlRefused, WebhookTarget, check_url
 from ..domain import BatchStatus, new_event_id
 from ..errors import ApiError
-from ..layout import MESSAGE_BATCH_ID_PREFIX
+from ..layout import MESSAGE_BATCH_ID_PREFIX, due_lateness
 from ..providers.webhook import post_event
 from ..records import BatchItem, Op, Webhook, WebhookEvent
 from ..runtime import Services
@@ -172,12 +173,17 @@ def announce(svc: Services, event: dict | None) -> None:
         log.warning("webhook event %s not queued (%s); the sweeper will", event["id"], type(error).__name__)
 
 
-def relay_due(svc: Services, limit: int = 50, deadline: float | None = None) -> int:
+def relay_due(svc: Services, limit: int = 50, deadline: float | None = None,
+              overdue: Callable[[int], None] | None = None) -> int:
     """Send again the pending events nobody has heard of for a while (a lost message, a delivery that died);
-    none after `deadline` (time.monotonic()): those stay due for the next run."""
+    none after `deadline` (time.monotonic()): those stay due for the next run. `overdue` hears how many seconds
+    past its relay time the most overdue of them is."""
     now = svc.now()
     sent = 0
-    for item in WebhookEvent.due(svc.table, now, limit):
+    due = WebhookEvent.due(svc.table, now, limit)
+    if overdue:
+        overdue(due_lateness(due, now))
+    for item in due:
         if deadline is not None and time.monotonic() >= deadline:
             break
         try:
