@@ -9,6 +9,13 @@ The patch keeps moto's own transaction code but (1) runs DynamoDB operations one
 so a transaction is atomic to other callers, and (2) replaces the table copy with a snapshot of only the
 items the transaction names, restored if it is cancelled. Applied by the local moto server process
 (`python -m local.moto_server`) and by the test suite's in-process moto.
+
+(3) A query costs what it returns, as on DynamoDB: moto's `Table.query` starts from `all_items()`, which
+sorts every item of the table, for each query, then filters them. The patch hands it only the candidates:
+the items of the one partition a table query names, or for an index query the items whose index hash key
+equals the one asked for (found by a plain pass, not a sort); moto's own code then sorts, pages and filters
+those as before. Without it every poll of a sparse index took time in proportion to the whole table, so a
+large table slowed every reader, which the design does not.
 """
 
 from __future__ import annotations
@@ -74,4 +81,27 @@ def apply() -> None:
                 raise
 
     DynamoDBBackend.transact_write_items = transact_write_items
+
+    real_query = Table.query
+
+    @functools.wraps(real_query)
+    def query(self, hash_key, *args, hash_key_conditions=None, **kwargs):
+        index_name = args[6] if len(args) > 6 else kwargs.get("index_name")
+        if index_name is None and hash_key is not None and self.range_key_attr:
+            candidates = list(self.items.get(hash_key, {}).values())
+        elif index_name is not None and hash_key_conditions and len(hash_key_conditions) == 1:
+            (attribute, value), = hash_key_conditions
+            wanted = (value.type, value.value)
+            candidates = [item for partition in self.items.values()
+                          for item in (partition.values() if self.range_key_attr else [partition])
+                          if (found := item.attrs.get(attribute)) is not None and (found.type, found.value) == wanted]
+        else:
+            return real_query(self, hash_key, *args, hash_key_conditions=hash_key_conditions, **kwargs)
+        self.all_items = lambda: candidates  # this call only (operations run one at a time, under the lock)
+        try:
+            return real_query(self, hash_key, *args, hash_key_conditions=hash_key_conditions, **kwargs)
+        finally:
+            del self.all_items
+
+    Table.query = query
     _applied = True

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from batchinfer.catalog import Catalog
 from batchinfer.errors import ApiError
-from batchinfer.layout import account_key, batch_key, model_budget_key
+from batchinfer.layout import GROUP_PREFIX, LEASE_DUE, LEASE_PARTITIONS, account_key, batch_key, model_budget_key
 from batchinfer.ledger import queue_message
 from batchinfer.providers import openai_compat
 from batchinfer.service import accounts, batches, dispatch, work
@@ -334,6 +334,51 @@ def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, m
     assert stored["fine"]["attempt"] == 1
     assert final["cost_unknown_attempts"] == 1  # the lost first answer may have been billed by the backend
     assert sim_stats(sim_control)["total_requests"] == 3
+
+
+def test_leases_spread_over_index_shards_and_one_from_before_the_shards_is_still_recovered(svc, sim_control):
+    """Leases go to one of 16 `by_due` partitions (no one index partition for the whole deployment); the
+    sweeper reads every shard, and the single LEASE partition that items written before the shards are in."""
+    configure(svc, lease_seconds=60)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_ids = [submit(svc, who, [chat_request(f"b{b}-{i}", f"lease {b} {i}") for i in range(2)]) for b in range(6)]
+    Dispatcher(svc).pass_once()  # claimed, never run: the messages are lost with their worker
+    receive(svc, GLM)
+    groups = [g for b in batch_ids for g in svc.table.query_all(
+        "pk = :pk AND begins_with(sk, :g)", {":pk": f"BATCH#{b}", ":g": GROUP_PREFIX}, consistent=True)]
+    assert len(groups) == 6 and all(g["due_pk"] in LEASE_PARTITIONS[1:] for g in groups)
+    assert len({g["due_pk"] for g in groups}) > 1  # spread by a hash of the item's key
+    legacy = groups[0]
+    svc.table.put({**legacy, "due_pk": LEASE_DUE})  # as a deployment from before the shards wrote it
+    svc.clock.advance(61)
+    for batch_id in batch_ids:
+        final = pump(svc, batch_id, clock_step=2)
+        assert final["status"] == "completed" and final["completed"] == 2, final
+        assert_ledger_consistent(svc, batch_id, who, [f"b{batch_ids.index(batch_id)}-{i}" for i in range(2)])
+
+
+def test_with_more_lanes_than_free_slots_lanes_take_turns_a_quantum_at_a_time(svc, sim_control):
+    """Twelve small batches, eight free slots: a claim gives two lanes four slots each (two groups of four,
+    not eight groups of one), and the next claims go on from the lane after the last one served, so every
+    batch gets its turn; every request still ends once."""
+    set_budgets(svc, {GLM: 8})
+    owners = [authenticate(svc, new_key(svc)[1]) for _ in range(2)]  # at most 10 unfinished batches each
+    batch_ids = [submit(svc, owners[b % 2], [chat_request(f"q{b}-{i}", f"quantum {b} {i}") for i in range(4)])
+                 for b in range(12)]
+    dispatcher = Dispatcher(svc)
+    served = []
+    for _ in range(6):
+        units = dispatcher.claim(svc.catalog.get(GLM), limit=8)
+        assert sorted(len(u["positions"]) for u in units) == [dispatch.LANE_QUANTUM] * 2
+        served += [u["batch_id"] for u in units]
+        assert not svc.queues.send(GLM, [queue_message(u) for u in units])
+        run_queued(svc)  # the slots come back before the next claim
+    assert sorted(served) == sorted(batch_ids)  # every lane once in six claims, none twice
+    for b, batch_id in enumerate(batch_ids):
+        final = pump(svc, batch_id)
+        assert final["status"] == "completed" and final["completed"] == 4
+        assert_ledger_consistent(svc, batch_id, owners[b % 2], [f"q{b}-{i}" for i in range(4)])
 
 
 def test_worker_dying_after_recording_every_outcome_counts_them_once(svc, sim_control, monkeypatch):

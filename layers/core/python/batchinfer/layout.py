@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import zlib
 
 INDEX_CHUNK = 5000  # request index entries per S3 index object
 
@@ -136,13 +137,35 @@ def hash_api_key(raw: str) -> str:
 ACTIVE_PARTITION = "ACTIVE"
 
 # Sparse index partitions of `by_due`.
-LEASE_DUE = "LEASE"  # dispatched or running requests, due when their lease runs out
+# Dispatched or running requests, groups, slot leases and interactive leases, due when their lease runs out:
+# written across LEASE_SHARDS partitions (by a hash of the item's key), so no one index partition takes
+# every lease of the deployment (DynamoDB gives a partition 1,000 write units/s, and a throttled index
+# throttles the table's writes). The sweeper reads them all; `LEASE_DUE` is the partition items written
+# before the shards came may still be in.
+LEASE_DUE = "LEASE"
+LEASE_SHARDS = 16
+LEASE_PARTITIONS = (LEASE_DUE, *(f"{LEASE_DUE}#{shard:02d}" for shard in range(LEASE_SHARDS)))
 PURGE_DUE = "PURGE"  # finished batches, due when their retention ends
 WEBHOOK_DUE = "WEBHOOK"  # webhook events not yet delivered, due when the sweeper should send them again
 
 
+def lease_due(pk: str, sk: str) -> str:
+    """The `by_due` partition of the lease of the item (pk, sk): one of the shards, always the same one."""
+    return f"{LEASE_DUE}#{zlib.crc32(f'{pk}/{sk}'.encode()) % LEASE_SHARDS:02d}"
+
+
+def is_lease_due(partition: object) -> bool:
+    return partition in LEASE_PARTITIONS
+
+
 def retry_due(model_id: str) -> str:
     return f"RETRY#{model_id}"  # waiting requests, due when they may run again
+
+
+def due_lateness(items: list[dict], now: int) -> int:
+    """Seconds past its due time of the most overdue of these `by_due` items (0 for none): the index's own
+    key `due_at`, so a page of it tells how late its readers are without reading the items."""
+    return max((now - int(item["due_at"]) for item in items), default=0)
 
 
 # S3

@@ -28,7 +28,7 @@ from .domain import (
 from .layout import (
     ACTIVE_PARTITION,
     GROUP_PREFIX,
-    LEASE_DUE,
+    LEASE_PARTITIONS,
     OWNER_BATCH_PREFIX,
     OWNER_FILE_PREFIX,
     PURGE_DUE,
@@ -44,6 +44,7 @@ from .layout import (
     interactive_lease_key,
     lane_key,
     lanes_of,
+    lease_due,
     model_budget_key,
     owner_file_sort,
     owner_partition,
@@ -430,7 +431,7 @@ class Group:
         group: GroupItem = {
             "pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
             "first": positions[0][0], "positions": positions, "state": state.value, "token": token,
-            "due_pk": LEASE_DUE, "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
+            "due_pk": lease_due(pk, sk), "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
         if slot_lease:
             group["slot_lease"] = slot_lease
         return group
@@ -528,7 +529,8 @@ class Request:
         """waiting -> dispatched: from the retry partition of `by_due` to the lease partition (in a
         SlotLease's slots, or in a budget slot of its own)."""
         to = request_transition(req["state"], RequestState.DISPATCHED)
-        vals = {":d": to.value, ":new": new_token, ":lease": LEASE_DUE, ":at": lease_ends,
+        vals = {":d": to.value, ":new": new_token, ":lease": lease_due(*request_key(req["batch_id"], req["index"])),
+                ":at": lease_ends,
                 ":w": RequestState.WAITING.value, ":old": req["token"]}
         expression = "SET #state = :d, #token = :new, due_pk = :lease, due_at = :at"
         if slot_lease:
@@ -568,10 +570,14 @@ class Request:
 
     @staticmethod
     def due_leases(t: Table, now: int, limit: int) -> list[dict]:
-        """Requests and groups whose lease ran out."""
-        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": LEASE_DUE, ":now": now},
-                           index="by_due", limit=limit)
-        return items
+        """Requests, groups and leases whose lease ran out, the most overdue first, from every lease
+        partition (`limit` from each at most, so one busy shard cannot hide the others' for long)."""
+        due: list[dict] = []
+        for partition in LEASE_PARTITIONS:
+            items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": partition, ":now": now},
+                               index="by_due", limit=limit)
+            due += items
+        return sorted(due, key=lambda item: int(item["due_at"]))[:limit]
 
 
 # --- Model budget -------------------------------------------------------------------------------------
@@ -633,7 +639,7 @@ class InteractiveLease:
     def begin(t: Table, model_id: str, lease_id: str, account_id: str, now: int, lease_ends: int) -> list[Op]:
         pk, sk = interactive_lease_key(model_id, lease_id)
         item = {"pk": pk, "sk": sk, "model": model_id, "interactive": True, "account_id": account_id,
-                "started_at": now, "due_pk": LEASE_DUE, "due_at": lease_ends}
+                "started_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends}
         return [t.op_put(item, condition="attribute_not_exists(pk)"),
                 t.op_update(*model_budget_key(model_id), "ADD interactive :one", vals={":one": 1})]
 
@@ -655,7 +661,7 @@ class SlotLease:
     def new(model_id: str, lease_id: str, slots: int, token: str, now: int, lease_ends: int) -> dict:
         pk, sk = slot_lease_key(model_id, lease_id)
         return {"pk": pk, "sk": sk, "id": lease_id, "model": model_id, "slots": slots, "token": token,
-                "created_at": now, "due_pk": LEASE_DUE, "due_at": lease_ends}
+                "created_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends}
 
     @staticmethod
     def create(t: Table, lease: dict) -> Op:

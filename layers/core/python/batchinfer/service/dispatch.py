@@ -18,6 +18,11 @@ from ..storage.dynamo import ConditionFailed, Throttled
 from .capacity import InteractiveMemory, effective_budget, probe_up
 
 log = logging.getLogger(__name__)
+# Slots a lane is given per turn while more lanes wait than there are free slots. Each group pays a claim
+# and a close whatever its size; one slot per turn over many lanes made every group a single request (and
+# wrote the budget and account items twice per request). Turns still rotate over every lane, so every
+# batch gets its share, a quantum at a time.
+LANE_QUANTUM = 4
 
 
 class Dispatcher:
@@ -31,6 +36,7 @@ class Dispatcher:
         # Whose turn it is, per model; a random start so that many short-lived dispatchers (workers pulling
         # their next request) do not all favour the first lane.
         self.turn: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
+        self.last_served: dict[str, str] = {}  # per model, the sort key of the lane served last
         self._lane_positions: dict[tuple[str, str], list[int]] = {}
         self._chunks: dict[tuple[str, int], list] = {}
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
@@ -146,11 +152,16 @@ class Dispatcher:
         self.lanes_seen = len(lanes)
         if not lanes:
             return []
-        # Batches take turns: hand out free slots one at a time, round robin, from a rotating start.
-        start = self.turn[model.id] % len(lanes)
+        # Batches take turns: hand out free slots round robin, one at a time while every lane gets a quantum
+        # or more, a quantum at a time while not; the next claim starts after the last lane served.
+        last = self.last_served.get(model.id)
+        start = next((i for i, lane in enumerate(lanes) if lane["sk"] > last), 0) if last is not None else (
+            self.turn[model.id] % len(lanes))
         order = lanes[start:] + lanes[:start]
-        self.turn[model.id] += 1
+        if free < LANE_QUANTUM * len(lanes):
+            return self._dispatch_quanta(model, order, free, cap, account_free, tier_cap, accounts)
         shares: dict[str, int] = defaultdict(int)
+        given_last: str | None = None
         progress = True
         while free > 0 and progress:
             progress = False
@@ -163,6 +174,9 @@ class Dispatcher:
                 accounts[lane["account_id"]] -= 1
                 free -= 1
                 progress = True
+                given_last = lane["sk"]
+        if given_last is not None:  # by the lane's key, not its place: lanes come and go between claims
+            self.last_served[model.id] = given_last
         out: list[dict] = []
         for lane in order:
             k = shares.get(lane["batch_id"], 0)
@@ -171,6 +185,29 @@ class Dispatcher:
                     out += self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
                 except Throttled:
                     break  # DynamoDB is busy: send what was claimed, try the rest next pass
+        return out
+
+    def _dispatch_quanta(self, model: Model, order: list[dict], free: int, cap: int, account_free, tier_cap,
+                         accounts) -> list[dict]:
+        """Fewer free slots than a quantum for every lane: lanes in turn take a quantum each, claimed one
+        lane after another, so what a short lane cannot take goes to the next."""
+        out: list[dict] = []
+        for lane in order:
+            k = min(LANE_QUANTUM, free, account_free(lane["account_id"]))
+            if k <= 0:
+                continue
+            try:
+                claimed = self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
+            except Throttled:
+                break  # DynamoDB is busy: send what was claimed, try the rest next pass
+            n = sum(len(unit.get("positions", [unit])) for unit in claimed)
+            if n:
+                out += claimed
+                free -= n
+                accounts[lane["account_id"]] -= n
+                self.last_served[model.id] = lane["sk"]
+            if free <= 0:
+                break
         return out
 
     def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int) -> list[dict]:

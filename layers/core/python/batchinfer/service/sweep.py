@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..domain import FINAL_BATCH, RequestState, Stop
-from ..layout import LEASE_DUE, request_key
+from ..layout import due_lateness, is_lease_due, request_key
 from ..ledger import Settlement, close_group, give_back_slots, position_item, settle
 from ..records import Batch, InteractiveLease, Request
 from ..runtime import Services
@@ -24,6 +26,19 @@ PURGES_PER_RUN = 50  # batches one run works on purging at most (each only while
 # Checking a file batch's lines is one step, not resumable (50,000 lines, 9 MB: about 5 s of CPU here): it
 # starts only with this much time left before the run's deadline, and the handler keeps 15 s more in hand.
 VALIDATION_RESERVE_SECONDS = 30.0
+
+
+@dataclass
+class Overdue:
+    """How far behind the sweeper is: the seconds past its due time of the most overdue item a run found (a
+    lease that ran out, a webhook event to send again, a batch to expire). Read from what the run queries and
+    reads anyway: the by_due pages (oldest first) carry `due_at`, a batch its `expires_at`. None until the run
+    has looked; purges are left out (a large one takes several runs by design)."""
+
+    seconds: int | None = None
+
+    def saw(self, late: int) -> None:
+        self.seconds = max(self.seconds or 0, late)
 
 
 def _out_of_time(deadline: float | None) -> bool:
@@ -54,16 +69,21 @@ def _recover_group(svc: Services, group: dict) -> None:
     close_group(svc, group, written, new)
 
 
-def recover_leases(svc: Services, limit: int = 100, deadline: float | None = None) -> int:
+def recover_leases(svc: Services, limit: int = 100, deadline: float | None = None,
+                   overdue: Callable[[int], None] | None = None) -> int:
     """Requests, groups and slot leases whose lease ran out: the message was lost or the worker died. Put them
-    back (none after `deadline`, time.monotonic(): the next run goes on)."""
+    back (none after `deadline`, time.monotonic(): the next run goes on). `overdue` hears how late the most
+    overdue of them is."""
     now = svc.now()
     recovered = 0
-    for stale in Request.due_leases(svc.table, now, limit):
+    due = Request.due_leases(svc.table, now, limit)
+    if overdue:
+        overdue(due_lateness(due, now))
+    for stale in due:
         if _out_of_time(deadline):
             break
         req = svc.table.get(stale["pk"], stale["sk"])
-        if not req or req.get("due_pk") != LEASE_DUE or req["due_at"] > now:
+        if not req or not is_lease_due(req.get("due_pk")) or req["due_at"] > now:
             continue
         if req.get("interactive"):  # an interactive request whose process died: batch work may have its slot
             try:
@@ -101,28 +121,30 @@ def recover_leases(svc: Services, limit: int = 100, deadline: float | None = Non
     return recovered
 
 
-def sweep_once(svc: Services, deadline: float | None = None) -> dict:
+def sweep_once(svc: Services, deadline: float | None = None, overdue: Overdue | None = None) -> dict:
     """One pass of the sweeper. Safe to run in several places at once: every change is conditional.
     `deadline` (time.monotonic()): no step starts after it (past already: the run starts nothing), and the
-    long ones (result files, exports, purges) stop at it; the next run goes on where this one stopped."""
+    long ones (result files, exports, purges) stop at it; the next run goes on where this one stopped.
+    `overdue` collects how late the run found its most overdue item (the SweepLagSeconds metric)."""
     now = svc.now()
+    saw = overdue.saw if overdue else None
     counts = {"recovered": 0, "settled": 0, "expired": 0, "purged": 0, "webhook_events_resent": 0}
     if _out_of_time(deadline):
         return counts
     try:
-        counts["recovered"] = recover_leases(svc, deadline=deadline)
+        counts["recovered"] = recover_leases(svc, deadline=deadline, overdue=saw)
     except Throttled:
         pass
     # Relays are few and quick, and a late one keeps a receiver waiting: before the long steps.
     try:
-        counts["webhook_events_resent"] = webhooks.relay_due(svc, deadline=deadline)
+        counts["webhook_events_resent"] = webhooks.relay_due(svc, deadline=deadline, overdue=saw)
     except Throttled:
         pass
     for item in Batch.active(svc.table):
         if _out_of_time(deadline):
             break  # the batches not reached are still active: the next run walks them
         try:
-            counts_for = _sweep_batch(svc, item["id"], now, deadline)
+            counts_for = _sweep_batch(svc, item["id"], now, deadline, saw)
         except Throttled:
             log.warning("throttled while sweeping batch %s; next pass", item["id"])
             continue
@@ -153,7 +175,8 @@ def _purge(svc: Services, item: dict, deadline: float | None) -> bool:
     return purge_batch(svc, batch, deadline)
 
 
-def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None = None) -> list[str]:
+def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None = None,
+                 overdue: Callable[[int], None] | None = None) -> list[str]:
     """Settle one unfinished batch; expire it if its window closed with requests not yet started."""
     done: list[str] = []
     after = settle_batch(svc, batch_id, deadline)
@@ -166,6 +189,8 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
     if after is None or after["status"] in FINAL_BATCH:
         return ["settled"] if after else []
     if due_to_expire(after, now):
+        if overdue:
+            overdue(now - int(after["expires_at"]))
         if stop_batch(svc, after, Stop.EXPIRE):
             done.append("expired")
         after = settle_batch(svc, batch_id, deadline)

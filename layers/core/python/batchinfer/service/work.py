@@ -48,7 +48,7 @@ from ..storage.secrets import BackendKeyNotSet
 from . import inference
 from .accounts import key_problem, may_use_model
 from .capacity import backend_throttled, effective_budget
-from .dispatch import Dispatcher
+from .dispatch import LANE_QUANTUM, Dispatcher
 from .inference import backend_key
 from .lifecycle import settle_batch, stop_batch
 
@@ -546,7 +546,9 @@ class SlotPump:
                 # Claims cost the same whatever their size (and each makes a group, whose close costs the same):
                 # claim a round of the slots at once while one batch has work, a batch's share of it while
                 # several do (so they still take turns within a claim), and once the queue is down to `ahead`.
-                threshold = max(1, (self.slots - self.release) // max(1, self.dispatcher.lanes_seen))
+                # Many lanes: a lane's quantum at least (LANE_QUANTUM), or each claim makes groups of one.
+                open_slots = self.slots - self.release
+                threshold = max(1, min(LANE_QUANTUM, open_slots), open_slots // max(1, self.dispatcher.lanes_seen))
                 want = ((self.slots - self.release - self.releasing) + self.ahead + threshold - 1 - len(self.queue)
                         - self.busy)
                 got = 0
