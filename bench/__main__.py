@@ -1,7 +1,7 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
-Names: throughput ingest export cost fairness yield file (all of them by default). `--quick` runs small sizes
-(a few minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
+Names: throughput ingest export cost fairness yield file spread lanes (all of them by default). `--quick` runs
+small sizes (a few minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ BENCHMARKS = {
     "fairness": ("bench.fairness", ["--scale", "0.2", "--runs", "1"]),
     "yield": ("bench.interactive_yield", ["--cycles", "3"]),
     "file": ("bench.file_batch", ["--requests", "5000", "--runs", "1"]),
+    # issue 16: latency spread over requests; many small batches from many accounts (with the hot-item report)
+    "spread": ("bench.throughput", ["--requests", "300", "--runs", "1"]),
+    "lanes": ("bench.hot_items", ["--batches", "40", "--accounts", "20"]),
 }
+# Arguments a benchmark always gets (before the quick ones): what makes it the benchmark it is.
+ALWAYS = {"spread": ["--latency", "1", "--distribution", "lognormal", "--sigma", "0.5"]}
 
 
 class Tee(io.StringIO):
@@ -45,7 +50,7 @@ def main() -> int:
     verdicts, failed = [], []
     for name in args.names or list(BENCHMARKS):
         module, quick = BENCHMARKS[name]
-        sys.argv = [module, *(quick if args.quick else [])]
+        sys.argv = [module, *ALWAYS.get(name, []), *(quick if args.quick else [])]
         started = time.monotonic()
         out = Tee()
         try:

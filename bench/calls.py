@@ -11,9 +11,12 @@ DynamoDB units are estimated the way AWS bills them: a write costs 1 WRU per sta
 the old and new item (2x in a transaction; a ConditionCheck is a write; a failed conditional write still
 costs); a read 1 RRU per started 4 KB (half for eventually consistent reads). Item sizes are taken from
 the items this process writes and reads (an update is estimated at max(item as last seen, key + values
-written)). Every write to an item that is in a global secondary index (all three project ALL) also
-writes the index: one index write per index it is in, two (delete + put) when its index key changes; these are
-counted apart (`gsi_wru`), at 1x.
+written)). A write to an item that is in a global secondary index also writes the index, as its projection
+decides (layout.INDEX_PROJECTIONS): an index that projects ALL is written by every write of the item (its
+size in units), a KEYS_ONLY or INCLUDE one only when its keys or included attributes are written (1 unit: the
+entry is small); two writes (delete + put) when its index key changes. These are counted apart (`gsi_wru`),
+at 1x. Each call also keeps, per item it wrote, the item's key and the index partitions it wrote
+(`Call.keys`), for the hot-item report (bench/hot_items.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from batchinfer.layout import INDEX_PROJECTIONS
 from batchinfer.storage.bootstrap import GSIS
 
 LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("aws_label", default=None)
@@ -81,6 +85,20 @@ def kind(key: tuple[str, str]) -> str:
 
 _CLAUSE = re.compile(r"\b(SET|ADD|REMOVE|DELETE)\b")
 _ASSIGNED = re.compile(r"(?:^|,)\s*([#\w]+)[\w.#\[\]]*\s*=")
+_ASSIGNED_VALUE = re.compile(r"(?:^|,)\s*([#\w]+)\s*=\s*(:\w+)\s*(?=,|$)")
+
+
+def _assigned_values(expression: str, names: dict, values: dict) -> dict[str, str]:
+    """Top-level attributes an update expression SETs straight to a string value: {attribute: value}."""
+    parts = _CLAUSE.split(expression)
+    found = {}
+    for verb, body in zip(parts[1::2], parts[2::2], strict=False):
+        if verb == "SET":
+            for name, placeholder in _ASSIGNED_VALUE.findall(body.strip()):
+                value = values.get(placeholder, {})
+                if "S" in value:
+                    found[names.get(name, name)] = value["S"]
+    return found
 
 
 def _touched(expression: str, names: dict) -> tuple[set[str], set[str]]:
@@ -109,6 +127,7 @@ class Call:
     gsi_wru: float = 0.0
     rru: float = 0.0
     writes: list = field(default_factory=list)  # (operation, item kind, wru, gsi_wru)
+    keys: list = field(default_factory=list)  # (item key, wru, [(index, index partition, units)])
 
 
 class Recorder:
@@ -119,6 +138,7 @@ class Recorder:
         self.invocations: list[tuple[str, float]] = []  # (function, seconds)
         self._sizes: dict[tuple[str, str], int] = {}
         self._keys: dict[tuple[str, str], set[str]] = {}  # GSI key attributes an item has
+        self._partitions: dict[tuple[str, str], dict[str, str]] = {}  # its index partitions, by index
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -196,44 +216,69 @@ class Recorder:
         key = item_key(item)
         self._sizes[key] = item_size(item)
         self._keys[key] = {a for a in KEY_ATTRS if a in item}
+        self._partitions[key] = {name: item[h]["S"] for name, (h, _) in GSI_KEYS.items() if "S" in item.get(h, {})}
 
     def _write(self, call: Call, op: str, key: tuple, new_size: int, after: set[str], changed: set[str],
-               factor: int) -> None:
+               factor: int, values: dict[str, str] | None = None) -> None:
         before, old = self._keys.get(key, set()), self._sizes.get(key, new_size)
         wru = factor * max(1, math.ceil(max(old, new_size) / 1024))
         old_units, new_units = max(1, math.ceil(old / 1024)), max(1, math.ceil(new_size / 1024))
-        gsi = 0
+        gsi, parts = 0, []
         if call.ok:  # a write that lost its condition writes no index
-            for h, r in GSI_KEYS.values():
+            partitions = dict(self._partitions.get(key, {}))
+            for name, (h, r) in GSI_KEYS.items():
+                projection, included = INDEX_PROJECTIONS[name]
+                whole = projection == "ALL"
+                was_units, now_units = (old_units, new_units) if whole else (1, 1)
                 was, now = {h, r} <= before, {h, r} <= after
-                if was and now:  # a new index key: the old entry is deleted and a new one put
-                    gsi += old_units + new_units if {h, r} & changed else max(old_units, new_units)
+                old_partition = partitions.get(name)
+                new_partition = (values or {}).get(h, old_partition) if now else None
+                written: list[tuple[str | None, int]] = []
+                if was and now and {h, r} & changed:  # a new index key: the old entry deleted, a new one put
+                    written = [(old_partition, was_units), (new_partition, now_units)]
+                elif was and now and (whole or set(included) & changed):
+                    written = [(new_partition, max(was_units, now_units))]
+                elif was and not now:
+                    written = [(old_partition, was_units)]
+                elif now and not was:
+                    written = [(new_partition, now_units)]
+                for partition, units in written:
+                    gsi += units
+                    parts.append((name, partition or "?", units))
+                if now and new_partition is not None:
+                    partitions[name] = new_partition
                 else:
-                    gsi += old_units if was else new_units if now else 0
+                    partitions.pop(name, None)
             self._keys[key] = after
             self._sizes[key] = new_size
+            self._partitions[key] = partitions
         call.wru += wru
         call.gsi_wru += gsi
         call.writes.append((op, kind(key), wru, gsi))
+        call.keys.append((key, wru, parts))
 
     def _write_op(self, call: Call, op: str, p: dict, factor: int) -> None:
         if op == "Put":
             item = p["Item"]
             self._write(call, op, item_key(item), item_size(item), {a for a in KEY_ATTRS if a in item},
-                        set(item), factor)
+                        set(item), factor, {a: v["S"] for a, v in item.items() if a in KEY_ATTRS and "S" in v})
         elif op == "Update":
             key = item_key(p["Key"])
             sets, removes = _touched(p["UpdateExpression"], p.get("ExpressionAttributeNames") or {})
             new = item_size(p["Key"]) + sum(value_size(v) for v in (p.get("ExpressionAttributeValues") or {}).values())
             new = max(new, self._sizes.get(key, 0))
             after = (self._keys.get(key, set()) | (sets & KEY_ATTRS)) - removes
-            self._write(call, op, key, new, after, sets | removes, factor)
+            values = _assigned_values(p["UpdateExpression"], p.get("ExpressionAttributeNames") or {},
+                                      p.get("ExpressionAttributeValues") or {})
+            self._write(call, op, key, new, after, sets | removes, factor, values)
         elif op == "Delete":
             self._write(call, op, item_key(p["Key"]), 0, set(), set(KEY_ATTRS), factor)
         elif op == "ConditionCheck":
             key = item_key(p["Key"])
-            call.wru += factor * max(1, math.ceil(self._sizes.get(key, 0) / 1024))
-            call.writes.append((op, kind(key), factor * max(1, math.ceil(self._sizes.get(key, 0) / 1024)), 0))
+            units = factor * max(1, math.ceil(self._sizes.get(key, 0) / 1024))
+            call.wru += units
+            call.writes.append((op, kind(key), units, 0))
+            call.keys.append((key, units, []))
 
     def _dynamodb(self, call: Call, op: str, params: dict, parsed: dict) -> None:
         with self._lock:

@@ -36,12 +36,14 @@ def command_line(module: str) -> str:
 
 
 @contextmanager
-def local_stack(latency: float = 0.0, budget: int | None = None, pollers: int = 0, **settings):
-    """The local stack as `make run` starts it, on free ports, with the catalog's budgets overridden."""
+def local_stack(latency: float = 0.0, budget: int | None = None, pollers: int = 0, sim: dict | None = None,
+                **settings):
+    """The local stack as `make run` starts it, on free ports, with the catalog's budgets overridden; `sim`:
+    more of the simulated backend's settings (a latency distribution)."""
     state = Path(".local/bench")
     state.parent.mkdir(exist_ok=True)
     base = Settings(table_name="bench", bucket_name="bench", stage="bench", **settings)
-    svc, key, stop = start(base, free_port(), free_port(), SimConfig(latency_seconds=latency),
+    svc, key, stop = start(base, free_port(), free_port(), SimConfig(latency_seconds=latency, **(sim or {})),
                            pollers=pollers or budget or 0, state_dir=state)
     if budget is not None:
         for model in svc.catalog.runnable:

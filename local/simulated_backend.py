@@ -10,7 +10,10 @@ events in each API's shapes: the same answer, a word per delta, after the latenc
 only with `stream_options.include_usage`, as OpenAI does).
 
 Faults, set at start-up (CLI / SimConfig) or at run time through the control API:
-  latency_seconds        every model request sleeps this long (asyncio, so requests overlap)
+  latency_seconds        every model request sleeps this long (asyncio, so requests overlap): the mean
+  latency_distribution   fixed (the default), lognormal (latency_sigma around the mean) or long_tail (one
+                         request in ten takes ten times the others); drawn from the request's own body, so
+                         the same request always takes the same time (a direct client sees the same times)
   rate_429/500/timeout   probabilities, drawn from random.Random(seed) (one draw per request);
                          a timeout sleeps timeout_sleep_seconds, then answers 504
 Markers inside message content:
@@ -25,14 +28,18 @@ Markers inside message content:
                                          tool_calls entry (id "call_<16 hex>") and content null, /v1/messages
                                          answers stop_reason "tool_use" with one tool_use block (id
                                          "toolu_<16 hex>"); max_tokens is not applied to it
+  [[sim:tag:NAME]]                    -> the request is listed under NAME in GET /_sim/timeline's `tags`
+                                         (a benchmark tells its kinds of traffic apart); no other effect
 Anthropic tool_result blocks count as the text of their content; tool_use blocks add no text.
 Control API:
   GET/PUT /_sim/config      read / update any subset of the SimConfig fields (seed re-seeds)
   GET /_sim/stats           total_requests, by_status, by_path, in_flight, max_in_flight, busy_seconds (the sum
                             of every request's time in flight), first_started_at, last_ended_at (epoch seconds)
-  GET /_sim/timeline        [started, ended] (epoch seconds) of every request since the last reset
+  GET /_sim/timeline        [started, ended] (epoch seconds) of every request since the last reset, and
+                            beside them each one's [[sim:tag:NAME]] (or null)
   POST /_sim/stats/reset    reset the counters, the timeline and the flaky-attempt memory
-Run: python -m local.simulated_backend --host 127.0.0.1 --port 8100 [--latency 0.0] [--rate-429 0]
+Run: python -m local.simulated_backend --host 127.0.0.1 --port 8100 [--latency 0.0]
+     [--latency-distribution fixed|lognormal|long_tail] [--latency-sigma 0.5] [--rate-429 0]
      [--rate-500 0] [--rate-timeout 0] [--timeout-sleep 30] [--seed 0]   (defaults from SIM_* env vars)
 """
 
@@ -43,6 +50,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -53,7 +61,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
-from typing import Any
+from statistics import NormalDist
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -69,6 +78,7 @@ _MARK_FAIL = "[[sim:fail-always]]"
 _ANY_MARK_RE = re.compile(r"\[\[sim:[^\]]*\]\]")
 _BIG_RE = re.compile(r"\[\[sim:big:(\d+)\]\]")
 _FLAKY_RE = re.compile(r"\[\[sim:flaky:(\d+):(429|500|timeout)\]\]")
+_TAG_RE = re.compile(rb"\[\[sim:tag:([A-Za-z0-9_-]{1,64})\]\]")
 _TOOL_RE = re.compile(r"\[\[sim:tool:([A-Za-z0-9_-]{1,64})\]\]")  # the tool names both APIs accept
 # status -> (OpenAI error type, OpenAI error code, Anthropic error type)
 _ERROR_KINDS = {400: ("invalid_request_error", None, "invalid_request_error"),
@@ -82,6 +92,8 @@ class SimConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     latency_seconds: float = Field(0.0, ge=0)
+    latency_distribution: Literal["fixed", "lognormal", "long_tail"] = "fixed"
+    latency_sigma: float = Field(0.5, ge=0, le=3)
     rate_429: float = Field(0.0, ge=0, le=1)
     rate_500: float = Field(0.0, ge=0, le=1)
     rate_timeout: float = Field(0.0, ge=0, le=1)
@@ -397,6 +409,7 @@ class _SimState:
         self.first_started_at: float | None = None
         self.last_ended_at: float | None = None
         self.timeline: list[tuple[float, float]] = []  # (started, ended) of each request, the last TIMELINE_MAX
+        self.tags: list[str | None] = []  # beside each: its [[sim:tag:NAME]]
 
     def stats(self) -> dict[str, Any]:
         return {"total_requests": self.total, "by_status": dict(sorted(self.by_status.items())),
@@ -415,13 +428,31 @@ def _error_response(err: SimError, flavour: str) -> JSONResponse:
     return JSONResponse(content, status_code=err.status, headers=err.headers)
 
 
+LONG_TAIL_SHARE, LONG_TAIL_FACTOR = 0.1, 10.0
+
+
+def latency_of(config: SimConfig, body: dict[str, Any]) -> float:
+    """The request's latency: the configured mean, spread by the distribution; the draw comes from a hash of
+    the body (not the shared random stream), so it is the same for the same request whoever sends it."""
+    mean = config.latency_seconds
+    if config.latency_distribution == "fixed" or mean <= 0:
+        return mean
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
+    u = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64  # in (0, 1)
+    if config.latency_distribution == "lognormal":  # mu chosen so the mean stays `mean`
+        sigma = config.latency_sigma
+        return mean * math.exp(sigma * NormalDist().inv_cdf(u) - sigma * sigma / 2)
+    base = mean / (1 - LONG_TAIL_SHARE + LONG_TAIL_SHARE * LONG_TAIL_FACTOR)
+    return base * (LONG_TAIL_FACTOR if u < LONG_TAIL_SHARE else 1.0)
+
+
 async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body: dict[str, Any]) -> None:
     joined = "\n".join(prompt.texts)
     if prompt.model == "reject-me" or _MARK_400 in joined:
         raise SimError(400, "Request rejected by the simulated backend", code="sim_rejected")
     cfg = state.config
     if cfg.latency_seconds > 0:
-        await asyncio.sleep(cfg.latency_seconds)
+        await asyncio.sleep(latency_of(cfg, body))
     if _MARK_FAIL in joined:
         raise SimError(500, "Simulated permanent server error")
     fault = None
@@ -471,6 +502,7 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
         if state.first_started_at is None:
             state.first_started_at = started
         status = 499  # recorded as such if the request is cancelled (client went away)
+        tag = _TAG_RE.search(await request.body())
         try:
             response = await handle(request)
             status = response.status_code
@@ -482,6 +514,7 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
             state.busy_seconds += state.last_ended_at - started
             if len(state.timeline) < TIMELINE_MAX:
                 state.timeline.append((started, state.last_ended_at))
+                state.tags.append(tag.group(1).decode() if tag else None)
 
     return endpoint
 
@@ -525,7 +558,7 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
 
     @app.get("/_sim/timeline")
     async def get_timeline() -> dict[str, Any]:
-        return {"requests": [[round(a, 6), round(b, 6)] for a, b in state.timeline]}
+        return {"requests": [[round(a, 6), round(b, 6)] for a, b in state.timeline], "tags": state.tags}
 
     @app.post("/_sim/stats/reset")
     async def reset_stats() -> dict[str, Any]:
@@ -536,6 +569,8 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
 
 
 _CLI_OPTIONS = (("--latency", "latency_seconds", "SIM_LATENCY_SECONDS", float),
+                ("--latency-distribution", "latency_distribution", "SIM_LATENCY_DISTRIBUTION", str),
+                ("--latency-sigma", "latency_sigma", "SIM_LATENCY_SIGMA", float),
                 ("--rate-429", "rate_429", "SIM_RATE_429", float), ("--rate-500", "rate_500", "SIM_RATE_500", float),
                 ("--rate-timeout", "rate_timeout", "SIM_RATE_TIMEOUT", float),
                 ("--timeout-sleep", "timeout_sleep_seconds", "SIM_TIMEOUT_SLEEP_SECONDS", float),

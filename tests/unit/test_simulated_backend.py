@@ -8,6 +8,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from local.simulated_backend import EMBEDDING_DIM, SimConfig, create_app
+from local.simulated_backend import EMBEDDING_DIM, SimConfig, create_app, latency_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
@@ -285,7 +286,39 @@ def test_latency_applies() -> None:
     assert time.monotonic() - start >= 0.1
 
 
+@pytest.mark.parametrize("distribution", ["lognormal", "long_tail"])
+def test_latency_distributions_keep_the_mean_and_give_one_request_one_latency(distribution: str) -> None:
+    config = SimConfig(latency_seconds=1.0, latency_distribution=distribution, latency_sigma=0.5)
+    bodies = [chat_body(messages=[{"role": "user", "content": f"question {i}"}]) for i in range(4000)]
+    draws = [latency_of(config, body) for body in bodies]
+    assert abs(statistics.fmean(draws) - 1.0) < 0.05  # the mean is the configured latency
+    assert max(draws) > 2.5 and min(draws) < 0.6  # spread, not fixed
+    assert [latency_of(config, body) for body in bodies[:50]] == draws[:50]  # deterministic per request
+    assert latency_of(config, dict(reversed(list(bodies[0].items())))) == draws[0]  # key order does not matter
+    if distribution == "long_tail":
+        assert sum(d > 2 for d in draws) / len(draws) == pytest.approx(0.1, abs=0.02)
+
+
+def test_a_spread_latency_is_slept() -> None:
+    client = make_client(latency_seconds=0.05, latency_distribution="long_tail")
+    body = next(b for i in range(200) if latency_of(client.app.state.sim.config, b := chat_body(
+        messages=[{"role": "user", "content": f"slow {i}"}])) > 0.2)
+    start = time.monotonic()
+    assert client.post(CHAT, json=body).status_code == 200
+    assert time.monotonic() - start >= 0.2
+
+
 # --- control API and stats --------------------------------------------------------------------------
+
+def test_the_timeline_lists_each_request_with_its_tag(client: TestClient) -> None:
+    client.post("/_sim/stats/reset")
+    client.post(CHAT, json=chat_body())
+    tagged = client.post(CHAT, json=chat_body(messages=[{"role": "user", "content": "hi [[sim:tag:interactive]]"}]))
+    assert "[[sim" not in tagged.json()["choices"][0]["message"]["content"]
+    timeline = client.get("/_sim/timeline").json()
+    assert timeline["tags"] == [None, "interactive"]
+    assert len(timeline["requests"]) == 2 and all(a <= b for a, b in timeline["requests"])
+
 
 def test_config_get_put(client: TestClient) -> None:
     assert client.get("/_sim/config").json() == SimConfig().model_dump()
