@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = svc.catalog.get(MODEL)
         keys = []
         for _ in range(args.accounts):
-            account = accounts.create_account(svc, tier="pro", daily_quota_usd=1000.0)
+            account = accounts.create_account(svc, tier="pro", batch_access=True, daily_quota_usd=1000.0)
             keys.append(accounts.create_key(svc, account["id"]))
         ids = []
         for b in range(args.batches):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import EphemeralMetrics
 
@@ -14,6 +16,8 @@ logger = Logger()
 # TransactionConflicts, ...) per function, so no handler may add a dimension to it.
 metrics = Metrics(namespace=get_settings().powertools_metrics_namespace)
 tracer = Tracer()
+# An invocation whose storage calls all went through has nothing for `metrics`: expected, not worth a warning.
+warnings.filterwarnings("ignore", message="No application metrics to publish")
 
 
 def metrics_with(**dimensions: str) -> EphemeralMetrics:
