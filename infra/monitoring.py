@@ -107,40 +107,28 @@ def model_metric(
     )
 
 
+def function_metric(namespace: str, metric_name: str, service: str, period: Duration = ONE_MINUTE,
+                    statistic: str = cloudwatch.Stats.SUM, label: str | None = None) -> cloudwatch.Metric:
+    """An EMF metric one function emits under its own `service` dimension (Sum per period unless told)."""
+    return cloudwatch.Metric(namespace=namespace, metric_name=metric_name, dimensions_map={"service": service},
+                             statistic=statistic, period=period, label=label)
+
+
 def webhooks_metric(namespace: str, metric_name: str, period: Duration = ONE_MINUTE) -> cloudwatch.Metric:
     """An EMF metric the webhooks function emits (Sum per period)."""
-    return cloudwatch.Metric(
-        namespace=namespace,
-        metric_name=metric_name,
-        dimensions_map={"service": WEBHOOKS_METRICS_SERVICE},
-        statistic=cloudwatch.Stats.SUM,
-        period=period,
-    )
+    return function_metric(namespace, metric_name, WEBHOOKS_METRICS_SERVICE, period)
 
 
 def sweep_lag_metric(namespace: str, period: Duration = FIVE_MINUTES) -> cloudwatch.Metric:
     """How late the sweeper found its most overdue item (Maximum of its runs per period)."""
-    return cloudwatch.Metric(
-        namespace=namespace,
-        metric_name=METRIC_SWEEP_LAG,
-        dimensions_map={"service": SWEEPER_METRICS_SERVICE},
-        statistic=cloudwatch.Stats.MAXIMUM,
-        period=period,
-    )
+    return function_metric(namespace, METRIC_SWEEP_LAG, SWEEPER_METRICS_SERVICE, period, cloudwatch.Stats.MAXIMUM)
 
 
 def storage_metric(
     namespace: str, metric_name: str, service: str, period: Duration = ONE_MINUTE
 ) -> cloudwatch.Metric:
     """An EMF metric the storage layer emits in one function (Sum per period)."""
-    return cloudwatch.Metric(
-        namespace=namespace,
-        metric_name=metric_name,
-        dimensions_map={"service": service},
-        statistic=cloudwatch.Stats.SUM,
-        period=period,
-        label=service.removeprefix("batchinfer-"),
-    )
+    return function_metric(namespace, metric_name, service, period, label=service.removeprefix("batchinfer-"))
 
 
 def storage_total(namespace: str, metric_name: str, period: Duration = FIVE_MINUTES) -> cloudwatch.MathExpression:
