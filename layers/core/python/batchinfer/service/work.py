@@ -433,6 +433,10 @@ class SlotPump:
             except (ConditionFailed, Throttled):
                 return self.outcome  # another claimant took them first
             self.slots = k
+        else:
+            # An adopted group was claimed in the budget as it stood then: look at it again before its first
+            # call starts, so a group that waited on the queue while interactive load came does not start over.
+            await self._poll_budget()
         k = self.slots
         self.key = await asyncio.to_thread(backend_key, svc, model)
         claimer = asyncio.create_task(self._claim_loop())
@@ -524,24 +528,13 @@ class SlotPump:
     # --- Claims --------------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        svc, model = self.svc, self.model
         idle_since: float | None = None
         polled, budget_item = 0.0, None
         try:
             while time.monotonic() < self.deadline and self.slots > 0:
                 if time.monotonic() - polled >= self.POLL_SECONDS:  # not at every wake: on its own clock
                     polled = time.monotonic()
-                    budget_item = await self._claiming(Budget.get, svc.table, model.id, False)
-                    cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
-                                           self.dispatcher.interactive.level(model.id, budget_item))
-                    in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
-                    mine = self.slots - self.releasing
-                    if in_flight > cap and mine > 0:
-                        # The budget shrank: stop runners after their current call, this lease's share of the
-                        # excess (other holders give back theirs), counting those already told to stop.
-                        share = math.ceil((in_flight - cap) * mine / in_flight)
-                        self.release = max(self.release, min(share, mine))
-                        self.wake.set()
+                    budget_item = await self._poll_budget()
                     await self._claiming(self._refresh_stops)
                 # Claims cost the same whatever their size (and each makes a group, whose close costs the same):
                 # claim a round of the slots at once while one batch has work, a batch's share of it while
@@ -581,6 +574,21 @@ class SlotPump:
         finally:
             self.done_claiming = True
             self.wake.set()
+
+    async def _poll_budget(self) -> dict | None:
+        """Read the budget; when it has shrunk, stop runners after their current call, this lease's share of
+        the excess (other holders give back theirs), counting those already told to stop."""
+        svc, model = self.svc, self.model
+        budget_item = await self._claiming(Budget.get, svc.table, model.id, False)
+        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
+                               self.dispatcher.interactive.level(model.id, budget_item))
+        in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
+        mine = self.slots - self.releasing
+        if in_flight > cap and mine > 0:
+            share = math.ceil((in_flight - cap) * mine / in_flight)
+            self.release = max(self.release, min(share, mine))
+            self.wake.set()
+        return budget_item
 
     async def _claim(self, want: int, budget_item: dict | None) -> int:
         """Claim up to `want` requests in the lease's slots and queue them; returns how many were queued."""
