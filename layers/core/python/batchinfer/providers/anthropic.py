@@ -10,7 +10,7 @@ import httpx
 
 from ..catalog import Model
 from ..domain import Attempt
-from .http import Events, failed, post_for_events, post_json
+from .http import Events, failed, not_streamed, post_for_events, post_json
 
 DEFAULT_VERSION = "2023-06-01"
 
@@ -99,8 +99,4 @@ async def open_message(model: Model, params: dict, api_key: str | None, timeout:
         return MessageEvents(sent)
     if isinstance(sent, Attempt):
         return sent
-    attempt = _answered(*sent)
-    if attempt.ok:
-        return Attempt(status_code=502, input_tokens=attempt.input_tokens, output_tokens=attempt.output_tokens,
-                       message="The backend answered without streaming.")
-    return attempt
+    return not_streamed(_answered(*sent))

@@ -105,3 +105,12 @@ def failed(answer: httpx.Response, parsed: object, request_id: str | None, messa
     return Attempt(status_code=answer.status_code, body=parsed if isinstance(parsed, dict) else None,
                    request_id=request_id, message=message,
                    retry_after=float(value) if value and value.replace(".", "", 1).isdigit() else None)
+
+
+def not_streamed(attempt: Attempt) -> Attempt:
+    """What a stream request that was answered whole gave: its error as it was, or, when it ran (its cost is
+    known), a 502: the caller asked for a stream."""
+    if not attempt.ok:
+        return attempt
+    return Attempt(status_code=502, input_tokens=attempt.input_tokens, output_tokens=attempt.output_tokens,
+                   message="The backend answered without streaming.")

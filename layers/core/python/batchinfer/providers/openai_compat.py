@@ -9,7 +9,7 @@ import httpx
 
 from ..catalog import Model
 from ..domain import Attempt
-from .http import Events, failed, post_for_events, post_json
+from .http import Events, failed, not_streamed, post_for_events, post_json
 
 
 def _usage(body: dict) -> tuple[int, int, int, int]:
@@ -102,8 +102,4 @@ async def open_chat(model: Model, body: dict, api_key: str | None, timeout: floa
         return ChatChunks(sent)
     if isinstance(sent, Attempt):
         return sent
-    attempt = _answered(*sent)
-    if attempt.ok:  # it ran, but answered whole: what it cost is known, the caller asked for a stream
-        return Attempt(status_code=502, input_tokens=attempt.input_tokens, output_tokens=attempt.output_tokens,
-                       message="The backend answered without streaming.")
-    return attempt
+    return not_streamed(_answered(*sent))
