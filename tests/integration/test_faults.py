@@ -1480,3 +1480,39 @@ def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 60
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, sim_control, monkeypatch):
+    """Work-conserving: a pump holding one slot, busy with a long call, takes free slots of the budget for the
+    requests it claimed meanwhile instead of holding them until the long call ends; never past the budget."""
+    set_budgets(svc, {GLM: 4})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("slow", "slow [[sim:tag:slow]]")] + [chat_request(f"q-{i}", f"quick {i}")
+                                                                   for i in range(6)]
+    batch_id = submit(svc, who, requests)
+    real_attempt = work._attempt
+    calls: list[tuple[str, float, float]] = []
+
+    async def attempt(model, batch, body, *args, **kwargs):
+        started = time.monotonic()
+        if "slow" in body["messages"][0]["content"]:
+            await asyncio.sleep(3.0)  # the long call (a long generation)
+        answer = await real_attempt(model, batch, body, *args, **kwargs)
+        calls.append((body["messages"][0]["content"], started, time.monotonic()))
+        return answer
+
+    monkeypatch.setattr(work, "_attempt", attempt)
+    outcome = run_pump(svc, slots=1, seconds=20)
+    monkeypatch.undo()
+
+    slow = next(c for c in calls if c[0].startswith("slow"))
+    quick = [c for c in calls if c[0].startswith("quick")]
+    assert outcome["completed"] == 7 and len(quick) == 6, outcome
+    # Every quick request ran while the long call still ran: none waited for its slot to come free.
+    assert max(end for _, _, end in quick) < slow[2], (slow, quick)
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 4
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 7
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])

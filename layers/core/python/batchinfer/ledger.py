@@ -294,6 +294,13 @@ def take_slots(svc: Services, model_id: str, k: int, cap: int, interactive_seen:
     return lease
 
 
+def grow_slots(svc: Services, lease: dict, n: int, cap: int, interactive_seen: int | None) -> dict:
+    """n more of the model's free slots into the lease; returns the lease as it is now. ConditionFailed: not
+    that many are free, or the sweeper recovered the lease."""
+    svc.table.transact(SlotLease.grow(svc.table, lease, n, cap, interactive_seen))
+    return {**lease, "slots": int(lease["slots"]) + n}
+
+
 def give_back_slots(svc: Services, lease: dict, n: int) -> dict | None:
     """n of the lease's slots back to the budget; returns the lease as it is now (None once it has ended).
     ConditionFailed: the sweeper recovered it first (its slots went back then)."""

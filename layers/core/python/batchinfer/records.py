@@ -672,6 +672,14 @@ class SlotLease:
         return t.get(*slot_lease_key(model_id, lease_id))
 
     @staticmethod
+    def grow(t: Table, lease: dict, n: int, cap: int, interactive_seen: int | None) -> list[Op]:
+        """n more of the budget's slots into the lease, within the cap (see `Budget.take`)."""
+        key = slot_lease_key(lease["model"], lease["id"])
+        vals = {":t": lease["token"], ":held": int(lease["slots"]), ":n": n}
+        grow = t.op_update(*key, "ADD slots :n", vals=vals, condition="#token = :t AND slots = :held")
+        return [grow, Budget.take(t, lease["model"], n, cap, interactive_seen, from_waiting=False)]
+
+    @staticmethod
     def give_back(t: Table, lease: dict, n: int) -> list[Op]:
         """n of the lease's slots back to the model's budget (all of them: the lease ends)."""
         key = slot_lease_key(lease["model"], lease["id"])

@@ -32,6 +32,7 @@ from ..ledger import (
     Settlement,
     close_group,
     give_back_slots,
+    grow_slots,
     position_item,
     queue_message,
     record_position,
@@ -338,6 +339,9 @@ class SlotPump:
     Invariants:
     - calls in flight <= slots held <= what the budget granted: one runner per slot, and a runner starts a
       call only while it holds its slot; slots go back only when their runner has stopped;
+    - work-conserving: claimed work never waits behind busy runners while the budget has free slots: the
+      lease grows into them (fenced on the lease and conditional on the cap, as a claim) and a runner starts
+      for each, so a long call holds one slot, never the requests queued behind it;
     - ownership of work is the ledger's, as for every claim: each claimed request is run at most once per
       claim and its outcome written exactly once, fenced by its group's token; a member that does not start
       (the invocation ends, the budget shrinks, its batch stopped or its window closed) is handed back in its
@@ -366,6 +370,7 @@ class SlotPump:
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
         self.need = asyncio.Event()  # a runner took work: the claimer may claim more
         self.writes: set[asyncio.Task] = set()
+        self.runners: set[asyncio.Task] = set()
         self.outcome: Counter = Counter()
         self.claim_seconds = 0.05  # moving averages: how long a claim and a call take
         self.call_seconds = 1.0
@@ -437,11 +442,22 @@ class SlotPump:
             # An adopted group was claimed in the budget as it stood then: look at it again before its first
             # call starts, so a group that waited on the queue while interactive load came does not start over.
             await self._poll_budget()
-        k = self.slots
         self.key = await asyncio.to_thread(backend_key, svc, model)
         claimer = asyncio.create_task(self._claim_loop())
+        failure: BaseException | None = None
         try:
-            await asyncio.gather(*(self._runner() for _ in range(k)))
+            self._add_runners(self.slots)
+            while self.runners:  # the lease may grow meanwhile, adding runners
+                done, _ = await asyncio.wait(self.runners, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self.runners.discard(task)
+                    if task.exception() is not None and failure is None:
+                        # The others finish their current call (recorded) and start no more; then it is raised.
+                        failure = task.exception()
+                        self.deadline = 0.0
+                        self.wake.set()
+            if failure is not None:
+                raise failure
         finally:
             self.done_claiming = True
             self.need.set()
@@ -459,6 +475,27 @@ class SlotPump:
         return self.outcome
 
     # --- Slots ---------------------------------------------------------------------------------------
+
+    def _add_runners(self, n: int) -> None:
+        for _ in range(n):
+            self.runners.add(asyncio.create_task(self._runner()))
+
+    async def _grow(self, budget_item: dict | None, cap: int) -> None:
+        """Every runner busy and claimed work waiting: take free slots of the budget for it."""
+        if self.lease is None or self.release or self.releasing or time.monotonic() >= self.deadline:
+            return
+        waiting = len(self.queue) - (self.slots - self.busy)
+        free = cap - int((budget_item or {}).get("in_flight", 0))
+        n = min(waiting, free)
+        if n <= 0:
+            return
+        try:
+            self.lease = await self._claiming(grow_slots, self.svc, self.lease, n, cap,
+                                              int((budget_item or {}).get("interactive", 0)))
+        except (ConditionFailed, Throttled):
+            return  # taken by others meanwhile (or the lease was recovered): the next poll looks again
+        self.slots += n
+        self._add_runners(n)
 
     async def _give_back(self, n: int) -> None:
         async with self.giving_back:  # one at a time: each is fenced on the slots the last one left
@@ -588,6 +625,8 @@ class SlotPump:
             share = math.ceil((in_flight - cap) * mine / in_flight)
             self.release = max(self.release, min(share, mine))
             self.wake.set()
+        elif in_flight < cap:
+            await self._grow(budget_item, cap)
         return budget_item
 
     async def _claim(self, want: int, budget_item: dict | None) -> int:

@@ -808,15 +808,21 @@
       input.focus();
       return;
     }
+    // The button stays busy until the answer: a second click (or a box ticked meanwhile) must not race it.
+    const submit = $("webhook-form").querySelector("button[type=submit]");
+    const rotate = $("webhook-rotate").checked;
     let answer;
+    submit.disabled = true;
     try {
-      answer = await api("v1/batch_webhook", {method: "PUT", body: {url, rotate_secret: $("webhook-rotate").checked}});
+      answer = await api("v1/batch_webhook", {method: "PUT", body: {url, rotate_secret: rotate}});
     } catch (error) {
       if (apiKey()) showError(box, error, "webhook", "openai");
       return;
+    } finally {
+      submit.disabled = false;
     }
     clearNotice(box);
-    $("webhook-rotate").checked = false;
+    if (rotate) $("webhook-rotate").checked = false;
     renderWebhook(answer);
     if (answer.secret) {
       $("webhook-secret-value").value = answer.secret;
