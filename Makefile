@@ -6,10 +6,15 @@ BIN := $(VENV)/bin
 # (requirements-sdk-previous.txt) and openai 1.x (requirements-sdk-openai1.txt).
 SDK_PREV := .venv-sdk-previous
 SDK_OPENAI1 := .venv-sdk-openai1
+# Lambda runs the functions on Python 3.12 (infra/functions.py): the unit and integration suites run on it too,
+# in a venv of its own. PYTHON312 is found on the PATH, or among pyenv's versions.
+PY312 := .venv-py312
+PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { command -v "$$p"; break; }; done)
 export PYTHONPATH := $(CURDIR)/layers/core/python:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: venv sdk-previous sdk-openai1 browser run test lint synth layers bench clean
+.PHONY: venv venv-py312 sdk-previous sdk-openai1 browser run test test-py312 lint synth layers bench clean
 
 # The venv takes the layer lock's versions as constraints, so its indirect packages (starlette, botocore, ...)
 # are the ones Lambda runs; hash-free, written from the lock by infra.layers (stdlib only), see constraints_text.
@@ -24,6 +29,17 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt requirements-layer.lock
 	touch $@
 
 venv: $(BIN)/.installed
+
+# The same pins and lock constraints on Lambda's Python (the lock is resolved for cp312, so every version fits).
+$(PY312)/bin/.installed: requirements.txt requirements-dev.txt requirements-layer.lock
+	@test -n "$(PYTHON312)" || { echo "need Python 3.12 (Lambda's runtime) for the 3.12 run; set PYTHON312=..."; exit 1; }
+	test -x $(PY312)/bin/python || $(PYTHON312) -m venv $(PY312)
+	$(PY312)/bin/python -m pip install --quiet --upgrade pip==25.3
+	$(PY312)/bin/python -m infra.layers --constraints $(LOCK_CONSTRAINTS)
+	$(PY312)/bin/python -m pip install --quiet -r requirements-dev.txt -c $(LOCK_CONSTRAINTS)
+	touch $@
+
+venv-py312: $(PY312)/bin/.installed
 
 .venv-sdk-%/bin/.installed: requirements-sdk-%.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
@@ -43,9 +59,13 @@ browser:
 	@test -x /usr/bin/chromium || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-test: venv sdk-previous sdk-openai1 browser  ## lint, then every test (unit, integration, infra, e2e, browser)
+test: venv venv-py312 sdk-previous sdk-openai1 browser  ## lint, every test on 3.11, then unit + integration on 3.12
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-py312
+
+test-py312: venv-py312  ## the unit and integration suites on Python 3.12, the Lambda runtime's version
+	$(PY312)/bin/python -m pytest tests/unit tests/integration -p no:cacheprovider
 
 lint: venv
 	$(BIN)/ruff check .
@@ -60,4 +80,4 @@ bench: venv  ## the benchmarks against the local stack
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) $(SDK_PREV) $(SDK_OPENAI1) cdk.out build .local .pytest_cache
+	rm -rf $(VENV) $(PY312) $(SDK_PREV) $(SDK_OPENAI1) cdk.out build .local .pytest_cache

@@ -15,7 +15,9 @@ written)). A write to an item that is in a global secondary index also writes th
 decides (layout.INDEX_PROJECTIONS): an index that projects ALL is written by every write of the item (its
 size in units), a KEYS_ONLY or INCLUDE one only when its keys or included attributes are written (1 unit: the
 entry is small); two writes (delete + put) when its index key changes. These are counted apart (`gsi_wru`),
-at 1x. Each call also keeps, per item it wrote, the item's key and the index partitions it wrote
+at 1x; beside them, in the same pass, what they would have been had every index projected ALL
+(`gsi_wru_all`), which is what the deployed projections save. Each call also keeps, per item it wrote,
+the item's key and the index partitions it wrote
 (`Call.keys`), for the hot-item report (bench/hot_items.py).
 """
 
@@ -37,6 +39,15 @@ from batchinfer.storage.bootstrap import GSIS
 LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("aws_label", default=None)
 GSI_KEYS = {name: (h[0], r[0]) for name, (h, r) in GSIS.items()}
 KEY_ATTRS = {a for pair in GSI_KEYS.values() for a in pair}
+
+
+def _index_units(before: set[str], after: set[str], changed: set[str], h: str, r: str, old_units: int,
+                 new_units: int) -> int:
+    """Write units one index projecting ALL would take for a write (the counterfactual of `gsi_wru_all`)."""
+    was, now = {h, r} <= before, {h, r} <= after
+    if was and now:
+        return old_units + new_units if {h, r} & changed else max(old_units, new_units)
+    return old_units if was else new_units if now else 0
 
 # AWS list prices, us-east-1, on-demand (USD).
 PRICE = {"wru": 0.625e-6, "rru": 0.125e-6, "sqs": 0.40e-6, "s3_put": 0.005e-3, "s3_get": 0.0004e-3,
@@ -125,6 +136,7 @@ class Call:
     units: float = 1.0  # billed requests (SQS 64 KB chunks; S3 requests; DynamoDB: 1 per call)
     wru: float = 0.0
     gsi_wru: float = 0.0
+    gsi_wru_all: float = 0.0  # the GSI writes had every index projected ALL (the projections' saving)
     rru: float = 0.0
     writes: list = field(default_factory=list)  # (operation, item kind, wru, gsi_wru)
     keys: list = field(default_factory=list)  # (item key, wru, [(index, index partition, units)])
@@ -223,12 +235,13 @@ class Recorder:
         before, old = self._keys.get(key, set()), self._sizes.get(key, new_size)
         wru = factor * max(1, math.ceil(max(old, new_size) / 1024))
         old_units, new_units = max(1, math.ceil(old / 1024)), max(1, math.ceil(new_size / 1024))
-        gsi, parts = 0, []
+        gsi, gsi_all, parts = 0, 0, []
         if call.ok:  # a write that lost its condition writes no index
             partitions = dict(self._partitions.get(key, {}))
             for name, (h, r) in GSI_KEYS.items():
                 projection, included = INDEX_PROJECTIONS[name]
                 whole = projection == "ALL"
+                gsi_all += _index_units(before, after, changed, h, r, old_units, new_units)
                 was_units, now_units = (old_units, new_units) if whole else (1, 1)
                 was, now = {h, r} <= before, {h, r} <= after
                 old_partition = partitions.get(name)
@@ -254,6 +267,7 @@ class Recorder:
             self._partitions[key] = partitions
         call.wru += wru
         call.gsi_wru += gsi
+        call.gsi_wru_all += gsi_all
         call.writes.append((op, kind(key), wru, gsi))
         call.keys.append((key, wru, parts))
 

@@ -48,7 +48,7 @@ from ..storage.dynamo import ConditionFailed, Throttled
 from ..storage.secrets import BackendKeyNotSet
 from . import inference
 from .accounts import key_problem, may_use_model
-from .capacity import backend_throttled, effective_budget
+from .capacity import InteractiveMemory, backend_throttled, effective_budget
 from .dispatch import LANE_QUANTUM, Dispatcher
 from .inference import backend_key
 from .lifecycle import settle_batch, stop_batch
@@ -348,8 +348,9 @@ class SlotPump:
       group's close as waiting, due at once and never attempted, so it is claimed again like a retry;
     - claims run ahead of the slots by about one claim's round trip of work (`ahead`), so fairness between
       batches (the claims' round robin) and the interactive floor hold to within one claim;
-    - the budget is read at least every `POLL_SECONDS`: when it has shrunk (interactive load, 429 back-off)
-      below what is in flight, runners stop after their current call and their slots go back;
+    - the budget is read every `POLL_SECONDS` on a thread of its own (never behind a claim or a write): when
+      it has shrunk (interactive load, 429 back-off) below what is in flight, runners stop after their
+      current call and their slots go back; the lease changes (grow, give back) one at a time;
     - a worker that dies holding slots leaves a SlotLease whose lease runs out: the sweeper gives its slots
       back; its groups are recovered by their own leases, counting no budget slot (they held none).
     """
@@ -378,10 +379,17 @@ class SlotPump:
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
         self.key: str | None = None
-        self.giving_back = asyncio.Lock()
+        self.lease_lock = asyncio.Lock()  # one change of the lease at a time: each is fenced on the last
         # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
         # (nor those behind the rest of the process) for a thread of the shared pool.
         self.claim_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-claim")
+        # The budget is polled on a thread and a clock of its own: a slow claim must not hold back the poll
+        # that stops runners when interactive load arrives.
+        self.poll_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-poll")
+        self.budget_item: dict | None = None  # as the last poll read it
+        self.interactive = InteractiveMemory()  # the polls' own (the dispatcher's is read in the claim thread)
+        self.closing = False
+        self.stop_polling = asyncio.Event()
         self.write_pool = ThreadPoolExecutor(8, thread_name_prefix="pump-write")
 
     async def _claiming(self, fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of run_in_executor
@@ -437,12 +445,13 @@ class SlotPump:
                                                      int((budget_item or {}).get("interactive", 0)))
             except (ConditionFailed, Throttled):
                 return self.outcome  # another claimant took them first
-            self.slots = k
+            self.slots, self.budget_item = k, budget_item
         else:
             # An adopted group was claimed in the budget as it stood then: look at it again before its first
             # call starts, so a group that waited on the queue while interactive load came does not start over.
             await self._poll_budget()
         self.key = await asyncio.to_thread(backend_key, svc, model)
+        poller = asyncio.create_task(self._poll_loop())
         claimer = asyncio.create_task(self._claim_loop())
         failure: BaseException | None = None
         try:
@@ -464,6 +473,14 @@ class SlotPump:
             for failure in await asyncio.gather(claimer, return_exceptions=True):
                 if isinstance(failure, Exception):  # its claims stand; what it queued still runs or goes back
                     log.error("the pump's claimer stopped: %r", failure)
+            self.closing = True  # no more growth; a grow already written added runners: they end too
+            self.stop_polling.set()
+            for failure in await asyncio.gather(poller, return_exceptions=True):
+                if isinstance(failure, Exception):
+                    log.error("the pump's budget poll stopped: %r", failure)
+            while self.runners:
+                done, _ = await asyncio.wait(self.runners)
+                self.runners -= done
             while self.queue:  # claimed but never started: back to waiting, in their groups' close
                 self._hand_back(self.queue.popleft())
             while self.writes:
@@ -471,6 +488,7 @@ class SlotPump:
             if self.lease is not None:
                 await self._give_back(self.slots)
             self.claim_pool.shutdown(wait=False)
+            self.poll_pool.shutdown(wait=False)
             self.write_pool.shutdown(wait=False)
         return self.outcome
 
@@ -482,23 +500,25 @@ class SlotPump:
 
     async def _grow(self, budget_item: dict | None, cap: int) -> None:
         """Every runner busy and claimed work waiting: take free slots of the budget for it."""
-        if self.lease is None or self.release or self.releasing or time.monotonic() >= self.deadline:
-            return
-        waiting = len(self.queue) - (self.slots - self.busy)
-        free = cap - int((budget_item or {}).get("in_flight", 0))
-        n = min(waiting, free)
-        if n <= 0:
-            return
-        try:
-            self.lease = await self._claiming(grow_slots, self.svc, self.lease, n, cap,
-                                              int((budget_item or {}).get("interactive", 0)))
-        except (ConditionFailed, Throttled):
-            return  # taken by others meanwhile (or the lease was recovered): the next poll looks again
-        self.slots += n
-        self._add_runners(n)
+        async with self.lease_lock:
+            if (self.lease is None or self.closing or self.release or self.releasing
+                    or time.monotonic() >= self.deadline):
+                return
+            waiting = len(self.queue) - (self.slots - self.busy)
+            free = cap - int((budget_item or {}).get("in_flight", 0))
+            n = min(waiting, free)
+            if n <= 0:
+                return
+            try:
+                self.lease = await self._in(self.poll_pool, grow_slots, self.svc, self.lease, n, cap,
+                                        int((budget_item or {}).get("interactive", 0)))
+            except (ConditionFailed, Throttled):
+                return  # taken by others meanwhile (or the lease was recovered): the next poll looks again
+            self.slots += n
+            self._add_runners(n)
 
     async def _give_back(self, n: int) -> None:
-        async with self.giving_back:  # one at a time: each is fenced on the slots the last one left
+        async with self.lease_lock:
             if n <= 0 or self.lease is None:
                 return
             try:
@@ -566,12 +586,11 @@ class SlotPump:
 
     async def _claim_loop(self) -> None:
         idle_since: float | None = None
-        polled, budget_item = 0.0, None
+        polled = 0.0
         try:
             while time.monotonic() < self.deadline and self.slots > 0:
                 if time.monotonic() - polled >= self.POLL_SECONDS:  # not at every wake: on its own clock
                     polled = time.monotonic()
-                    budget_item = await self._poll_budget()
                     await self._claiming(self._refresh_stops)
                 # Claims cost the same whatever their size (and each makes a group, whose close costs the same):
                 # claim a round of the slots at once while one batch has work, a batch's share of it while
@@ -584,7 +603,7 @@ class SlotPump:
                 got = 0
                 if want >= threshold or (want > 0 and not self.queue):
                     started = time.monotonic()
-                    got = await self._claim(want, budget_item)
+                    got = await self._claim(want, self.budget_item)
                     self.claim_seconds += 0.2 * (time.monotonic() - started - self.claim_seconds)
                 self.drained = want > 0 and not got
                 if got or self.queue or self.busy:
@@ -595,7 +614,7 @@ class SlotPump:
                     return  # no work for a while: the runners stop and the slots go back
                 if got:
                     continue  # look again at once: the queue may still be short
-                # Wait for runners to take work (or the next poll of the budget).
+                # Wait for runners to take work (or the next look for stopped batches).
                 self.need.clear()
                 until = polled + self.POLL_SECONDS
                 while time.monotonic() < until:
@@ -612,13 +631,28 @@ class SlotPump:
             self.done_claiming = True
             self.wake.set()
 
+    async def _poll_loop(self) -> None:
+        while not self.stop_polling.is_set():
+            try:
+                await asyncio.wait_for(self.stop_polling.wait(), self.POLL_SECONDS)
+            except TimeoutError:
+                pass
+            if self.stop_polling.is_set():
+                return
+            try:
+                await self._poll_budget()
+            except Throttled:
+                log.warning("could not read %s's budget now; polling again", self.model.id)
+
     async def _poll_budget(self) -> dict | None:
         """Read the budget; when it has shrunk, stop runners after their current call, this lease's share of
-        the excess (other holders give back theirs), counting those already told to stop."""
+        the excess (other holders give back theirs), counting those already told to stop; when it has room
+        and claimed work waits behind busy runners, grow into it."""
         svc, model = self.svc, self.model
-        budget_item = await self._claiming(Budget.get, svc.table, model.id, False)
+        budget_item = await self._in(self.poll_pool, Budget.get, svc.table, model.id, False)
+        self.budget_item = budget_item
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
-                               self.dispatcher.interactive.level(model.id, budget_item))
+                               self.interactive.level(model.id, budget_item))
         in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
         mine = self.slots - self.releasing
         if in_flight > cap and mine > 0:
