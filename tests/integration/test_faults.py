@@ -1516,3 +1516,70 @@ def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, si
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 7
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+
+def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc, sim_control, monkeypatch):
+    """Interactive load came: running calls may finish, new ones must not start. Two workers' pumps: one
+    whose long calls are all above the floor (it gives all its slots back as they end), one whose short calls
+    go on at the floor: those wait until the long calls have ended rather than start beside them."""
+    import contextvars
+
+    from batchinfer.service.capacity import track_interactive
+
+    set_budgets(svc, {GLM: 8})
+    svc.catalog = Catalog(models=[m.model_copy(update={"batch_floor": 2}) if m.id == GLM else m
+                                  for m in svc.catalog.models])
+    sim_config(sim_control, latency_seconds=0.5)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"f-{i}", f"floor {i}") for i in range(150)]
+    batch_id = submit(svc, who, requests)
+    real_attempt = work._attempt
+    worker: contextvars.ContextVar[str] = contextvars.ContextVar("worker")
+    calls: list[tuple[float, float]] = []
+
+    async def attempt(*args, **kwargs):
+        started = time.monotonic()
+        if worker.get() == "long":
+            await asyncio.sleep(2.5)  # long generations
+        answer = await real_attempt(*args, **kwargs)
+        calls.append((started, time.monotonic()))
+        return answer
+
+    arrived: list[float] = []
+
+    def interactive_load_arrives() -> None:
+        time.sleep(1.5)
+        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
+        arrived.append(time.monotonic())
+        time.sleep(5.0)
+        track_interactive(svc, GLM, -6)
+
+    async def two_workers() -> None:
+        deadline = time.monotonic() + 7
+
+        async def one(name: str, slots: int) -> None:
+            worker.set(name)
+            await work.SlotPump(svc, svc.catalog.get(GLM), deadline).run(slots)
+
+        await asyncio.gather(one("long", 2), one("short", 6))
+
+    monkeypatch.setattr(work, "_attempt", attempt)
+    load = threading.Thread(target=interactive_load_arrives)
+    load.start()
+    asyncio.run(two_workers())
+    load.join()
+    monkeypatch.undo()
+
+    # After a poll's time (and the poll's own read), no batch call starts while the floor's worth or more of
+    # other batch calls still run; and batch work goes on at the floor once the long calls have ended.
+    after = [a for a, _ in calls if arrived[0] + 2 * work.SlotPump.POLL_SECONDS + 0.3 < a < arrived[0] + 5.0]
+    over = [(round(a - arrived[0], 2), sum(1 for a2, b2 in calls if a2 < a < b2)) for a in after]
+    assert after and all(running < 2 for _, running in over), over
+    # The floor's 2 slots stay busy once the long calls are gone (0.5 s calls: ~8 starts in 2 s; 1 slot: ~4).
+    assert sum(1 for a, _ in calls if arrived[0] + 2.5 < a < arrived[0] + 4.5) >= 6, sorted(calls)
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 150
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])

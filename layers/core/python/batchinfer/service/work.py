@@ -350,7 +350,8 @@ class SlotPump:
       batches (the claims' round robin) and the interactive floor hold to within one claim;
     - the budget is read every `POLL_SECONDS` on a thread of its own (never behind a claim or a write): when
       it has shrunk (interactive load, 429 back-off) below what is in flight, runners stop after their
-      current call and their slots go back; the lease changes (grow, give back) one at a time;
+      current call and their slots go back, and the runners kept start no new call until the model is back
+      within its cap (bounded, see `_holding`); the lease changes (grow, give back) one at a time;
     - a worker that dies holding slots leaves a SlotLease whose lease runs out: the sweeper gives its slots
       back; its groups are recovered by their own leases, counting no budget slot (they held none).
     """
@@ -390,6 +391,8 @@ class SlotPump:
         self.interactive = InteractiveMemory()  # the polls' own (the dispatcher's is read in the claim thread)
         self.closing = False
         self.stop_polling = asyncio.Event()
+        self.over_since: float | None = None  # when the last polls began to find the model over its cap
+        self.over_share = 0.0  # this lease's part of what was in flight then: it keeps that part of the cap
         self.write_pool = ThreadPoolExecutor(8, thread_name_prefix="pump-write")
 
     async def _claiming(self, fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of run_in_executor
@@ -569,6 +572,13 @@ class SlotPump:
                 return None
             if time.monotonic() >= self.deadline:
                 return None
+            if self.queue and self._holding():
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), self.POLL_SECONDS)
+                except TimeoutError:
+                    pass
+                continue
             if self.queue:
                 self.need.set()
                 return self.queue.popleft()
@@ -576,6 +586,15 @@ class SlotPump:
                 return None
             self.wake.clear()
             await self.wake.wait()
+
+    def _holding(self) -> bool:
+        """Over the cap (interactive load came, or the backend said 429): the slots this lease keeps start no
+        new call until the calls running above the cap have ended and their slots gone back ("running calls
+        may finish, new ones must not start"), whichever worker runs them. Bounded by the backend timeout, the
+        longest a running call can take: slots still held past it are a dead worker's (given back when the
+        sweeper recovers its lease), and must not stop the floor's own work until then."""
+        return (self.over_since is not None
+                and time.monotonic() - self.over_since < self.svc.settings.backend_timeout_seconds)
 
     def _may_start(self, batch: dict) -> bool:
         """A first attempt starts only while its batch runs and its window is open (the claim checked both;
@@ -655,9 +674,20 @@ class SlotPump:
                                self.interactive.level(model.id, budget_item))
         in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
         mine = self.slots - self.releasing
+        if in_flight > cap and self.over_since is None:
+            self.over_since = time.monotonic()
+            self.over_share = mine / in_flight
+        elif in_flight <= cap and self.over_since is not None:
+            self.over_since = None
+            self.wake.set()
         if in_flight > cap and mine > 0:
+            # Its share of the excess, but never below its part of the cap as things stood when the model went
+            # over: the slots other leases are giving back still count in in_flight until their calls end, and
+            # a lease that read them as held would give the floor's slots back too. Those it keeps start nothing
+            # until the model is within its cap (`_holding`); once it is, the lease grows back into it.
             share = math.ceil((in_flight - cap) * mine / in_flight)
-            self.release = max(self.release, min(share, mine))
+            keep = math.floor(cap * self.over_share)
+            self.release = max(self.release, min(share, mine - keep))
             self.wake.set()
         elif in_flight < cap:
             await self._grow(budget_item, cap)
