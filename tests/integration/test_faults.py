@@ -1583,3 +1583,33 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 150
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_retry_delivered_after_the_budget_shrank_does_not_start_over_it(svc, sim_control):
+    """A retry dispatched within the cap and delivered once interactive load has come waits again (its slot
+    given back) instead of starting over the floor; it runs once the load goes, exactly once."""
+    from batchinfer.service.capacity import track_interactive
+
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("again", "retry me [[sim:flaky:1:500]]")]
+    batch_id = submit(svc, who, requests)
+    Dispatcher(svc).pass_once()
+    run_queued(svc)  # the first attempt: a 500, so it waits for its retry
+    assert requests_by_custom_id(svc, batch_id)["again"]["state"] == "waiting"
+    svc.clock.advance(3600)
+    assert Dispatcher(svc).pass_once() == 1  # the retry is dispatched, holding one slot
+    track_interactive(svc, GLM, 16)  # the model's batch work shrinks to its floor... and below what is held
+    set_budgets(svc, {GLM: 0})  # (and a budget of 0: over the cap with the one slot the retry holds)
+    run_queued(svc)
+
+    assert requests_by_custom_id(svc, batch_id)["again"]["state"] == "waiting"
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 1  # not sent again
+    assert budget_in_flight(svc) == 0
+
+    track_interactive(svc, GLM, -16)
+    set_budgets(svc, {GLM: 16})
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 1
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 2
+    assert_ledger_consistent(svc, batch_id, who, ["again"])

@@ -178,6 +178,11 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
     req = claimed or await asyncio.to_thread(Request.get, svc.table, batch_id, index)
     if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
         return "stale"  # a duplicate delivery, or the lease was recovered and the request moved on
+    if claimed is None and await asyncio.to_thread(_over_cap, svc, req["model"]):
+        # Dispatched within the cap, delivered after it shrank (interactive load came, the backend said 429):
+        # it does not start over the cap; back to waiting, due at once, its slot given back.
+        await asyncio.to_thread(_hand_back_request, svc, req)
+        return "handed_back"
     batch = dict(batch or {})
     decided = await asyncio.to_thread(_settle_without_running, svc, req, message, batch)
     if decided != "may_run":
@@ -207,6 +212,24 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
         log.warning("request %s/%s lost its lease before its outcome was recorded", batch_id, index)
         return "lease_lost"
     return outcome.to.value
+
+
+def _over_cap(svc: Services, model_id: str) -> bool:
+    """Whether the model has more batch slots taken than it may have now."""
+    model = svc.catalog.lookup(model_id)
+    if model is None:
+        return False  # gone from the catalog: the precheck fails it
+    budget = Budget.get(svc.table, model_id, consistent=False)
+    cap = effective_budget(model, budget, svc.settings.interactive_yield_per_request)
+    return int((budget or {}).get("in_flight", 0)) > cap
+
+
+def _hand_back_request(svc: Services, req: dict) -> None:
+    """A dispatched request that did not start: waiting again, due at once (it keeps its last error)."""
+    try:
+        settle(svc, req, Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=svc.now()))
+    except ConditionFailed:
+        pass  # recovered meanwhile
 
 
 def _backend_said_429(svc: Services, model: Model) -> None:
@@ -760,8 +783,8 @@ class SlotPump:
         await self._member_done(run)
 
     def _hand_back(self, member: _Member) -> None:
-        if member.retry is not None:  # a retry never started: its lease brings it back (rare: at the end)
-            self._spawn(self._writing(self._hand_back_retry, member.retry))
+        if member.retry is not None:  # a retry never started: waiting again (rare: at the end)
+            self._spawn(self._writing(_hand_back_request, self.svc, member.retry))
             return
         run = member.run
         assert run is not None and member.position is not None
@@ -769,12 +792,6 @@ class SlotPump:
                              Settlement(to=RequestState.WAITING, retry_at=self.svc.now()), attempt=0)
         run.handed_back.append(item)
         self._spawn(self._member_done(run))
-
-    def _hand_back_retry(self, req: dict) -> None:
-        try:
-            settle(self.svc, req, Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=self.svc.now()))
-        except ConditionFailed:
-            pass  # recovered meanwhile
 
     async def _member_done(self, run: _GroupRun) -> None:
         run.left -= 1
