@@ -1448,17 +1448,22 @@ def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypat
     assert sim_stats(sim_control, settle=True)["total_requests"] == final["completed"] <= 3
 
 
-def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
-    from batchinfer.service.capacity import track_interactive
-
+def floor_of_two(svc, sim_control, latency: float, n: int, word: str) -> tuple:
+    """GLM at a budget of 8 and a floor of 2, the backend at `latency`, and a batch of n requests on it."""
     set_budgets(svc, {GLM: 8})
     svc.catalog = Catalog(models=[m.model_copy(update={"batch_floor": 2}) if m.id == GLM else m
                                   for m in svc.catalog.models])
-    sim_config(sim_control, latency_seconds=0.3)
+    sim_config(sim_control, latency_seconds=latency)
     _, key = new_key(svc)
     who = authenticate(svc, key)
-    requests = [chat_request(f"s-{i}", f"shrink {i}") for i in range(60)]
-    batch_id = submit(svc, who, requests)
+    requests = [chat_request(f"{word[0]}-{i}", f"{word} {i}") for i in range(n)]
+    return who, requests, submit(svc, who, requests)
+
+
+def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
+    from batchinfer.service.capacity import track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=60, word="shrink")
     seen: list[int] = []
 
     def interactive_load_arrives() -> None:
@@ -1527,14 +1532,7 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
 
     from batchinfer.service.capacity import track_interactive
 
-    set_budgets(svc, {GLM: 8})
-    svc.catalog = Catalog(models=[m.model_copy(update={"batch_floor": 2}) if m.id == GLM else m
-                                  for m in svc.catalog.models])
-    sim_config(sim_control, latency_seconds=0.5)
-    _, key = new_key(svc)
-    who = authenticate(svc, key)
-    requests = [chat_request(f"f-{i}", f"floor {i}") for i in range(150)]
-    batch_id = submit(svc, who, requests)
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.5, n=150, word="floor")
     real_attempt = work._attempt
     worker: contextvars.ContextVar[str] = contextvars.ContextVar("worker")
     calls: list[tuple[float, float]] = []
