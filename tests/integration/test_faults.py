@@ -1611,3 +1611,30 @@ def test_retry_delivered_after_the_budget_shrank_does_not_start_over_it(svc, sim
     assert final["status"] == "completed" and final["completed"] == 1
     assert sim_stats(sim_control, settle=True)["total_requests"] == 2
     assert_ledger_consistent(svc, batch_id, who, ["again"])
+
+
+def test_new_pump_does_not_take_a_dip_between_interactive_calls_for_room(svc, sim_control):
+    """Interactive clients send back to back: their count dips to 0 for a moment when calls end together. A
+    pump that starts then watches the count over the memory's window before taking slots."""
+    from batchinfer.service.capacity import InteractiveMemory, track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=24, word="dip")
+    track_interactive(svc, GLM, 6)
+    track_interactive(svc, GLM, -6)  # the calls end together...
+
+    def next_calls_arrive() -> None:
+        time.sleep(0.1)
+        track_interactive(svc, GLM, 6)  # ...and the clients' next ones are counted a moment later
+        time.sleep(InteractiveMemory.WINDOW_SECONDS + 2.0)
+        track_interactive(svc, GLM, -6)
+
+    load = threading.Thread(target=next_calls_arrive)
+    load.start()
+    run_pump(svc, slots=8, seconds=2.5)
+    load.join()
+
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 2  # the floor, not the dip's 8
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 24
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])

@@ -462,7 +462,18 @@ class SlotPump:
         svc, model = self.svc, self.model
         if self.lease is None:
             budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
-            cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request)
+            level = self.interactive.level(model.id, budget_item)
+            if "interactive" in (budget_item or {}):
+                # A model with interactive traffic: a new pump remembers none of it yet, and between one
+                # client's call and its next the count dips for a moment (to 0 when calls end together).
+                # Watch it over the memory's window before taking slots, as running pumps and the dispatcher
+                # go by what they saw over it.
+                watch_until = time.monotonic() + InteractiveMemory.WINDOW_SECONDS
+                while time.monotonic() < watch_until:
+                    await asyncio.sleep(self.POLL_SECONDS)
+                    budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
+                    level = self.interactive.level(model.id, budget_item)
+            cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request, level)
             k = min(most, cap - int((budget_item or {}).get("in_flight", 0)))
             if k <= 0 or time.monotonic() >= self.deadline:
                 return self.outcome
