@@ -41,13 +41,16 @@ GSI_KEYS = {name: (h[0], r[0]) for name, (h, r) in GSIS.items()}
 KEY_ATTRS = {a for pair in GSI_KEYS.values() for a in pair}
 
 
-def _index_units(before: set[str], after: set[str], changed: set[str], h: str, r: str, old_units: int,
-                 new_units: int) -> int:
-    """Write units one index projecting ALL would take for a write (the counterfactual of `gsi_wru_all`)."""
-    was, now = {h, r} <= before, {h, r} <= after
+def _index_writes(was: bool, now: bool, key_changed: bool, written_in_entry: bool, was_units: int,
+                  now_units: int) -> list[tuple[bool, int]]:
+    """The index entries a write of an item writes: (in the new partition?, units) each. `written_in_entry`:
+    the write changes what the entry holds (every write, for an ALL projection)."""
+    if was and now and key_changed:  # a new index key: the old entry deleted, a new one put
+        return [(False, was_units), (True, now_units)]
     if was and now:
-        return old_units + new_units if {h, r} & changed else max(old_units, new_units)
-    return old_units if was else new_units if now else 0
+        return [(True, max(was_units, now_units))] if written_in_entry else []
+    return [(False, was_units)] if was else [(True, now_units)] if now else []
+
 
 # AWS list prices, us-east-1, on-demand (USD).
 PRICE = {"wru": 0.625e-6, "rru": 0.125e-6, "sqs": 0.40e-6, "s3_put": 0.005e-3, "s3_get": 0.0004e-3,
@@ -241,23 +244,15 @@ class Recorder:
             for name, (h, r) in GSI_KEYS.items():
                 projection, included = INDEX_PROJECTIONS[name]
                 whole = projection == "ALL"
-                gsi_all += _index_units(before, after, changed, h, r, old_units, new_units)
+                was, now, key_changed = {h, r} <= before, {h, r} <= after, bool({h, r} & changed)
+                gsi_all += sum(u for _, u in _index_writes(was, now, key_changed, True, old_units, new_units))
                 was_units, now_units = (old_units, new_units) if whole else (1, 1)
-                was, now = {h, r} <= before, {h, r} <= after
                 old_partition = partitions.get(name)
                 new_partition = (values or {}).get(h, old_partition) if now else None
-                written: list[tuple[str | None, int]] = []
-                if was and now and {h, r} & changed:  # a new index key: the old entry deleted, a new one put
-                    written = [(old_partition, was_units), (new_partition, now_units)]
-                elif was and now and (whole or set(included) & changed):
-                    written = [(new_partition, max(was_units, now_units))]
-                elif was and not now:
-                    written = [(old_partition, was_units)]
-                elif now and not was:
-                    written = [(new_partition, now_units)]
-                for partition, units in written:
+                for in_new, units in _index_writes(was, now, key_changed, whole or bool(set(included) & changed),
+                                                   was_units, now_units):
                     gsi += units
-                    parts.append((name, partition or "?", units))
+                    parts.append((name, (new_partition if in_new else old_partition) or "?", units))
                 if now and new_partition is not None:
                     partitions[name] = new_partition
                 else:

@@ -507,17 +507,20 @@ class SlotPump:
         finally:
             self.done_claiming = True
             self.need.set()
-            for failure in await asyncio.gather(claimer, return_exceptions=True):
-                if isinstance(failure, Exception):  # its claims stand; what it queued still runs or goes back
-                    log.error("the pump's claimer stopped: %r", failure)
+            for problem in await asyncio.gather(claimer, return_exceptions=True):
+                if isinstance(problem, Exception):  # its claims stand; what it queued still runs or goes back
+                    log.error("the pump's claimer stopped: %r", problem)
             self.closing = True  # no more growth; a grow already written added runners: they end too
             self.stop_polling.set()
-            for failure in await asyncio.gather(poller, return_exceptions=True):
-                if isinstance(failure, Exception):
-                    log.error("the pump's budget poll stopped: %r", failure)
-            while self.runners:
+            for problem in await asyncio.gather(poller, return_exceptions=True):
+                if isinstance(problem, Exception):
+                    log.error("the pump's budget poll stopped: %r", problem)
+            while self.runners:  # added by a grow the poll wrote as it stopped, or left by a failure
                 done, _ = await asyncio.wait(self.runners)
                 self.runners -= done
+                for task in done:
+                    if task.exception() is not None and task.exception() is not failure:
+                        log.error("a pump runner stopped: %r", task.exception())
             while self.queue:  # claimed but never started: back to waiting, in their groups' close
                 self._hand_back(self.queue.popleft())
             while self.writes:
