@@ -129,9 +129,12 @@ def test_messages_interactive_in_anthropics_shape_and_envelope(api, svc, sim_con
 def test_quota_used_up_refuses_interactive_and_new_batches_but_never_reading(api, svc, sim_control):
     account, key = new_key(svc, daily_quota_usd=1e-9)
     ok(api("POST", "/v1/chat/completions", key, json_body=CHAT))  # under the quota when it started
+    before = svc.now()
     reply = api("POST", "/v1/chat/completions", key, json_body=CHAT)
+    after = svc.now()
     error(reply, 429, "renews at 00:00 UTC", code="quota_exceeded")
-    assert int(reply.headers["retry-after"]) == next_utc_midnight(svc.now()) - svc.now()
+    # the seconds to midnight UTC as of the call (the clock may tick during it)
+    assert next_utc_midnight(after) - after <= int(reply.headers["retry-after"]) <= next_utc_midnight(before) - before
     error(api("POST", "/v1/embeddings", key, json_body={"model": GLM, "input": "x"}), 429)
     anthropic_error(api("POST", "/v1/messages", key, json_body={"model": GLM, "max_tokens": 5, "messages": [
         {"role": "user", "content": "x"}]}, headers={"anthropic-version": V1}), 429, "rate_limit_error", "quota")
