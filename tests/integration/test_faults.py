@@ -381,6 +381,65 @@ def test_with_more_lanes_than_free_slots_lanes_take_turns_a_quantum_at_a_time(sv
         assert_ledger_consistent(svc, batch_id, owners[b % 2], [f"q{b}-{i}" for i in range(4)])
 
 
+def test_a_batch_that_arrives_takes_freed_slots_until_it_holds_as_many_as_the_others(svc, sim_control):
+    """Batch A holds 8 slots when B arrives: the next claim of 8 gives all of them to B (8 and 8), not half
+    (12 and 4, which leaves B a round of calls behind); a lane with less work takes what it has, the rest
+    going to the others in turn; every request still ends once."""
+    set_budgets(svc, {GLM: 32})
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    a = submit(svc, who, [chat_request(f"a-{i}", f"older {i}") for i in range(40)])
+    dispatcher = Dispatcher(svc)
+    glm = svc.catalog.get(GLM)
+    claimed = dispatcher.claim(glm, limit=8)
+    assert sum(len(u["positions"]) for u in claimed) == 8
+    b = submit(svc, who, [chat_request(f"b-{i}", f"newer {i}") for i in range(20)])
+    units = dispatcher.claim(glm, limit=8)
+    assert Counter(u["batch_id"] for u in units for _ in u["positions"]) == {b: 8}
+    c = submit(svc, who, [chat_request(f"c-{i}", f"short {i}") for i in range(3)])
+    units += (more := dispatcher.claim(glm, limit=12))  # C has 3 to give; A and B share the rest in turn
+    assert Counter(u["batch_id"] for u in more for _ in u["positions"]) == {c: 3, a: 5, b: 4}
+    assert not svc.queues.send(GLM, [queue_message(u) for u in claimed + units])
+    run_queued(svc)
+    for batch_id, prefix, n in ((a, "a", 40), (b, "b", 20), (c, "c", 3)):
+        final = pump(svc, batch_id)
+        assert final["status"] == "completed" and final["completed"] == n
+        assert_ledger_consistent(svc, batch_id, who, [f"{prefix}-{i}" for i in range(n)])
+
+
+def test_a_claim_reads_the_lanes_it_serves_not_every_batchs_and_new_dispatchers_start_anywhere(
+        svc, sim_control, monkeypatch):
+    """Thirty batches, eight free slots: each claim reads a few lane items from where the last one ended
+    (not thirty), the claims still go round every lane once, and fresh dispatchers (workers pulling work)
+    start at different places in the ring rather than all at the oldest batch."""
+    set_budgets(svc, {GLM: 8})
+    owners = [authenticate(svc, new_key(svc)[1]) for _ in range(3)]  # at most 10 unfinished batches each
+    batch_ids = [submit(svc, owners[b % 3], [chat_request(f"r{b}-{i}", f"ring {b} {i}") for i in range(4)])
+                 for b in range(30)]
+    lane_items_read = []
+    query = svc.table.query
+
+    def counting(key_condition, vals, **kwargs):
+        items, last = query(key_condition, vals, **kwargs)
+        lane_items_read.extend(i for i in items if i["sk"].startswith("LANE#"))
+        return items, last
+
+    monkeypatch.setattr(svc.table, "query", counting)
+    firsts = {Dispatcher(svc)._lanes_in_turn(GLM, 3)[0][0]["batch_id"] for _ in range(20)}
+    assert len(firsts) >= 3, firsts
+    lane_items_read.clear()
+    dispatcher = Dispatcher(svc)
+    served = []
+    for _ in range(15):
+        before = len(lane_items_read)
+        units = dispatcher.claim(svc.catalog.get(GLM), limit=8)
+        assert sorted(len(u["positions"]) for u in units) == [dispatch.LANE_QUANTUM] * 2
+        assert len(lane_items_read) - before <= 8, "a claim read more lanes than it could serve"
+        served += [u["batch_id"] for u in units]
+        assert not svc.queues.send(GLM, [queue_message(u) for u in units])
+        run_queued(svc)
+    assert sorted(served) == sorted(batch_ids)  # every lane once in fifteen claims, none twice
+
+
 def test_worker_dying_after_recording_every_outcome_counts_them_once(svc, sim_control, monkeypatch):
     """Every outcome of the group was written, then the worker died before closing the group: the sweeper
     counts the outcomes from their items when the lease runs out, and nothing runs again."""
@@ -1580,6 +1639,65 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 150
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc, sim_control, monkeypatch):
+    """The budget poll stalls (a throttled or stalled store) just as interactive load comes: runners stop
+    starting calls once the cap they know is STALE_CAP_SECONDS old, rather than go on at the old budget, and
+    go on once a poll answers (at the floor); every request still ends once."""
+    from batchinfer.records import Budget
+    from batchinfer.service.capacity import track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=200, word="stall")
+    stall = threading.Event()
+    released = threading.Event()
+
+    class StallingBudget(Budget):
+        @staticmethod
+        def get(*args, **kwargs):
+            if stall.is_set() and threading.current_thread().name.startswith("pump-poll"):
+                released.wait(10)
+            return Budget.get(*args, **kwargs)
+
+    real_attempt = work._attempt
+    starts: list[float] = []
+
+    async def attempt(*args, **kwargs):
+        starts.append(time.monotonic())
+        return await real_attempt(*args, **kwargs)
+
+    marks: dict[str, float] = {}
+
+    def load_arrives_while_the_poll_stalls() -> None:
+        time.sleep(1.0)
+        stall.set()
+        time.sleep(0.3)  # the stalled poll has been sent
+        marks["stalled"] = time.monotonic()
+        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2: no poll sees it yet
+        time.sleep(2.5)
+        marks["released"] = time.monotonic()
+        released.set()
+        time.sleep(1.5)
+        track_interactive(svc, GLM, -6)
+
+    monkeypatch.setattr(work, "Budget", StallingBudget)
+    monkeypatch.setattr(work, "_attempt", attempt)
+    load = threading.Thread(target=load_arrives_while_the_poll_stalls)
+    load.start()
+    run_pump(svc, slots=8, seconds=6)
+    load.join()
+    monkeypatch.undo()
+
+    # The last poll answered before the stall began; from a second after it (STALE_CAP_SECONDS, and a
+    # runner's wait), until the stalled poll answers, no call starts.
+    assert work.SlotPump.STALE_CAP_SECONDS <= 1.0
+    quiet_from = marks["stalled"] - 0.3 + 1.0 + work.SlotPump.POLL_SECONDS + 0.1
+    assert not [round(a - marks["stalled"], 2) for a in starts if quiet_from < a < marks["released"]]
+    assert [a for a in starts if a > marks["released"]], "the pump went on once the poll answered"
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 200
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 

@@ -101,6 +101,20 @@ def lanes_of(model_id: str) -> tuple[str, str]:
     return f"MODEL#{model_id}", "LANE#"
 
 
+# Past every lane's sort key ("$" follows "#"): the end of the lanes' range in the model's partition.
+LANES_END = "LANE$"
+
+
+def lane_turn_at(created_at: int, id_from: str = "") -> str:
+    """A place in the ring of lanes: before the lanes of batches created at `created_at` whose ids sort
+    after `id_from`."""
+    return f"LANE#{created_at:012d}#{id_from}"
+
+
+def lane_created_at(lane_sk: str) -> int:
+    return int(lane_sk.split("#")[1])
+
+
 # The `by_owner` index: an account's batches and files, by creation time.
 OWNER_BATCH_PREFIX = "BATCH#"
 OWNER_MESSAGE_BATCH_PREFIX = "MSGBATCH#"  # Message Batches: listed apart from the OpenAI-shaped ones

@@ -28,6 +28,7 @@ from .domain import (
 from .layout import (
     ACTIVE_PARTITION,
     GROUP_PREFIX,
+    LANES_END,
     LEASE_PARTITIONS,
     OWNER_BATCH_PREFIX,
     OWNER_FILE_PREFIX,
@@ -414,6 +415,32 @@ class Lane:
     def of_model(t: Table, model_id: str) -> list[dict]:
         pk, prefix = lanes_of(model_id)
         return list(t.query_all("pk = :pk AND begins_with(sk, :l)", {":pk": pk, ":l": prefix}))
+
+    @staticmethod
+    def newest(t: Table, model_id: str) -> dict | None:
+        pk, prefix = lanes_of(model_id)
+        items, _ = t.query("pk = :pk AND begins_with(sk, :l)", {":pk": pk, ":l": prefix}, forward=False, limit=1)
+        return items[0] if items else None
+
+    @staticmethod
+    def in_turn(t: Table, model_id: str, after: str | None, limit: int) -> tuple[list[dict], bool]:
+        """Up to `limit` of the model's lanes in turn: those after the place `after` (a lane's sort key, or
+        `lane_turn_at`), then round from the oldest. A claim reads the lanes it can serve, not every batch's
+        (two small queries, whatever the number of batches). With True when they are all the model's lanes."""
+        pk, prefix = lanes_of(model_id)
+        first: list[dict] = []
+        if after is not None:  # BETWEEN takes `after` itself too: one more, dropped
+            items, _ = t.query("pk = :pk AND sk BETWEEN :a AND :e", {":pk": pk, ":a": after, ":e": LANES_END},
+                               limit=limit + 1)
+            first = [lane for lane in items if lane["sk"] != after][:limit]
+        if len(first) >= limit:
+            return first, False
+        rest, _ = t.query("pk = :pk AND begins_with(sk, :l)", {":pk": pk, ":l": prefix}, limit=limit - len(first))
+        seen = {lane["sk"] for lane in first}
+        wrapped = [lane for lane in rest if after is None or lane["sk"] <= after and lane["sk"] not in seen]
+        lanes = first + wrapped
+        # Fewer than asked for over the whole ring (the round came back to `after`, or ran out): all of them.
+        return lanes, len(lanes) < limit or len(wrapped) < len(rest)
 
 
 # --- Group --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from ..catalog import Model
 from ..domain import RequestState
-from ..layout import INDEX_CHUNK, index_object, lane_object
+from ..layout import INDEX_CHUNK, index_object, lane_created_at, lane_object, lane_turn_at
 from ..ledger import GROUP_MAX, Position, claim_from_lane, claim_retry, queue_message
 from ..records import Account, Batch, Budget, Lane, Request
 from ..runtime import Services
@@ -42,7 +42,7 @@ class Dispatcher:
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
         self.interactive_seen = 0  # the model's interactive count the last claim's cap was computed from
         self.slot_lease: dict | None = None  # the SlotLease the current claim's work runs in, if any
-        self.lanes_seen = 0  # how many batches had work for the model at the last claim
+        self.lanes_seen = 0  # how many batches had work for the model at the last claim (of those it read)
         self.interactive = InteractiveMemory()  # the interactive load seen lately, per model
 
     def run(self, seconds: float) -> int:
@@ -146,77 +146,133 @@ class Dispatcher:
                 log.warning("throttled while claiming for %s", model.id)
         return dispatched
 
+    def _lanes_in_turn(self, model_id: str, want: int) -> tuple[list[dict], bool]:
+        """Up to `want` lanes, in turn from the one after the last served (True with them when they are all
+        the model's lanes)."""
+        table = self.svc.table
+        after = self.last_served.get(model_id)
+        if after is None:
+            lanes, complete = Lane.in_turn(table, model_id, None, want)
+            if complete or not lanes:
+                start = self.turn[model_id] % len(lanes) if lanes else 0
+                return lanes[start:] + lanes[:start], complete
+            # A new dispatcher (a worker pulling its next work) starts at a random place in the ring, so
+            # that many short-lived ones do not all favour the oldest batches.
+            newest = Lane.newest(table, model_id) or lanes[-1]
+            kind = random.choice((lanes[0], newest))["batch_id"].split("_")[0]  # ids are <kind>_<hex>
+            after = lane_turn_at(random.randint(lane_created_at(lanes[0]["sk"]), lane_created_at(newest["sk"])),
+                                 f"{kind}_{random.randrange(1 << 16):04x}")
+        return Lane.in_turn(table, model_id, after, want)
+
     def _dispatch_lanes(self, model: Model, free: int, cap: int, account_free, tier_cap, accounts) -> list[dict]:
-        svc = self.svc
-        lanes = Lane.of_model(svc.table, model.id)
+        # Batches take turns: free slots go a slot at a time while every lane gets a quantum or more (to the
+        # batches holding fewest), a quantum at a time while not; the next claim starts after the last lane
+        # served. Only the lanes this claim can serve are read (one more than its quanta), so a claim costs
+        # the same over 2 batches or 10,000.
+        lanes, complete = self._lanes_in_turn(model.id, -(-free // LANE_QUANTUM) + 1)
         self.lanes_seen = len(lanes)
         if not lanes:
             return []
-        # Batches take turns: hand out free slots round robin, one at a time while every lane gets a quantum
-        # or more, a quantum at a time while not; the next claim starts after the last lane served.
-        last = self.last_served.get(model.id)
-        start = next((i for i, lane in enumerate(lanes) if lane["sk"] > last), 0) if last is not None else (
-            self.turn[model.id] % len(lanes))
-        order = lanes[start:] + lanes[:start]
-        if free < LANE_QUANTUM * len(lanes):
-            return self._dispatch_quanta(model, order, free, cap, account_free, tier_cap, accounts)
+        if not complete or free < LANE_QUANTUM * len(lanes):
+            return self._dispatch_quanta(model, lanes, complete, free, cap, account_free, tier_cap, accounts)
+        # Few lanes, all read: fill up the batches holding the fewest slots first (each batch's `in_flight`),
+        # so that a batch that just arrived takes the freed slots until it holds as many as the others,
+        # rather than half of each claim's (which left it a whole round of calls behind); ties go in turn.
+        batches = {lane["batch_id"]: self._batch(lane["batch_id"]) for lane in lanes}
+        for lane in lanes:
+            if self._left_behind(batches[lane["batch_id"]], model.id):
+                Lane.discard(self.svc.table, lane)  # so it takes no more turns
+        held = {b: int((batch or {}).get("in_flight", 0)) for b, batch in batches.items()}
+        room = {b: self._room(batch, model.id) for b, batch in batches.items()}
         shares: dict[str, int] = defaultdict(int)
         given_last: str | None = None
-        progress = True
-        while free > 0 and progress:
-            progress = False
-            for lane in order:
-                if free <= 0:
-                    break
-                if account_free(lane["account_id"]) <= 0:
-                    continue
-                shares[lane["batch_id"]] += 1
-                accounts[lane["account_id"]] -= 1
-                free -= 1
-                progress = True
-                given_last = lane["sk"]
+        while free > 0:
+            ready = [lane for lane in lanes
+                     if room[lane["batch_id"]] > shares[lane["batch_id"]] and account_free(lane["account_id"]) > 0]
+            if not ready:
+                break
+            lane = min(ready, key=lambda lane: held[lane["batch_id"]] + shares[lane["batch_id"]])  # first in turn
+            shares[lane["batch_id"]] += 1
+            accounts[lane["account_id"]] -= 1
+            free -= 1
+            given_last = lane["sk"]
         if given_last is not None:  # by the lane's key, not its place: lanes come and go between claims
             self.last_served[model.id] = given_last
         out: list[dict] = []
-        for lane in order:
+        for lane in lanes:
             k = shares.get(lane["batch_id"], 0)
             if k:
                 try:
-                    out += self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
+                    out += self._claim(model, lane, k, cap, tier_cap(lane["account_id"]),
+                                       batch=batches[lane["batch_id"]])
                 except Throttled:
                     break  # DynamoDB is busy: send what was claimed, try the rest next pass
         return out
 
-    def _dispatch_quanta(self, model: Model, order: list[dict], free: int, cap: int, account_free, tier_cap,
-                         accounts) -> list[dict]:
+    def _batch(self, batch_id: str) -> dict | None:
+        batch = Batch.get(self.svc.table, batch_id)
+        if batch is not None:
+            self.batches_seen[batch["id"]] = batch
+        return batch
+
+    @staticmethod
+    def _left_behind(batch: dict | None, model_id: str) -> bool:
+        """A lane whose batch stopped or was deleted."""
+        return (batch is None or bool(batch.get("stop")) or bool(batch.get("deleting"))
+                or model_id not in batch.get("lanes", {}))
+
+    def _room(self, batch: dict | None, model_id: str) -> int:
+        """How many of the batch's requests on the model a claim could dispatch now."""
+        if self._left_behind(batch, model_id):
+            return 0
+        if self.svc.now() >= batch["expires_at"]:
+            return 0
+        state = batch["lanes"][model_id]
+        return max(0, int(state["total"]) - int(state["next"]))
+
+    # Pages of lanes one claim reads at most when lanes it reads cannot take work (their accounts at their
+    # tier limit, their batches stopping): it stays O(1); the next claim goes on from where this one ended.
+    QUANTA_PAGES = 4
+
+    def _dispatch_quanta(self, model: Model, lanes: list[dict], complete: bool, free: int, cap: int,
+                         account_free, tier_cap, accounts) -> list[dict]:
         """Fewer free slots than a quantum for every lane: lanes in turn take a quantum each, claimed one
-        lane after another, so what a short lane cannot take goes to the next."""
+        lane after another, so what a short lane cannot take goes to the next, read a page at a time."""
         out: list[dict] = []
-        for lane in order:
-            k = min(LANE_QUANTUM, free, account_free(lane["account_id"]))
-            if k <= 0:
-                continue
-            try:
-                claimed = self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
-            except Throttled:
-                break  # DynamoDB is busy: send what was claimed, try the rest next pass
-            n = sum(len(unit.get("positions", [unit])) for unit in claimed)
-            if n:
+        seen: set[str] = set()
+        for _ in range(self.QUANTA_PAGES):
+            for lane in lanes:
+                if lane["sk"] in seen:
+                    return out  # round the ring once
+                seen.add(lane["sk"])
+                # Every lane looked at has had its turn, served or not (its account full): the next claim
+                # starts after it.
+                self.last_served[model.id] = lane["sk"]
+                k = min(LANE_QUANTUM, free, account_free(lane["account_id"]))
+                if k <= 0:
+                    continue
+                try:
+                    claimed = self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
+                except Throttled:
+                    return out  # DynamoDB is busy: send what was claimed, try the rest next pass
+                n = sum(len(unit.get("positions", [unit])) for unit in claimed)
                 out += claimed
                 free -= n
                 accounts[lane["account_id"]] -= n
-                self.last_served[model.id] = lane["sk"]
-            if free <= 0:
-                break
+                if free <= 0:
+                    return out
+            if complete:
+                return out
+            lanes, complete = Lane.in_turn(self.svc.table, model.id, lanes[-1]["sk"], -(-free // LANE_QUANTUM) + 1)
         return out
 
-    def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int) -> list[dict]:
+    def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int,
+               batch: dict | None = None) -> list[dict]:
+        """`batch`: the lane's batch if this claim has just read it."""
         svc = self.svc
-        batch = Batch.get(svc.table, lane["batch_id"])
-        if batch is not None:
-            self.batches_seen[batch["id"]] = batch
-        if batch is None or batch.get("stop") or batch.get("deleting") or model.id not in batch.get("lanes", {}):
-            # A lane left behind by a stopped or deleted batch: remove it so it takes no more turns.
+        if batch is None:
+            batch = self._batch(lane["batch_id"])
+        if self._left_behind(batch, model.id):  # remove it so it takes no more turns
             Lane.discard(svc.table, lane)
             return []
         if svc.now() >= batch["expires_at"]:

@@ -375,12 +375,16 @@ class SlotPump:
       it has shrunk (interactive load, 429 back-off) below what is in flight, runners stop after their
       current call and their slots go back, and the runners kept start no new call until the model is back
       within its cap (bounded, see `_holding`); the lease changes (grow, give back) one at a time;
+    - a call starts only on a cap read less than `STALE_CAP_SECONDS` ago: when the poll is slow (a throttled
+      or stalled store), runners wait for its answer rather than start calls on what the budget said before
+      (the interactive load may have come meanwhile);
     - a worker that dies holding slots leaves a SlotLease whose lease runs out: the sweeper gives its slots
       back; its groups are recovered by their own leases, counting no budget slot (they held none).
     """
 
     POLL_SECONDS = 0.25  # the budget is read this often (interactive load, 429 back-off)
     IDLE_SECONDS = 1.0  # no work claimed for this long: the pump ends and gives its slots back
+    STALE_CAP_SECONDS = 1.0  # four polls: no new call starts on a cap read longer ago than this
 
     def __init__(self, svc: Services, model: Model, deadline: float) -> None:
         self.svc, self.model, self.deadline = svc, model, deadline
@@ -411,6 +415,7 @@ class SlotPump:
         # that stops runners when interactive load arrives.
         self.poll_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-poll")
         self.budget_item: dict | None = None  # as the last poll read it
+        self.cap_read_at = time.monotonic()  # when the read behind `budget_item` was sent
         self.interactive = InteractiveMemory()  # the polls' own (the dispatcher's is read in the claim thread)
         self.closing = False
         self.stop_polling = asyncio.Event()
@@ -461,6 +466,7 @@ class SlotPump:
         deadline or the work runs out, then give them back."""
         svc, model = self.svc, self.model
         if self.lease is None:
+            read_at = time.monotonic()
             budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
             level = self.interactive.level(model.id, budget_item)
             if "interactive" in (budget_item or {}):
@@ -471,6 +477,7 @@ class SlotPump:
                 watch_until = time.monotonic() + InteractiveMemory.WINDOW_SECONDS
                 while time.monotonic() < watch_until:
                     await asyncio.sleep(self.POLL_SECONDS)
+                    read_at = time.monotonic()
                     budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
                     level = self.interactive.level(model.id, budget_item)
             cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request, level)
@@ -482,7 +489,7 @@ class SlotPump:
                                                      int((budget_item or {}).get("interactive", 0)))
             except (ConditionFailed, Throttled):
                 return self.outcome  # another claimant took them first
-            self.slots, self.budget_item = k, budget_item
+            self.slots, self.budget_item, self.cap_read_at = k, budget_item, read_at
         else:
             # An adopted group was claimed in the budget as it stood then: look at it again before its first
             # call starts, so a group that waited on the queue while interactive load came does not start over.
@@ -609,7 +616,7 @@ class SlotPump:
                 return None
             if time.monotonic() >= self.deadline:
                 return None
-            if self.queue and self._holding():
+            if self.queue and (self._holding() or self._cap_stale()):
                 self.wake.clear()
                 try:
                     await asyncio.wait_for(self.wake.wait(), self.POLL_SECONDS)
@@ -632,6 +639,9 @@ class SlotPump:
         sweeper recovers its lease), and must not stop the floor's own work until then."""
         return (self.over_since is not None
                 and time.monotonic() - self.over_since < self.svc.settings.backend_timeout_seconds)
+
+    def _cap_stale(self) -> bool:
+        return time.monotonic() - self.cap_read_at > self.STALE_CAP_SECONDS
 
     def _may_start(self, batch: dict) -> bool:
         """A first attempt starts only while its batch runs and its window is open (the claim checked both;
@@ -705,12 +715,16 @@ class SlotPump:
         the excess (other holders give back theirs), counting those already told to stop; when it has room
         and claimed work waits behind busy runners, grow into it."""
         svc, model = self.svc, self.model
+        read_at = time.monotonic()
         budget_item = await self._in(self.poll_pool, Budget.get, svc.table, model.id, False)
-        self.budget_item = budget_item
+        stale = self._cap_stale()
+        self.budget_item, self.cap_read_at = budget_item, read_at
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
                                self.interactive.level(model.id, budget_item))
         in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
         mine = self.slots - self.releasing
+        if stale:
+            self.wake.set()  # runners held for a fresh cap: here it is
         if in_flight > cap and self.over_since is None:
             self.over_since = time.monotonic()
             self.over_share = mine / in_flight
