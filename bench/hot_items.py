@@ -98,6 +98,16 @@ def print_report(calls: list, n: int, wall: float, batches: int = 1, accounts: i
             verdict = "ok" if share < GOAL_SHARE else "OVER"
             print(f"      {shown:<70} {scope:<10} {per_request:8.3f}/req  {at_target:>10,.1f} WCU/s  "
                   f"{share:7.1%}  {verdict}", file=out)
+    for name, *_ in item_rows[:2]:  # who writes the hottest items, so the next reader knows what to shard
+        by_writer: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+        for call in calls:
+            for (pk, sk), wru, _ in getattr(call, "keys", []):
+                if f"{pk} / {sk}" == name:
+                    by_writer[(call.label, call.operation)][0] += 1
+                    by_writer[(call.label, call.operation)][1] += wru
+        shown = ", ".join(f"{label} {operation} {count:.0f} ({units / n:.3f}/req)" for (label, operation), (
+            count, units) in sorted(by_writer.items(), key=lambda kv: -kv[1][1]))
+        print(f"    {name[:60]} written by: {shown}", file=out)
     worst = max(item_rows[:1] + index_rows[:1], key=lambda r: r[4], default=None)
     if worst is not None:
         print(f"    hottest: {worst[0]} at {worst[4]:.1%} of a partition at the target "

@@ -385,6 +385,7 @@ class SlotPump:
     POLL_SECONDS = 0.25  # the budget is read this often (interactive load, 429 back-off)
     IDLE_SECONDS = 1.0  # no work claimed for this long: the pump ends and gives its slots back
     STALE_CAP_SECONDS = 1.0  # four polls: no new call starts on a cap read longer ago than this
+    SOON_MARGIN_SECONDS = 0.05  # a claim is sized for the slots free by the time it lands, and this margin
 
     def __init__(self, svc: Services, model: Model, deadline: float) -> None:
         self.svc, self.model, self.deadline = svc, model, deadline
@@ -392,6 +393,7 @@ class SlotPump:
         self.slots = 0  # runners (and slots) still held
         self.queue: deque[_Member] = deque()
         self.busy = 0  # calls in flight
+        self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
         self.release = 0  # runners that must stop and give their slot back (the budget shrank)
         self.releasing = 0  # slots on their way back (the give-back not yet written)
         self.done_claiming = False
@@ -581,26 +583,48 @@ class SlotPump:
             if member is None:
                 return
             if member.retry is not None:  # a retry runs the single-request path (start, call, settle)
-                self.busy += 1
+                self._call_starts(member)
                 try:
                     self.outcome.update(await process(self.svc, queue_message(member.retry), claimed=member.retry))
                 finally:
-                    self.busy -= 1
+                    self._call_ended(member)
                 continue
             run = member.run
             assert run is not None and member.position is not None
             if not self._may_start(run.batch):
                 self._hand_back(member)
                 continue
-            self.busy += 1
-            started = time.monotonic()
+            started = self._call_starts(member)
             try:
                 attempt = await _attempt(self.model, run.batch, member.body or {}, self.key,
                                          self.svc.settings.backend_timeout_seconds)
             finally:
-                self.busy -= 1
+                self._call_ended(member)
             self.call_seconds += 0.2 * (time.monotonic() - started - self.call_seconds)
             self._spawn(self._record(member, attempt))
+
+    def _call_starts(self, member: _Member) -> float:
+        self.busy += 1
+        started = self.calls_started[id(member)] = time.monotonic()
+        return started
+
+    def _call_ended(self, member: _Member) -> None:
+        self.busy -= 1
+        self.calls_started.pop(id(member), None)
+
+    def _ending_soon(self) -> tuple[int, float]:
+        """How many calls in flight are expected to answer within the next claim's round trip (twice the
+        average claim, and a margin), and in how many seconds the next of the others will be."""
+        horizon = 2 * self.claim_seconds + self.SOON_MARGIN_SECONDS
+        now = time.monotonic()
+        soon, next_in = 0, math.inf
+        for started in self.calls_started.values():
+            left = started + self.call_seconds - now
+            if left <= horizon:
+                soon += 1
+            else:
+                next_in = min(next_in, left - horizon)
+        return soon, next_in
 
     async def _next(self) -> _Member | None:
         """The next claimed request for a free slot, or None when this runner must stop (its slot goes back)."""
@@ -640,6 +664,15 @@ class SlotPump:
         return (self.over_since is not None
                 and time.monotonic() - self.over_since < self.svc.settings.backend_timeout_seconds)
 
+    def _free_when_claimed(self, soon: int) -> int:
+        """What a claim made now should bring: the runners idle, those whose calls answer by the time it
+        lands, and `ahead` more, less what is queued."""
+        idle = self.slots - self.release - self.releasing - self.busy
+        return idle + soon + self.ahead - len(self.queue)
+
+    def _claim_at(self) -> int:
+        return max(1, -(-self.ahead // 2))
+
     def _cap_stale(self) -> bool:
         return time.monotonic() - self.cap_read_at > self.STALE_CAP_SECONDS
 
@@ -658,18 +691,20 @@ class SlotPump:
                 if time.monotonic() - polled >= self.POLL_SECONDS:  # not at every wake: on its own clock
                     polled = time.monotonic()
                     await self._claiming(self._refresh_stops)
-                # Claims cost the same whatever their size (and each makes a group, whose close costs the same):
-                # claim a round of the slots at once while one batch has work, a batch's share of it while
-                # several do (so they still take turns within a claim), and once the queue is down to `ahead`.
-                # Many lanes: a lane's quantum at least (LANE_QUANTUM), or each claim makes groups of one.
+                # Claim for the slots that will be free when the claim lands (idle runners, and calls expected
+                # to answer by then) and `ahead` more, once half of `ahead` is missing. Just in time, not a round
+                # early: work claimed ahead runs before any batch that arrives after it, and a claim made a round
+                # early kept a new batch waiting a whole round of calls. Claims cost the same whatever their
+                # size (each makes a group, whose close costs the same): at least a batch's share of the slots
+                # (a round while one batch has work, a lane's quantum while many do) or `ahead`, if less.
                 open_slots = self.slots - self.release
                 threshold = max(1, min(LANE_QUANTUM, open_slots), open_slots // max(1, self.dispatcher.lanes_seen))
-                want = ((self.slots - self.release - self.releasing) + self.ahead + threshold - 1 - len(self.queue)
-                        - self.busy)
+                soon, next_soon = self._ending_soon()
+                want = self._free_when_claimed(soon)
                 got = 0
-                if want >= threshold or (want > 0 and not self.queue):
+                if want >= self._claim_at() or (want > 0 and not self.queue):
                     started = time.monotonic()
-                    got = await self._claim(want, self.budget_item)
+                    got = await self._claim(max(want, threshold), self.budget_item)
                     self.claim_seconds += 0.2 * (time.monotonic() - started - self.claim_seconds)
                 self.drained = want > 0 and not got
                 if got or self.queue or self.busy:
@@ -680,16 +715,18 @@ class SlotPump:
                     return  # no work for a while: the runners stop and the slots go back
                 if got:
                     continue  # look again at once: the queue may still be short
-                # Wait for runners to take work (or the next look for stopped batches).
+                # Wait for runners to take work, a call to come within a claim's round trip of its answer, or
+                # the next look for stopped batches.
                 self.need.clear()
-                until = polled + self.POLL_SECONDS
+                until = min(polled + self.POLL_SECONDS, time.monotonic() + next_soon)
                 while time.monotonic() < until:
-                    short = ((self.slots - self.release - self.releasing) + self.ahead + threshold - 1
-                             - len(self.queue) - self.busy)
-                    if short >= threshold or (short > 0 and not self.queue and idle_since is None):
+                    soon, next_soon = self._ending_soon()
+                    until = min(until, time.monotonic() + next_soon)
+                    short = self._free_when_claimed(soon)
+                    if short >= self._claim_at() or (short > 0 and not self.queue and idle_since is None):
                         break
                     try:
-                        await asyncio.wait_for(self.need.wait(), until - time.monotonic())
+                        await asyncio.wait_for(self.need.wait(), max(0.0, until - time.monotonic()))
                     except TimeoutError:
                         break
                     self.need.clear()
