@@ -359,9 +359,9 @@ def test_leases_spread_over_index_shards_and_one_from_before_the_shards_is_still
 
 
 def test_with_more_lanes_than_free_slots_lanes_take_turns_a_quantum_at_a_time(svc, sim_control):
-    """Twelve small batches, eight free slots: a claim gives two lanes four slots each (two groups of four,
-    not eight groups of one), and the next claims go on from the lane after the last one served, so every
-    batch gets its turn; every request still ends once."""
+    """Twelve small batches of four, eight free slots: a claim serves two lanes, a quantum each or all a lane
+    has (two groups of four, not eight groups of one), and the next claims go on from the lane after the last
+    one served, so every batch gets its turn; every request still ends once."""
     set_budgets(svc, {GLM: 8})
     owners = [authenticate(svc, new_key(svc)[1]) for _ in range(2)]  # at most 10 unfinished batches each
     batch_ids = [submit(svc, owners[b % 2], [chat_request(f"q{b}-{i}", f"quantum {b} {i}") for i in range(4)])
@@ -370,7 +370,7 @@ def test_with_more_lanes_than_free_slots_lanes_take_turns_a_quantum_at_a_time(sv
     served = []
     for _ in range(6):
         units = dispatcher.claim(svc.catalog.get(GLM), limit=8)
-        assert sorted(len(u["positions"]) for u in units) == [dispatch.LANE_QUANTUM] * 2
+        assert sorted(len(u["positions"]) for u in units) == [4, 4]  # a quantum each, or all the lane has
         served += [u["batch_id"] for u in units]
         assert not svc.queues.send(GLM, [queue_message(u) for u in units])
         run_queued(svc)  # the slots come back before the next claim
@@ -381,10 +381,12 @@ def test_with_more_lanes_than_free_slots_lanes_take_turns_a_quantum_at_a_time(sv
         assert_ledger_consistent(svc, batch_id, owners[b % 2], [f"q{b}-{i}" for i in range(4)])
 
 
-def test_a_batch_that_arrives_takes_freed_slots_until_it_holds_as_many_as_the_others(svc, sim_control):
+def test_a_batch_that_arrives_takes_freed_slots_until_it_holds_as_many_as_the_others(svc, sim_control,
+                                                                                    monkeypatch):
     """Batch A holds 8 slots when B arrives: the next claim of 8 gives all of them to B (8 and 8), not half
     (12 and 4, which leaves B a round of calls behind); a lane with less work takes what it has, the rest
     going to the others in turn; every request still ends once."""
+    monkeypatch.setattr(dispatch, "LANE_QUANTUM", 4)  # so three lanes are all read by a claim of 12
     set_budgets(svc, {GLM: 32})
     who = authenticate(svc, new_key(svc, tier="internal")[1])
     a = submit(svc, who, [chat_request(f"a-{i}", f"older {i}") for i in range(40)])
@@ -432,7 +434,7 @@ def test_a_claim_reads_the_lanes_it_serves_not_every_batchs_and_new_dispatchers_
     for _ in range(15):
         before = len(lane_items_read)
         units = dispatcher.claim(svc.catalog.get(GLM), limit=8)
-        assert sorted(len(u["positions"]) for u in units) == [dispatch.LANE_QUANTUM] * 2
+        assert sorted(len(u["positions"]) for u in units) == [4, 4]  # a quantum each, or all the lane has
         assert len(lane_items_read) - before <= 8, "a claim read more lanes than it could serve"
         served += [u["batch_id"] for u in units]
         assert not svc.queues.send(GLM, [queue_message(u) for u in units])

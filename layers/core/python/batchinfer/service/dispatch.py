@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 # Slots a lane is given per turn while more lanes wait than there are free slots. Each group pays a claim
 # and a close whatever its size; one slot per turn over many lanes made every group a single request (and
 # wrote the budget and account items twice per request). Turns still rotate over every lane, so every
-# batch gets its share, a quantum at a time.
-LANE_QUANTUM = 4
+# batch gets its share, a quantum at a time. Half of a 16-slot budget: at 200 lanes, groups of 8 wrote 4.4
+# write units per request against 5.6 for groups of 4, with the same fairness (docs/benchmarks.md §9).
+LANE_QUANTUM = 8
 
 
 class Dispatcher:
