@@ -358,6 +358,33 @@ def test_leases_spread_over_index_shards_and_one_from_before_the_shards_is_still
         assert_ledger_consistent(svc, batch_id, who, [f"b{batch_ids.index(batch_id)}-{i}" for i in range(2)])
 
 
+def test_batches_spread_over_index_shards_and_ones_from_before_the_shards_are_still_swept(svc, sim_control):
+    """`by_active` entries and the purge's `by_due` entries go to one of a few shards by the batch id (not
+    one index partition for every batch of the deployment); the sweeper reads every shard, and the old
+    partitions, where entries written before the shards are."""
+    from batchinfer.layout import ACTIVE_PARTITION, ACTIVE_PARTITIONS, PURGE_DUE, PURGE_PARTITIONS
+    from batchinfer.records import Batch
+
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    ids = [submit(svc, who, [chat_request(f"s{b}", f"shard {b}")]) for b in range(8)]
+    items = [svc.table.get(*batch_key(b)) for b in ids]
+    assert all(i["active_pk"] in ACTIVE_PARTITIONS[1:] for i in items) and len({i["active_pk"] for i in items}) > 1
+    svc.table.put({**items[0], "active_pk": ACTIVE_PARTITION})  # as a deployment from before the shards wrote it
+    assert sorted(i["id"] for i in Batch.active(svc.table)) == sorted(ids)  # what the sweeper walks
+    for b, batch_id in enumerate(ids):
+        final = pump(svc, batch_id)
+        assert final["status"] == "completed" and final["completed"] == 1
+        assert_ledger_consistent(svc, batch_id, who, [f"s{b}"])
+    assert list(Batch.active(svc.table)) == []
+    for batch_id in ids:
+        batches.delete_batch(svc, who, batch_id)
+    marked = [svc.table.get(*batch_key(b)) for b in ids]
+    assert all(i["due_pk"] in PURGE_PARTITIONS[1:] for i in marked) and len({i["due_pk"] for i in marked}) > 1
+    svc.table.put({**marked[1], "due_pk": PURGE_DUE})
+    purged = sum(sweep_once(svc)["purged"] for _ in range(3))
+    assert purged == 8 and all(svc.table.get(*batch_key(b)) is None for b in ids)
+
+
 def test_with_more_lanes_than_free_slots_lanes_take_turns_a_quantum_at_a_time(svc, sim_control):
     """Twelve small batches of four, eight free slots: a claim serves two lanes, a quantum each or all a lane
     has (two groups of four, not eight groups of one), and the next claims go on from the lane after the last

@@ -26,18 +26,19 @@ from .domain import (
     utc_day,
 )
 from .layout import (
-    ACTIVE_PARTITION,
+    ACTIVE_PARTITIONS,
     GROUP_PREFIX,
     LANES_END,
     LEASE_PARTITIONS,
     OWNER_BATCH_PREFIX,
     OWNER_FILE_PREFIX,
-    PURGE_DUE,
+    PURGE_PARTITIONS,
     REQUEST_PREFIX,
     TTL_ATTRIBUTE,
     WEBHOOK_DUE,
     WEBHOOK_EVENT_PREFIX,
     account_key,
+    active_partition,
     api_key_key,
     batch_key,
     file_key,
@@ -50,6 +51,7 @@ from .layout import (
     owner_file_sort,
     owner_partition,
     owner_sort,
+    purge_due,
     request_key,
     request_sk,
     retry_due,
@@ -186,7 +188,7 @@ class Batch:
             "output_tokens": 0,
             "cost_usd": 0.0, "cost_unknown_attempts": 0,
             "owner_pk": owner_partition(account_id), "owner_sk": owner_sort(owner_created_us, batch_id),
-            "active_pk": ACTIVE_PARTITION, "active_sk": batch_id, "idempotency_key": idempotency_key,
+            "active_pk": active_partition(batch_id), "active_sk": batch_id, "idempotency_key": idempotency_key,
         }
         item.update(extra or {})  # type: ignore[typeddict-item]
         return item
@@ -259,7 +261,7 @@ class Batch:
         `by_active`. Fenced on the status and the stop the decision was made on, and on nothing of it
         running or open. `sets`: more fields the ending gives it (result files, validation errors)."""
         final = batch_transition(batch["status"], final)
-        vals = {":final": final.value, ":now": now, ":exp": retention_ends, ":purge": PURGE_DUE,
+        vals = {":final": final.value, ":now": now, ":exp": retention_ends, ":purge": purge_due(batch["id"]),
                 ":never": never_started_failed, ":unstarted": never_started, ":old": batch["status"], ":zero": 0}
         more = dict(sets or {})
         if export:
@@ -335,7 +337,7 @@ class Batch:
             *batch_key(batch["id"]),
             "SET deleting = :yes, #stop = if_not_exists(#stop, :cancel), due_pk = :purge, due_at = :now, "
             "purge_items = :items REMOVE active_pk, active_sk",
-            vals={":yes": True, ":cancel": Stop.CANCEL.value, ":zero": 0, ":purge": PURGE_DUE, ":now": now,
+            vals={":yes": True, ":cancel": Stop.CANCEL.value, ":zero": 0, ":purge": purge_due(batch["id"]), ":now": now,
                   ":items": purge_items, ":seen": batch["status"]},
             condition="attribute_exists(pk) AND in_flight = :zero AND attribute_not_exists(deleting) "
                       "AND #status = :seen")
@@ -376,14 +378,19 @@ class Batch:
 
     @staticmethod
     def active(t: Table) -> Iterator[dict]:
-        """Unfinished batches (their ids), for the sweeper."""
-        return t.query_all("active_pk = :a", {":a": ACTIVE_PARTITION}, index="by_active")
+        """Unfinished batches (their ids), for the sweeper: shard after shard."""
+        for partition in ACTIVE_PARTITIONS:
+            yield from t.query_all("active_pk = :a", {":a": partition}, index="by_active")
 
     @staticmethod
     def due_for_purge(t: Table, now: int, limit: int) -> list[dict]:
-        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": PURGE_DUE, ":now": now}, index="by_due",
-                           limit=limit)
-        return items
+        """Batches due for their purge, the most overdue first, from every shard (`limit` from each at most)."""
+        due: list[dict] = []
+        for partition in PURGE_PARTITIONS:
+            items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": partition, ":now": now}, index="by_due",
+                               limit=limit)
+            due += items
+        return sorted(due, key=lambda item: int(item["due_at"]))[:limit]
 
 
 # --- Lane ---------------------------------------------------------------------------------------------
