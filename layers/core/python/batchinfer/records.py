@@ -415,13 +415,8 @@ class Lane:
 
     @staticmethod
     def discard(t: Table, lane: dict) -> None:
-        """Remove a lane read from `of_model` (one left behind by a stopped or deleted batch)."""
+        """Remove a lane read from `in_turn` (one left behind by a stopped or deleted batch)."""
         t.delete(lane["pk"], lane["sk"])
-
-    @staticmethod
-    def of_model(t: Table, model_id: str) -> list[dict]:
-        pk, prefix = lanes_of(model_id)
-        return list(t.query_all("pk = :pk AND begins_with(sk, :l)", {":pk": pk, ":l": prefix}))
 
     @staticmethod
     def newest(t: Table, model_id: str) -> dict | None:

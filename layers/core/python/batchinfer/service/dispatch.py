@@ -276,14 +276,12 @@ class Dispatcher:
         if self._left_behind(batch, model.id):  # remove it so it takes no more turns
             Lane.discard(svc.table, lane)
             return []
-        if svc.now() >= batch["expires_at"]:
-            return []  # the window has closed: the sweeper expires the batch
-        state = batch["lanes"][model.id]
-        lane_next = int(state["next"])
-        # At most 10 groups a claim: with the lane, slots and group items well inside a transaction's 100.
-        k = min(k, int(state["total"]) - lane_next, 10 * GROUP_MAX)
+        # Nothing once the window has closed (the sweeper expires the batch). At most 10 groups a claim: with
+        # the lane, slots and group items well inside a transaction's 100.
+        k = min(k, self._room(batch, model.id), 10 * GROUP_MAX)
         if k <= 0:
             return []
+        lane_next = int(batch["lanes"][model.id]["next"])
         positions = self._positions(batch, model.id, lane_next, k)
         try:
             return claim_from_lane(svc, batch, model.id, positions, lane_next, cap, account_cap,

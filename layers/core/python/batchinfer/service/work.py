@@ -392,7 +392,6 @@ class SlotPump:
         self.lease: dict | None = None
         self.slots = 0  # runners (and slots) still held
         self.queue: deque[_Member] = deque()
-        self.busy = 0  # calls in flight
         self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
         self.release = 0  # runners that must stop and give their slot back (the budget shrank)
         self.releasing = 0  # slots on their way back (the give-back not yet written)
@@ -603,13 +602,16 @@ class SlotPump:
             self.call_seconds += 0.2 * (time.monotonic() - started - self.call_seconds)
             self._spawn(self._record(member, attempt))
 
+    @property
+    def busy(self) -> int:
+        """Calls in flight."""
+        return len(self.calls_started)
+
     def _call_starts(self, member: _Member) -> float:
-        self.busy += 1
         started = self.calls_started[id(member)] = time.monotonic()
         return started
 
     def _call_ended(self, member: _Member) -> None:
-        self.busy -= 1
         self.calls_started.pop(id(member), None)
 
     def _ending_soon(self) -> tuple[int, float]:
