@@ -1575,6 +1575,33 @@ def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
+def test_a_new_dispatcher_claims_nothing_in_a_dip_of_interactive_load_until_it_has_watched_it(svc, sim_control):
+    """Between one interactive client's call and its next the count dips for a moment (to 0 when calls end
+    together). A dispatcher new to the model (each scheduled invocation is) remembers none of the load: while
+    the count moved within the last second it claims nothing until it has watched it that long; a count that
+    has stood still that long is taken as it is, at once."""
+    from batchinfer.service.capacity import InteractiveMemory, track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=20, word="dip")
+    model = svc.catalog.get(GLM)
+    track_interactive(svc, GLM, 6)  # six interactive calls: the budget of 8 shrinks to its floor of 2
+    track_interactive(svc, GLM, -6)  # they end together; their clients' next calls are a moment away
+    new = Dispatcher(svc)
+    assert new.dispatch_model(model) == 0  # the count reads 0, but it moved a moment ago
+    track_interactive(svc, GLM, 6)  # the next calls
+    time.sleep(InteractiveMemory.WINDOW_SECONDS + 0.05)
+    assert new.dispatch_model(model) == 2  # it has watched for the window: the floor
+    track_interactive(svc, GLM, -6)
+    time.sleep(InteractiveMemory.WINDOW_SECONDS + 0.05)  # the load has gone and stayed gone
+    assert Dispatcher(svc).dispatch_model(model) == 6  # a new one takes the rest of the budget at once
+
+    assert budget_in_flight(svc) == 8
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 20
+    assert budget_in_flight(svc) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
 def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, sim_control, monkeypatch):
     """Work-conserving: a pump holding one slot, busy with a long call, takes free slots of the budget for the
     requests it claimed meanwhile instead of holding them until the long call ends; never past the budget."""

@@ -169,7 +169,7 @@ def test_interactive_requests_shrink_the_batch_budget_while_they_run(api, svc, s
 
 def test_a_crashed_interactive_requests_lease_runs_out_and_gives_the_slot_back(api, svc, sim_control):
     now = svc.now()
-    svc.table.transact(InteractiveLease.begin(svc.table, GLM, "crashed", "acct_x", now, now + 180))
+    svc.table.transact(InteractiveLease.begin(svc.table, GLM, "crashed", "acct_x", now, now + 180, now * 1000))
     assert budget(svc)["interactive"] == 1  # the process died here: nothing will end it
     sweep_once(svc)
     assert budget(svc)["interactive"] == 1  # not before its lease runs out
@@ -258,6 +258,7 @@ def test_a_running_batch_pauses_when_the_quota_is_used_up_and_resumes_when_it_re
     batch = api.created(key, [req("a"), req("b")])
     long = {**CHAT, "messages": [{"role": "user", "content": "word " * 2000}]}  # 2,000 input tokens: $0.0002
     ok(api("POST", "/v1/chat/completions", key, json_body=long))  # the day's quota is used up from here
+    _tick(svc, 2)  # (a new dispatcher takes no batch work in the second after interactive load moved)
     before = sim_requests(sim_control)
     for _ in range(3):
         step(svc)

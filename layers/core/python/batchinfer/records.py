@@ -638,8 +638,11 @@ class Budget:
         return _add_op(t, model_budget_key(model_id), counters)
 
     @staticmethod
-    def track_interactive(t: Table, model_id: str, delta: int) -> None:
-        t.update(*model_budget_key(model_id), "ADD interactive :d", vals={":d": delta})
+    def track_interactive(t: Table, model_id: str, delta: int, moved_at: int) -> None:
+        """`moved_at` (ms since the epoch): when the count moved, as every change of it stamps it, so a reader
+        that has not watched it can tell whether it stood still over the last moments (`interactive_at`)."""
+        t.update(*model_budget_key(model_id), "ADD interactive :d SET interactive_at = :at",
+                 vals={":d": delta, ":at": moved_at})
 
     @staticmethod
     def back_off(t: Table, model_id: str, cap: int, now: int) -> None:
@@ -665,18 +668,22 @@ class InteractiveLease:
     ends, so a request whose process died is taken off by the sweeper once its lease runs out."""
 
     @staticmethod
-    def begin(t: Table, model_id: str, lease_id: str, account_id: str, now: int, lease_ends: int) -> list[Op]:
+    def begin(t: Table, model_id: str, lease_id: str, account_id: str, now: int, lease_ends: int,
+              moved_at: int) -> list[Op]:
+        """`moved_at`: the time in ms (see `Budget.track_interactive`)."""
         pk, sk = interactive_lease_key(model_id, lease_id)
         item = {"pk": pk, "sk": sk, "model": model_id, "interactive": True, "account_id": account_id,
                 "started_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends}
         return [t.op_put(item, condition="attribute_not_exists(pk)"),
-                t.op_update(*model_budget_key(model_id), "ADD interactive :one", vals={":one": 1})]
+                t.op_update(*model_budget_key(model_id), "ADD interactive :one SET interactive_at = :at",
+                            vals={":one": 1, ":at": moved_at})]
 
     @staticmethod
-    def end(t: Table, model_id: str, lease_id: str) -> list[Op]:
+    def end(t: Table, model_id: str, lease_id: str, moved_at: int) -> list[Op]:
         """Fenced on the lease still existing: a lease the sweeper already recovered is not taken off twice."""
         return [t.op_delete(*interactive_lease_key(model_id, lease_id), condition="attribute_exists(pk)"),
-                t.op_update(*model_budget_key(model_id), "ADD interactive :minus", vals={":minus": -1})]
+                t.op_update(*model_budget_key(model_id), "ADD interactive :minus SET interactive_at = :at",
+                            vals={":minus": -1, ":at": moved_at})]
 
 
 class SlotLease:

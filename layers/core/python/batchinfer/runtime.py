@@ -32,6 +32,9 @@ class Services:
     def now(self) -> int:
         return int(self.clock())
 
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
 
 def build_services(settings: Settings, env: dict[str, str] | None = None) -> Services:
     env = environment() if env is None else env

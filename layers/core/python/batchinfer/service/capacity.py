@@ -34,27 +34,45 @@ def effective_budget(model: Model, budget_item: dict | None, yield_per_request: 
 
 class InteractiveMemory:
     """The highest interactive count a caller saw on each model over the last WINDOW_SECONDS. Interactive
-    clients send back to back: between one call's end and the next one's start the count dips for a few
-    milliseconds, and a dispatcher reading it then would start batch work that runs for a whole request.
-    Batch work gives way at once and takes the room back once the load has stayed lower for the window."""
+    clients send back to back: between one call's end and the next one's start the count dips, and a
+    dispatcher reading it then would start batch work that runs for a whole request. Batch work gives way at
+    once and takes the room back once the load has stayed lower for the window.
 
-    WINDOW_SECONDS = 1.0
+    The window must outlast a client's turn-around (its answer back, its next call through the API and its
+    lease begun), not just a few milliseconds: on the local stack under load that took up to ~1 s, and with a
+    1 s window batch calls started over the floor in one cycle of 20 (the pumps' polls had seen 9 of 16
+    calls counted for a whole second). 2 s: none did in two runs of 20; load that has gone gives its room
+    back ~1 s later than with 1 s (docs/benchmarks.md §6)."""
+
+    WINDOW_SECONDS = 2.0
 
     def __init__(self) -> None:
         self.seen: dict[str, deque[tuple[float, int]]] = {}
+        self.watching_since: dict[str, float] = {}
 
     def level(self, model_id: str, budget_item: dict | None) -> int:
         now = time.monotonic()
+        self.watching_since.setdefault(model_id, now)
         seen = self.seen.setdefault(model_id, deque())
         seen.append((now, int((budget_item or {}).get("interactive", 0))))
         while seen and seen[0][0] < now - self.WINDOW_SECONDS:
             seen.popleft()
         return max(n for _, n in seen)
 
+    def knows(self, model_id: str, budget_item: dict | None, now_ms: int) -> bool:
+        """Whether `level` is the load over the whole window: this memory has watched the model that long, or
+        the count has stood still that long (no interactive call began or ended: the item's `interactive_at`).
+        A reader that cannot tell yet (a new dispatcher invocation) may be looking at a dip between one
+        client's call and its next, and must not start batch work on it."""
+        since = self.watching_since.get(model_id)
+        if since is not None and time.monotonic() - since >= self.WINDOW_SECONDS:
+            return True
+        return now_ms - int((budget_item or {}).get("interactive_at", 0)) >= self.WINDOW_SECONDS * 1000
+
 
 def track_interactive(svc: Services, model_id: str, delta: int) -> None:
     """An interactive request started (+1) or ended (-1) on the model; batch work makes way for it."""
-    Budget.track_interactive(svc.table, model_id, delta)
+    Budget.track_interactive(svc.table, model_id, delta, svc.now_ms())
 
 
 def backend_throttled(svc: Services, model: Model, in_flight: int) -> None:

@@ -92,8 +92,10 @@ class Dispatcher:
         if slot_lease is None:
             budget_item = Budget.get(svc.table, model.id)
             probe_up(svc, model, budget_item)
-        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
-                               self.interactive.level(model.id, budget_item))
+        level = self.interactive.level(model.id, budget_item)
+        if slot_lease is None and not self.interactive.knows(model.id, budget_item, svc.now_ms()):
+            return []  # interactive load moved a moment ago and this dispatcher is new: it watches first
+        cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request, level)
         self.interactive_seen = int((budget_item or {}).get("interactive", 0))
         free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:

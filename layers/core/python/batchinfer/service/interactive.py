@@ -94,7 +94,7 @@ async def _begin(svc: Services, principal: Principal, model: Model) -> tuple[str
     now = svc.now()
     timeout = int(svc.settings.backend_timeout_seconds)
     await asyncio.to_thread(svc.table.transact, InteractiveLease.begin(
-        svc.table, model.id, lease_id, principal.account_id, now, now + timeout + LEASE_GRACE_SECONDS))
+        svc.table, model.id, lease_id, principal.account_id, now, now + timeout + LEASE_GRACE_SECONDS, svc.now_ms()))
     return key, lease_id
 
 
@@ -146,7 +146,7 @@ def _end(svc: Services, principal: Principal, model: Model, lease_id: str, attem
     unknown = 0 if attempt is not None and attempt.cost_known else 1
     charge = [Usage.add_cost(svc.table, principal.account_id, cost, svc.now(), unknown)] if cost or unknown else []
     try:
-        svc.table.transact(InteractiveLease.end(svc.table, model.id, lease_id) + charge)
+        svc.table.transact(InteractiveLease.end(svc.table, model.id, lease_id, svc.now_ms()) + charge)
     except ConditionFailed:  # the sweeper took the lease off already (it ran past its time): still charge it
         if charge:
             svc.table.transact(charge)

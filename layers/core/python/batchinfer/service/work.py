@@ -470,17 +470,15 @@ class SlotPump:
             read_at = time.monotonic()
             budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
             level = self.interactive.level(model.id, budget_item)
-            if "interactive" in (budget_item or {}):
-                # A model with interactive traffic: a new pump remembers none of it yet, and between one
-                # client's call and its next the count dips for a moment (to 0 when calls end together).
-                # Watch it over the memory's window before taking slots, as running pumps and the dispatcher
-                # go by what they saw over it.
-                watch_until = time.monotonic() + InteractiveMemory.WINDOW_SECONDS
-                while time.monotonic() < watch_until:
-                    await asyncio.sleep(self.POLL_SECONDS)
-                    read_at = time.monotonic()
-                    budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
-                    level = self.interactive.level(model.id, budget_item)
+            # Interactive calls began or ended a moment ago: a new pump remembers none of that load yet, and
+            # between one client's call and its next the count dips for a moment (to 0 when calls end
+            # together). It watches over the memory's window before taking slots, as running pumps and the
+            # dispatcher go by what they saw over it. (A count that stood still for the window needs no watch.)
+            while not self.interactive.knows(model.id, budget_item, svc.now_ms()):
+                await asyncio.sleep(self.POLL_SECONDS)
+                read_at = time.monotonic()
+                budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
+                level = self.interactive.level(model.id, budget_item)
             cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request, level)
             k = min(most, cap - int((budget_item or {}).get("in_flight", 0)))
             if k <= 0 or time.monotonic() >= self.deadline:
