@@ -66,6 +66,34 @@ def tally(calls: list) -> tuple[dict[str, float], dict[str, float]]:
     return items, partitions
 
 
+def kind_of(pk: str, sk: str) -> str:
+    """What an item is, from its key: the rows of the write-units breakdown."""
+    if pk.startswith("BATCH#"):
+        return {"BATCH": "batch item"}.get(sk) or ("group items" if sk.startswith("GRP#") else
+                                                   "request items" if sk.startswith("REQ#") else "batch, other")
+    if pk.startswith("MODEL#"):
+        return ("model budget" if sk == "BUDGET" else "lanes" if sk.startswith("LANE#") else
+                "slot leases" if sk.startswith("SLOTS#") else "interactive leases" if sk.startswith(
+                    "INTERACTIVE#") else "model, other")
+    if pk.startswith("ACCOUNT#"):
+        return "account item" if sk == "ACCOUNT" else "usage" if sk.startswith("USAGE#") else "account, other"
+    return pk.split("#", 1)[0].lower() or "other"
+
+
+def print_breakdown(calls: list, n: int, out=sys.stdout) -> None:
+    """Where a request's write units go: per kind of item, and per function (the table's, not the GSIs')."""
+    kinds: dict[str, float] = defaultdict(float)
+    writers: dict[str, float] = defaultdict(float)
+    for call in calls:
+        for (pk, sk), wru, _ in getattr(call, "keys", []):
+            kinds[kind_of(pk, sk)] += wru
+            writers[call.label] += wru
+    for title, table in (("item", kinds), ("function", writers)):
+        shown = ", ".join(f"{name} {units / n:.2f}" for name, units in sorted(table.items(), key=lambda kv: -kv[1])
+                          if units / n >= 0.005)
+        print(f"    write units per request by {title}: {shown}", file=out)
+
+
 def rows(units: dict[str, float], n: int, batches: int, accounts: int, wall: float,
          index: bool = False) -> list[tuple]:
     """(name, scope, units per request of its scope, write units/s at the target, share of a partition)."""

@@ -18,7 +18,7 @@ from batchinfer.layout import batch_key
 from batchinfer.service import accounts
 from bench.calls import LABEL, recording
 from bench.common import FINAL, MODEL, chat, command_line, local_stack, median
-from bench.hot_items import print_report
+from bench.hot_items import print_breakdown, print_report
 
 GOAL_RATIO, GOAL_FAIRNESS, GOAL_WRU = 0.9, 2.0, 4.0
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  DynamoDB per request: {sum(c.service == 'dynamodb' for c in calls) / n:.2f} calls, write units "
           f"{wru:.2f} in the table + {gsi:.2f} in GSIs (goal <= {GOAL_WRU:.0f} in the table: "
           f"{'met' if wru <= GOAL_WRU else 'NOT MET'})")
+    print_breakdown(calls, n)
     if args.hot:
         print_report(calls, n, wall, args.batches, args.accounts)
     print(f"  reproduce: {command_line('bench.many_lanes')}")
