@@ -77,6 +77,7 @@ def one_batch(svc, session, base: str, rec, n: int, prompt: str, latency: float)
         "failed_writes": sum(c.service == "dynamodb" and bool(c.writes) and not c.ok for c in calls) / n,
         "failed_wru": sum(c.wru for c in calls if not c.ok) / n,
         "rru": sum(c.rru for c in calls) / n,
+        "rru_by": {label: sum(c.rru for c in calls if c.label == label) / n for label in {c.label for c in calls}},
         "sqs": sum(c.units for c in calls if c.service == "sqs") / n, "sqs_idle": len(idle) / n,
         "s3_put": sum(c.units for c in calls if c.service == "s3" and c.operation in S3_PUT_CLASS) / n,
         "s3_get": sum(c.units for c in calls if c.service == "s3" and c.operation not in S3_PUT_CLASS | S3_FREE) / n,
@@ -148,6 +149,11 @@ def main(argv: list[str] | None = None) -> dict:
     for base_wru, gsi_wru, (who, call, op, kind) in rows:
         if base_wru + gsi_wru >= 0.05:
             print(f"    {base_wru:5.2f} + {gsi_wru:4.2f}  {who:10} {call:27} {op:14} {kind}")
+    by = {label: med("rru_by", label) for label in sorted({k for r in runs for k in r["rru_by"]})}
+    print("  read units per request by function: " + ", ".join(
+        f"{label} {units:.2f} (${units * PRICE['rru'] * 1e6:.2f}/M)" for label, units in by.items() if units >= 0.005)
+        + "; the sweeper's reads are mostly its fixed pass (every lease and index shard), run every 1 s here and "
+          "once a minute on AWS")
     print("  calls per request (who, service, operation):")
     ops = {k for r in runs for k in r["ops"]}
     for k in sorted(ops):
