@@ -18,7 +18,10 @@ def make_services(sim_url: str, **overrides) -> Services:
     settings = Settings(**{"table_name": "batchinfer-test", "bucket_name": "batchinfer-test", "stage": "test",
                            "backend_timeout_seconds": 5.0, "retry_base_seconds": 0.0, "retry_max_seconds": 0.0,
                            # Tests step the pipeline one stage at a time; pulling is tested on its own.
-                           "worker_pull": False, **overrides})
+                           "worker_pull": False,
+                           # Tests step the clock and sweep when they mean to recover; the look's pace is
+                           # tested on its own.
+                           "lease_scan_seconds": 0, **overrides})
     ddb, s3, sqs = clients_for(settings)
     bootstrap.create_table(ddb, settings.table_name)
     bootstrap.create_bucket(s3, settings.bucket_name)

@@ -289,6 +289,36 @@ def test_duplicate_deliveries_run_a_request_once(svc, sim_control):
     assert sim_stats(sim_control)["total_requests"] == 3
 
 
+def test_the_sweeper_looks_for_leases_that_ran_out_at_most_every_lease_scan_seconds(svc, sim_control):
+    """A look for leases that ran out reads every lease shard of the index, and leases run for minutes: a
+    process looks at most every `lease_scan_seconds`. A lease that runs out just after a look is recovered by
+    the first run that long after it; nothing is lost or run twice meanwhile."""
+    configure(svc, lease_seconds=60, lease_scan_seconds=10)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"l-{i}", f"lost {i}") for i in range(2)]
+    batch_id = submit(svc, who, requests)
+    assert Dispatcher(svc).pass_once() == 2
+    receive(svc, GLM)  # the worker that took the message dies before running it
+
+    svc.clock.advance(55)
+    assert sweep_once(svc)["recovered"] == 0  # a look: nothing has run out yet
+    svc.clock.advance(6)  # now the lease has run out, 6 s after the look
+    assert sweep_once(svc)["recovered"] == 0  # no look this run
+    def groups() -> list[str]:
+        return [g["state"] for g in svc.table.query_all("pk = :p AND begins_with(sk, :g)",
+                                                        {":p": f"BATCH#{batch_id}", ":g": GROUP_PREFIX})]
+
+    assert groups() == ["dispatched"]  # its group still waits for a look
+    svc.clock.advance(4)  # 10 s after the last look
+    assert sweep_once(svc)["recovered"] == 2 and groups() == []  # both of its requests
+
+    final = pump(svc, batch_id, clock_step=2)
+    assert final["status"] == "completed" and final["completed"] == 2
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control)["total_requests"] == 2
+
+
 # --- 5: a worker dies between the answer and the record ---------------------------------------------
 
 def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, monkeypatch):

@@ -28,6 +28,8 @@ class Services:
     env: dict[str, str] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     resolve: Resolver = system_resolver  # webhook hosts (tests stub it)
+    # What a process remembers between invocations (a warm Lambda keeps it): when periodic steps last ran.
+    last_ran: dict[str, int] = field(default_factory=dict)
 
     def now(self) -> int:
         return int(self.clock())

@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     max_attempts: int = 8
     backend_timeout_seconds: float = 120.0
     lease_seconds: int = 300  # a dispatched or running request whose lease runs out is recovered
+    # The sweeper looks for leases that ran out at most this often (per process; a new one looks at once).
+    # Leases run for minutes, and the look reads every lease shard of the index (`layout.LEASE_SHARDS`): on
+    # a sweeper run every second (the local stack) that was most of the sweeper's reads.
+    lease_scan_seconds: int = Field(default=10, ge=0)
     retry_base_seconds: float = 1.0
     retry_max_seconds: float = 60.0
     # Exports whose results add up to more than this are written to S3 when the batch ends and downloaded

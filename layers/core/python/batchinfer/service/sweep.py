@@ -122,6 +122,16 @@ def recover_leases(svc: Services, limit: int = 100, deadline: float | None = Non
     return recovered
 
 
+def _lease_scan_due(svc: Services, now: int) -> bool:
+    """Whether this run looks for leases that ran out: at most every `lease_scan_seconds` in this process
+    (a lease runs for minutes; a look reads every lease shard)."""
+    last = svc.last_ran.get("lease_scan")
+    if last is not None and 0 <= now - last < svc.settings.lease_scan_seconds:
+        return False
+    svc.last_ran["lease_scan"] = now
+    return True
+
+
 def sweep_once(svc: Services, deadline: float | None = None, overdue: Overdue | None = None) -> dict:
     """One pass of the sweeper. Safe to run in several places at once: every change is conditional.
     `deadline` (time.monotonic()): no step starts after it (past already: the run starts nothing), and the
@@ -133,7 +143,8 @@ def sweep_once(svc: Services, deadline: float | None = None, overdue: Overdue | 
     if _out_of_time(deadline):
         return counts
     try:
-        counts["recovered"] = recover_leases(svc, deadline=deadline, overdue=saw)
+        if _lease_scan_due(svc, now):
+            counts["recovered"] = recover_leases(svc, deadline=deadline, overdue=saw)
     except Throttled:
         pass
     # Relays are few and quick, and a late one keeps a receiver waiting: before the long steps.
