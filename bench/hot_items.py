@@ -26,6 +26,8 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
+from batchinfer.layout import GROUP_PREFIX, REQUEST_PREFIX
+
 PARTITION_WCU = 1000.0
 GOAL_SHARE = 0.5
 TARGET_RATE = 20_480.0  # the hot model's requests/s
@@ -69,8 +71,9 @@ def tally(calls: list) -> tuple[dict[str, float], dict[str, float]]:
 def kind_of(pk: str, sk: str) -> str:
     """What an item is, from its key: the rows of the write-units breakdown."""
     if pk.startswith("BATCH#"):
-        return {"BATCH": "batch item"}.get(sk) or ("group items" if sk.startswith("GRP#") else
-                                                   "request items" if sk.startswith("REQ#") else "batch, other")
+        return {"BATCH": "batch item"}.get(sk) or ("group items" if sk.startswith(GROUP_PREFIX) else
+                                                   "request items" if sk.startswith(REQUEST_PREFIX) else
+                                                   "batch, other")
     if pk.startswith("MODEL#"):
         return ("model budget" if sk == "BUDGET" else "lanes" if sk.startswith("LANE#") else
                 "slot leases" if sk.startswith("SLOTS#") else "interactive leases" if sk.startswith(

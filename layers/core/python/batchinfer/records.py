@@ -166,6 +166,17 @@ def _add_op(t: Table, key: tuple[str, str], counters: dict[str, float]) -> Op | 
 
 # --- Batch --------------------------------------------------------------------------------------------
 
+def due_in(t: Table, partitions: tuple[str, ...], now: int, limit: int) -> list[dict]:
+    """Items of the `by_due` index due by `now` in any of the partitions (the shards of one key), the most
+    overdue first: `limit` from each at most, so one busy shard cannot hide the others' for long."""
+    due: list[dict] = []
+    for partition in partitions:
+        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": partition, ":now": now}, index="by_due",
+                           limit=limit)
+        due += items
+    return sorted(due, key=lambda item: int(item["due_at"]))[:limit]
+
+
 class Batch:
     """The batch item: status, lanes, counters; under `by_owner` always, `by_active` while unfinished and
     `by_due` (PURGE) once its retention clock runs."""
@@ -384,13 +395,8 @@ class Batch:
 
     @staticmethod
     def due_for_purge(t: Table, now: int, limit: int) -> list[dict]:
-        """Batches due for their purge, the most overdue first, from every shard (`limit` from each at most)."""
-        due: list[dict] = []
-        for partition in PURGE_PARTITIONS:
-            items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": partition, ":now": now}, index="by_due",
-                               limit=limit)
-            due += items
-        return sorted(due, key=lambda item: int(item["due_at"]))[:limit]
+        """Batches due for their purge, the most overdue first, from every shard."""
+        return due_in(t, PURGE_PARTITIONS, now, limit)
 
 
 # --- Lane ---------------------------------------------------------------------------------------------
@@ -593,20 +599,13 @@ class Request:
 
     @staticmethod
     def due_retries(t: Table, model_id: str, now: int, limit: int) -> list[dict]:
-        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": retry_due(model_id), ":now": now},
-                           index="by_due", limit=limit)
-        return items
+        return due_in(t, (retry_due(model_id),), now, limit)
 
     @staticmethod
     def due_leases(t: Table, now: int, limit: int) -> list[dict]:
         """Requests, groups and leases whose lease ran out, the most overdue first, from every lease
-        partition (`limit` from each at most, so one busy shard cannot hide the others' for long)."""
-        due: list[dict] = []
-        for partition in LEASE_PARTITIONS:
-            items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": partition, ":now": now},
-                               index="by_due", limit=limit)
-            due += items
-        return sorted(due, key=lambda item: int(item["due_at"]))[:limit]
+        partition."""
+        return due_in(t, LEASE_PARTITIONS, now, limit)
 
 
 # --- Model budget -------------------------------------------------------------------------------------
@@ -1099,9 +1098,7 @@ class WebhookEvent:
 
     @staticmethod
     def due(t: Table, now: int, limit: int) -> list[dict]:
-        items, _ = t.query("due_pk = :d AND due_at <= :now", {":d": WEBHOOK_DUE, ":now": now}, index="by_due",
-                           limit=limit)
-        return items
+        return due_in(t, (WEBHOOK_DUE,), now, limit)
 
     @staticmethod
     def of_account(t: Table, account_id: str, limit: int, after: str | None) -> tuple[list[dict], bool]:
