@@ -42,7 +42,7 @@ def scope_of(name: str) -> str:
         return "batch"
     if sk.startswith(("SLOTS#", "INTERACTIVE#")):
         return "lease"
-    if pk.startswith(("MODEL#", "RETRY#")):
+    if pk.startswith(("MODEL#", "RETRY#", "BUDGET#")):  # BUDGET#: the model budget's shards past the first
         return "model"
     if pk.startswith(("ACCOUNT#", "KEY#", "OWNER#")):
         return "account"
@@ -74,6 +74,8 @@ def kind_of(pk: str, sk: str) -> str:
         return {"BATCH": "batch item"}.get(sk) or ("group items" if sk.startswith(GROUP_PREFIX) else
                                                    "request items" if sk.startswith(REQUEST_PREFIX) else
                                                    "batch, other")
+    if pk.startswith("BUDGET#"):
+        return "model budget"
     if pk.startswith("MODEL#"):
         return ("model budget" if sk == "BUDGET" else "lanes" if sk.startswith("LANE#") else
                 "slot leases" if sk.startswith("SLOTS#") else "interactive leases" if sk.startswith(

@@ -30,10 +30,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--accounts", type=int, default=100)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--shard-slots", type=int, default=4,
+                        help="BUDGET_SHARD_SLOTS: the budget's slots per shard (4: C = 16 in 4 shards; the target's "
+                             "C = 1,024 has 16 at the default of 64)")
     parser.add_argument("--hot", action="store_true", help="print the hot-item report of the run")
     args = parser.parse_args(argv)
     n = args.batches * args.requests
-    with local_stack(latency=args.latency, budget=0, pollers=args.budget) as (svc, session, base):
+    with local_stack(latency=args.latency, budget=0, pollers=args.budget,
+                     budget_shard_slots=args.shard_slots) as (svc, session, base):
         LABEL.set("bench")
         model = svc.catalog.get(MODEL)
         keys = []

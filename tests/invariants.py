@@ -12,15 +12,23 @@ import json
 import math
 
 from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState
-from batchinfer.layout import account_key, batch_key, file_key, file_object, model_budget_key, requests_object
+from batchinfer.layout import account_key, batch_key, file_key, file_object, requests_object
+from batchinfer.records import Budget
 from batchinfer.runtime import Services
-from batchinfer.service import batches, message_batches
+from batchinfer.service import batches, capacity, message_batches
 from batchinfer.service import results as results_module
 from batchinfer.service.accounts import Principal
 
 FINAL_RESULT = {"completed", "failed", "cancelled", "expired"}
 # What a never-run request reads as, by final batch status.
 NEVER_RUN = {"completed": None, "failed": "failed", "expired": "expired", "cancelled": "cancelled"}
+
+
+def budget_of(svc: Services, model_id: str) -> dict:
+    """The model's budget summed over its shards (as many as the settings give it now), with each shard's."""
+    model = svc.catalog.lookup(model_id)
+    shards = capacity.budget_shards(svc, model) if model else 1
+    return Budget.get(svc.table, model_id, True, shards)
 
 
 def _close(a: float, b: float) -> bool:
@@ -244,8 +252,9 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
     assert batch.get("in_flight", 0) == 0, f"batch in_flight {batch.get('in_flight')}"
     assert batch.get("open", 0) == 0, f"batch open {batch.get('open')}"
     for model_id in batch["lanes"]:
-        budget = svc.table.get(*model_budget_key(model_id)) or {}
+        budget = budget_of(svc, model_id)
         assert budget.get("in_flight", 0) == 0, f"model {model_id} in_flight {budget.get('in_flight')}"
+        assert all(shard["in_flight"] == 0 for shard in budget["shards"]), f"model {model_id} shards {budget}"
         lanes = list(svc.table.query_all("pk = :pk AND begins_with(sk, :l)",
                                          {":pk": f"MODEL#{model_id}", ":l": "LANE#"}, consistent=True))
         assert not [lane for lane in lanes if lane["batch_id"] == batch_id], f"lane of {model_id} left behind"

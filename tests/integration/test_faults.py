@@ -16,9 +16,18 @@ from botocore.exceptions import ClientError
 
 from batchinfer.catalog import Catalog
 from batchinfer.errors import ApiError
-from batchinfer.layout import GROUP_PREFIX, LEASE_DUE, LEASE_PARTITIONS, account_key, batch_key, model_budget_key
+from batchinfer.layout import (
+    GROUP_PREFIX,
+    LEASE_DUE,
+    LEASE_PARTITIONS,
+    account_key,
+    batch_key,
+    budget_share,
+    model_budget_key,
+)
 from batchinfer.ledger import queue_message
 from batchinfer.providers import openai_compat
+from batchinfer.records import lease_shards
 from batchinfer.service import accounts, batches, dispatch, work
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.dispatch import Dispatcher
@@ -27,7 +36,7 @@ from batchinfer.service.work import process, process_and_pull
 from batchinfer.storage.dynamo import ConditionFailed
 from local.lambda_runtime import invoke, sqs_event
 from tests.helpers import chat_request, new_key
-from tests.invariants import assert_ledger_consistent, stored_requests
+from tests.invariants import assert_ledger_consistent, budget_of, stored_requests
 
 GLM, QWEN = "glm-5.3-flash", "qwen3.6-35b"
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -532,11 +541,13 @@ def test_worker_dying_after_recording_every_outcome_counts_them_once(svc, sim_co
 
 # --- 6: two dispatchers at once ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("pull", [False, True], ids=["queue-only", "workers-pull"])
-def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control, monkeypatch, pull):
+@pytest.mark.parametrize("pull,shard_slots", [(False, 64), (True, 64), (False, 2), (True, 2)],
+                         ids=["queue-only", "workers-pull", "queue-only-sharded", "workers-pull-sharded"])
+def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control, monkeypatch, pull, shard_slots):
     """Two dispatchers race for the same lanes; with `pull`, workers also claim their next request
-    themselves (a third and fourth claimant). Nothing runs twice and no budget is passed."""
-    configure(svc, worker_pull=pull)
+    themselves (a third and fourth claimant). Nothing runs twice and no budget is passed: with the budgets
+    split into shards of 2 slots (3 each) too, where every claimant picks a shard and gives back to it."""
+    configure(svc, worker_pull=pull, budget_shard_slots=shard_slots)
     budgets = {GLM: 5, QWEN: 5}
     tier_limit = svc.settings.tier_limits["free"]
     assert tier_limit == 8
@@ -614,8 +625,10 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     def sampler() -> None:  # the budget counters, as often as the table allows
         while not stop.is_set():
             for model in budgets:
-                budget = svc.table.get(*model_budget_key(model)) or {}
+                budget = budget_of(svc, model)
                 peaks[f"counter:{model}"] = max(peaks[f"counter:{model}"], budget.get("in_flight", 0))
+                for k, shard in enumerate(budget["shards"]):
+                    peaks[f"shard:{model}:{k}"] = max(peaks[f"shard:{model}:{k}"], shard["in_flight"])
             peaks["counter:account"] = max(peaks["counter:account"], account_counters(svc, account["id"])["in_flight"])
             time.sleep(0.05)
 
@@ -638,8 +651,12 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
 
     monkeypatch.setattr(openai_compat, "call", counted_call)
 
+    # A worker loop per model runs one receive's messages at a time. With shards a dispatcher's claim takes one
+    # shard's slots, so a model's slots travel in several messages: a poller per shard then (an event source
+    # mapping runs as many invocations at once as the model's budget).
+    pollers = -(-max(budgets.values()) // shard_slots)
     threads = [threading.Thread(target=dispatcher_loop), threading.Thread(target=dispatcher_loop),
-               threading.Thread(target=worker_loop, args=(GLM,)), threading.Thread(target=worker_loop, args=(QWEN,)),
+               *(threading.Thread(target=worker_loop, args=(model,)) for model in (GLM, QWEN) for _ in range(pollers)),
                threading.Thread(target=sampler)]
     for thread in threads:
         thread.start()
@@ -665,6 +682,11 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     for model, budget in budgets.items():
         assert 0 < peaks[f"counter:{model}"] <= budget, peaks
         assert 0 < peaks[f"calling:{model}"] <= budget, peaks
+        shards = -(-budget // shard_slots)
+        for k in range(shards):  # no shard ever held more than its share of the budget
+            assert peaks[f"shard:{model}:{k}"] <= budget_share(budget, k, shards), peaks
+        if shards > 1:  # and the claims really spread over them
+            assert sum(peaks[f"shard:{model}:{k}"] > 0 for k in range(shards)) >= 2, peaks
     assert 0 < peaks["counter:account"] <= tier_limit and peaks["calling:all"] <= tier_limit, peaks
     stats = sim_stats(sim_control)
     assert stats["total_requests"] == 60
@@ -1506,6 +1528,102 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
+def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_slots_back(svc, sim_control,
+                                                                                           monkeypatch):
+    """A budget of 8 in 4 shards of 2 slots (`BUDGET_SHARD_SLOTS`): one pump takes the roomiest shard's 2, then
+    grows into the others' (a lease holds slots of several shards) until all 8 are busy; no shard ever holds
+    more than its 2, none goes below 0, and every slot goes back to the shard it came from."""
+    configure(svc, budget_shard_slots=2)
+    set_budgets(svc, {GLM: 8})
+    sim_config(sim_control, latency_seconds=0.2)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"s-{i}", f"sharded {i}") for i in range(64)]
+    batch_id = submit(svc, who, requests)
+    leases: list[dict] = []
+    for name in ("take_slots", "grow_slots"):
+        real = getattr(work, name)
+
+        def watched(*args, real=real, **kwargs):
+            lease = real(*args, **kwargs)
+            leases.append(lease)
+            return lease
+
+        monkeypatch.setattr(work, name, watched)
+    peaks: Counter = Counter()
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.is_set():
+            for k, shard in enumerate(budget_of(svc, GLM)["shards"]):
+                peaks[k] = max(peaks[k], shard["in_flight"])
+                peaks["lowest"] = min(peaks["lowest"], shard["in_flight"])
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=sampler)
+    watcher.start()
+    try:
+        outcome = run_pump(svc, slots=8)
+    finally:
+        stop.set()
+        watcher.join()
+
+    assert len(lease_shards(leases[0])) == 1 and leases[0]["slots"] == 2  # one shard's share to start with
+    assert lease_shards(leases[-1]) == {0: 2, 1: 2, 2: 2, 3: 2}, leases[-1]  # then the others'
+    assert outcome["completed"] == 64, outcome
+    assert [peaks[k] for k in range(4)] == [2, 2, 2, 2] and peaks["lowest"] == 0, peaks
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] == 8
+    assert budget_of(svc, GLM)["shards"] == [{"in_flight": 0, "interactive": 0}] * 4
+    assert slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 64
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_slots_of_a_sharded_budget_held_by_dead_processes_go_back_to_their_own_shards(svc, sim_control):
+    """Groups a dispatcher claimed (without a lease) from several shards, a worker's lease on one and an
+    interactive call counted on another, all of whose processes died: the sweeper gives each back to the
+    shard it came from, once, and leaves no shard below zero."""
+    from batchinfer.ledger import take_slots
+    from batchinfer.records import InteractiveLease
+    from batchinfer.service.capacity import Draws
+
+    configure(svc, budget_shard_slots=2, lease_seconds=60)
+    set_budgets(svc, {GLM: 8})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"x-{i}", f"dies sharded {i}") for i in range(10)]
+    batch_id = submit(svc, who, requests)
+
+    dispatcher = Dispatcher(svc)
+    for _ in range(3):  # three claims: each takes the roomiest shard's 2 slots (their groups never run)
+        dispatcher.pass_once()
+    held = [shard["in_flight"] for shard in budget_of(svc, GLM)["shards"]]
+    assert sorted(held) == [0, 2, 2, 2], held
+    groups = list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": f"BATCH#{batch_id}", ":g": "GRP#"},
+                                      consistent=True))
+    assert sorted(int(g.get("budget_shard", 0)) for g in groups) == sorted(k for k, n in enumerate(held) if n)
+    free = held.index(0)
+    now = svc.now()
+    take_slots(svc, GLM, 2, Draws(budget_of(svc, GLM), 8).of(free))  # a worker's lease on the last shard
+    svc.table.transact(InteractiveLease.begin(svc.table, GLM, "died", "acct_x", now, now + 60, now * 1000,
+                                              shard=(free + 1) % 4))
+    budget = budget_of(svc, GLM)
+    assert budget["in_flight"] == 8 and budget["interactive"] == 1
+    assert budget["shards"][(free + 1) % 4]["interactive"] == 1
+
+    svc.clock.advance(61)
+    sweep_once(svc)
+    sweep_once(svc)  # a second pass finds nothing more to give back
+
+    budget = budget_of(svc, GLM)
+    assert budget["shards"] == [{"in_flight": 0, "interactive": 0}] * 4, budget
+    assert slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 10
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
 def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_control, monkeypatch):
     from batchinfer.service.sweep import _recover_group
 
@@ -1732,19 +1850,17 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
     """The budget poll stalls (a throttled or stalled store) just as interactive load comes: runners stop
     starting calls once the cap they know is STALE_CAP_SECONDS old, rather than go on at the old budget, and
     go on once a poll answers (at the floor); every request still ends once."""
-    from batchinfer.records import Budget
     from batchinfer.service.capacity import track_interactive
 
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=200, word="stall")
     stall = threading.Event()
     released = threading.Event()
+    real_read = work.read_budget
 
-    class StallingBudget(Budget):
-        @staticmethod
-        def get(*args, **kwargs):
-            if stall.is_set() and threading.current_thread().name.startswith("pump-poll"):
-                released.wait(10)
-            return Budget.get(*args, **kwargs)
+    def stalling_read(*args, **kwargs):
+        if stall.is_set() and threading.current_thread().name.startswith("pump-poll"):
+            released.wait(10)
+        return real_read(*args, **kwargs)
 
     real_attempt = work._attempt
     starts: list[float] = []
@@ -1767,7 +1883,7 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
         time.sleep(1.5)
         track_interactive(svc, GLM, -6)
 
-    monkeypatch.setattr(work, "Budget", StallingBudget)
+    monkeypatch.setattr(work, "read_budget", stalling_read)
     monkeypatch.setattr(work, "_attempt", attempt)
     load = threading.Thread(target=load_arrives_while_the_poll_stalls)
     load.start()

@@ -77,8 +77,18 @@ def request_sk(index: int) -> str:
     return f"{REQUEST_PREFIX}{index:06d}"
 
 
-def model_budget_key(model_id: str) -> tuple[str, str]:
-    return f"MODEL#{model_id}", "BUDGET"
+def model_budget_key(model_id: str, shard: int = 0) -> tuple[str, str]:
+    """One shard of a model's budget (records.Budget). Shard 0 is the item from before the shards; the others
+    have partitions of their own, so that a model's slot takes and give-backs spread over as many partitions
+    as it has shards (an item is never split across partitions)."""
+    if shard == 0:
+        return f"MODEL#{model_id}", "BUDGET"
+    return f"BUDGET#{model_id}#{shard:02d}", "BUDGET"
+
+
+def budget_share(cap: int, shard: int, shards: int) -> int:
+    """Shard `shard`'s part of a cap of `cap` slots split over `shards` shards (they add up to the cap)."""
+    return cap // shards + (1 if shard < cap % shards else 0)
 
 
 def slot_lease_key(model_id: str, lease_id: str) -> tuple[str, str]:

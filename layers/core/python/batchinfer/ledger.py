@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
 from .layout import group_key, request_key, retry_due
-from .records import Account, Batch, Budget, Group, Lane, Request, SlotLease, Usage
+from .records import Account, Batch, Budget, Group, Lane, Request, SlotLease, Usage, lease_shards, shards_map
 from .runtime import Services
 
 SLOT_HOLDERS = (RequestState.DISPATCHED, RequestState.RUNNING)
@@ -32,6 +32,18 @@ class Position:
     custom_id: str
     offset: int
     length: int
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Where a take of the model's batch slots comes from: one shard of its budget, within the shard's share
+    of the cap (`cap`), fenced on the shard's interactive count as the taker read it (`interactive_seen`);
+    `room`: how many it had free then (service.capacity.Draws picks them)."""
+
+    shard: int
+    cap: int
+    interactive_seen: int | None
+    room: int
 
 
 @dataclass
@@ -99,9 +111,10 @@ class Moves:
         elif was is RequestState.WAITING and outcome.to is not RequestState.WAITING:
             bump(self.model, "waiting", -1)
 
-    def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str) -> list[dict]:
+    def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str, budget_shard: int = 0) -> list[dict]:
+        """`budget_shard`: the budget shard the requests' own slots came from (they go back there)."""
         t = svc.table
-        ops = [Batch.add(t, batch_id, self.batch), Budget.add(t, model_id, self.model)]
+        ops = [Batch.add(t, batch_id, self.batch), Budget.add(t, model_id, self.model, budget_shard)]
         if self.account_in_flight:
             ops.append(Account.add_in_flight(t, account_id, self.account_in_flight))
         if self.cost_usd:
@@ -120,7 +133,8 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
     ops = [Request.move(svc.table, req, outcome.to, new_token(), now, due=due, fields=fields, extra=outcome.extra)]
     moves = Moves()
     moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")))
-    svc.table.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"]))
+    svc.table.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
+                                       int(req.get("budget_shard", 0))))
 
 
 def start(svc: Services, req: dict) -> dict:
@@ -137,30 +151,32 @@ def start(svc: Services, req: dict) -> dict:
     return running
 
 
-def _take_ops(svc: Services, model_id: str, account_id: str, k: int, model_cap: int, account_cap: int,
-              from_waiting: bool = False, interactive_seen: int | None = None) -> list[dict]:
-    """Take k slots of the model and of the account, within their caps (see `Budget.take`)."""
-    return [Budget.take(svc.table, model_id, k, model_cap, interactive_seen, from_waiting),
+def _take_ops(svc: Services, model_id: str, account_id: str, k: int, draw: Draw, account_cap: int,
+              from_waiting: bool = False) -> list[dict]:
+    """Take k slots of the model (from the draw's shard) and of the account, within their caps (see
+    `Budget.take`)."""
+    return [Budget.take(svc.table, model_id, draw.shard, k, draw.cap, draw.interactive_seen, from_waiting),
             Account.take(svc.table, account_id, k, account_cap)]
 
 
 def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
-                    model_cap: int, account_cap: int, interactive_seen: int | None = None,
-                    running: bool = False, slot_lease: dict | None = None) -> list[dict]:
+                    draw: Draw | None, account_cap: int, running: bool = False,
+                    slot_lease: dict | None = None) -> list[dict]:
     """Dispatch the lane's next positions as groups: take their slots, advance the lane, create the groups.
 
     A group is one lease over up to GROUP_MAX requests: one item, one queue message, one start and one
     outcome transaction for all of them. Request items are written only when a request has an outcome.
     `running`: the claimant runs the groups itself at once, so they start now (no separate start).
-    `slot_lease`: they run in that SlotLease's slots, so only the account's slots are taken."""
+    `slot_lease`: they run in that SlotLease's slots, so only the account's slots are taken; without one,
+    `draw` says where the model's slots come from."""
     now = svc.now()
     t = svc.table
     k = len(positions)
     lane = batch["lanes"][model_id]
     ops = [Batch.claim_lane(t, batch, model_id, lane_next, k, now)]
     if slot_lease is None:
-        ops += _take_ops(svc, model_id, batch["account_id"], k, model_cap, account_cap,
-                         interactive_seen=interactive_seen)
+        assert draw is not None
+        ops += _take_ops(svc, model_id, batch["account_id"], k, draw, account_cap)
     else:
         ops.append(Account.take(t, batch["account_id"], k, account_cap))
     groups = []
@@ -170,7 +186,8 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
         group = Group.new(pk=pk, sk=sk, batch=batch, model_id=model_id,
                           positions=[[p.index, p.custom_id, p.offset, p.length] for p in members], running=running,
                           token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
-                          item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None)
+                          item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None,
+                          budget_shard=draw.shard if draw and not slot_lease else 0)
         groups.append(group)
         ops.append(Group.create(t, group))
     if lane_next + k >= lane["total"]:
@@ -197,7 +214,7 @@ def start_group_in_lease(svc: Services, group: dict) -> tuple[dict, dict]:
     worker that runs it keeps those slots busy after its members end. Returns (the group, the lease)."""
     now = svc.now()
     lease = SlotLease.new(group["model"], new_token(), len(group["positions"]), new_token(), now,
-                          now + svc.settings.lease_seconds)
+                          now + svc.settings.lease_seconds, shard=int(group.get("budget_shard", 0)))
     return _start_group(svc, group, lease), lease
 
 
@@ -262,51 +279,73 @@ def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict
     for item in (*written, *new):
         outcome, stop = tallied(item)
         moves.add(RequestState(group["state"]), outcome, stop, leased=bool(group.get("slot_lease")))
-    t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"]))
+    t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"],
+                               int(group.get("budget_shard", 0))))
 
 
-def claim_retry(svc: Services, req: dict, model_cap: int, account_cap: int,
-                interactive_seen: int | None = None, slot_lease: dict | None = None) -> dict:
-    """waiting -> dispatched: a request whose wait is over takes a slot again (or runs in `slot_lease`'s)."""
+def claim_retry(svc: Services, req: dict, draw: Draw | None, account_cap: int,
+                slot_lease: dict | None = None) -> dict:
+    """waiting -> dispatched: a request whose wait is over takes a slot again (from `draw`'s shard), or runs
+    in `slot_lease`'s."""
     now = svc.now()
     t = svc.table
     token = new_token()
     lease_id = slot_lease["id"] if slot_lease else None
-    ops = [Request.dispatch_retry(t, req, token, now + svc.settings.lease_seconds, slot_lease=lease_id),
+    # Under a lease, the count of retries waiting goes down on one of the lease's shards (only the sum is read).
+    shard = next(iter(lease_shards(slot_lease))) if slot_lease else draw.shard if draw else 0
+    ops = [Request.dispatch_retry(t, req, token, now + svc.settings.lease_seconds, slot_lease=lease_id,
+                                  budget_shard=shard),
            Batch.take_retry_slot(t, req["batch_id"])]
     if slot_lease is None:
-        ops += _take_ops(svc, req["model"], req["account_id"], 1, model_cap, account_cap, from_waiting=True,
-                         interactive_seen=interactive_seen)
+        assert draw is not None
+        ops += _take_ops(svc, req["model"], req["account_id"], 1, draw, account_cap, from_waiting=True)
     else:
-        ops += [Account.take(t, req["account_id"], 1, account_cap), Budget.add(t, req["model"], {"waiting": -1})]
+        ops += [Account.take(t, req["account_id"], 1, account_cap),
+                Budget.add(t, req["model"], {"waiting": -1}, shard)]
     t.transact(ops)
     claimed = {**req, "state": RequestState.DISPATCHED.value, "token": token}
     claimed.pop("slot_lease", None)
-    return {**claimed, "slot_lease": lease_id} if lease_id else claimed
+    if lease_id:
+        return {**claimed, "slot_lease": lease_id}
+    return {**claimed, "budget_shard": shard}
 
 
-def take_slots(svc: Services, model_id: str, k: int, cap: int, interactive_seen: int | None) -> dict:
-    """A SlotLease of k of the model's slots, within its cap (ConditionFailed: not that many are free)."""
+def take_slots(svc: Services, model_id: str, k: int, draw: Draw) -> dict:
+    """A SlotLease of k of the model's slots from the draw's shard, within its cap (ConditionFailed: not that
+    many are free)."""
     now = svc.now()
-    lease = SlotLease.new(model_id, new_token(), k, new_token(), now, now + svc.settings.lease_seconds)
-    svc.table.transact([Budget.take(svc.table, model_id, k, cap, interactive_seen, from_waiting=False),
+    lease = SlotLease.new(model_id, new_token(), k, new_token(), now, now + svc.settings.lease_seconds,
+                          shard=draw.shard)
+    svc.table.transact([Budget.take(svc.table, model_id, draw.shard, k, draw.cap, draw.interactive_seen,
+                                    from_waiting=False),
                         SlotLease.create(svc.table, lease)])
     return lease
 
 
-def grow_slots(svc: Services, lease: dict, n: int, cap: int, interactive_seen: int | None) -> dict:
-    """n more of the model's free slots into the lease; returns the lease as it is now. ConditionFailed: not
-    that many are free, or the sweeper recovered the lease."""
-    svc.table.transact(SlotLease.grow(svc.table, lease, n, cap, interactive_seen))
-    return {**lease, "slots": int(lease["slots"]) + n}
+def grow_slots(svc: Services, lease: dict, n: int, draw: Draw) -> dict:
+    """n more free slots of the draw's budget shard into the lease; returns the lease as it is now.
+    ConditionFailed: not that many are free, or the sweeper recovered the lease."""
+    svc.table.transact(SlotLease.grow(svc.table, lease, n, draw.shard, draw.cap, draw.interactive_seen))
+    held = lease_shards(lease)
+    held[draw.shard] = held.get(draw.shard, 0) + n
+    return {**lease, "slots": int(lease["slots"]) + n, "shards": shards_map(held)}
 
 
 def give_back_slots(svc: Services, lease: dict, n: int) -> dict | None:
-    """n of the lease's slots back to the budget; returns the lease as it is now (None once it has ended).
-    ConditionFailed: the sweeper recovered it first (its slots went back then)."""
-    svc.table.transact(SlotLease.give_back(svc.table, lease, n))
+    """n of the lease's slots back to the budget shards they came from (those it holds most of first);
+    returns the lease as it is now (None once it has ended). ConditionFailed: the sweeper recovered it first
+    (its slots went back then)."""
+    held = lease_shards(lease)
+    parts: dict[int, int] = {}
+    for shard in sorted(held, key=lambda k: -held[k]):
+        if sum(parts.values()) >= n:
+            break
+        parts[shard] = min(held[shard], n - sum(parts.values()))
+    svc.table.transact(SlotLease.give_back(svc.table, lease, parts))
     left = int(lease["slots"]) - n
-    return {**lease, "slots": left} if left > 0 else None
+    if left <= 0:
+        return None
+    return {**lease, "slots": left, "shards": shards_map({k: m - parts.get(k, 0) for k, m in held.items()})}
 
 
 def queue_message(unit: dict) -> dict:

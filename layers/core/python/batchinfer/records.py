@@ -123,6 +123,7 @@ class GroupItem(TypedDict, total=False):
     started_at: int
     item_ttl: int  # the TTL its members' items get
     slot_lease: str  # the SlotLease its members run in, if any (they hold no budget slots of their own)
+    budget_shard: int  # without a SlotLease: the budget shard its members' slots came from (0 if absent)
 
 
 class RequestItem(TypedDict, total=False):
@@ -145,6 +146,7 @@ class RequestItem(TypedDict, total=False):
     due_at: int
     group_token: str  # for a group member: the group that wrote it
     slot_lease: str  # a retry dispatched in a SlotLease's slots
+    budget_shard: int  # a retry dispatched in a slot of its own: the budget shard it came from (0 if absent)
     tally: dict  # for a group member: what its outcome adds to the counters
     ttl: int
 
@@ -460,8 +462,10 @@ class Group:
 
     @staticmethod
     def new(*, pk: str, sk: str, batch: BatchItem, model_id: str, positions: list[list], running: bool,
-            token: str, now: int, lease_ends: int, item_ttl: int, slot_lease: str | None = None) -> GroupItem:
-        """`slot_lease`: the SlotLease whose slots its members run in (they take none of the budget's)."""
+            token: str, now: int, lease_ends: int, item_ttl: int, slot_lease: str | None = None,
+            budget_shard: int = 0) -> GroupItem:
+        """`slot_lease`: the SlotLease whose slots its members run in (they take none of the budget's);
+        without one, `budget_shard` is the budget shard their slots came from."""
         state = request_transition(None, RequestState.RUNNING if running else RequestState.DISPATCHED)
         group: GroupItem = {
             "pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
@@ -469,6 +473,8 @@ class Group:
             "due_pk": lease_due(pk, sk), "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
         if slot_lease:
             group["slot_lease"] = slot_lease
+        elif budget_shard:
+            group["budget_shard"] = budget_shard
         return group
 
     @staticmethod
@@ -560,9 +566,9 @@ class Request:
 
     @staticmethod
     def dispatch_retry(t: Table, req: RequestItem, new_token: str, lease_ends: int,
-                       slot_lease: str | None = None) -> Op:
+                       slot_lease: str | None = None, budget_shard: int = 0) -> Op:
         """waiting -> dispatched: from the retry partition of `by_due` to the lease partition (in a
-        SlotLease's slots, or in a budget slot of its own)."""
+        SlotLease's slots, or in a budget slot of its own, taken from shard `budget_shard`)."""
         to = request_transition(req["state"], RequestState.DISPATCHED)
         vals = {":d": to.value, ":new": new_token, ":lease": lease_due(*request_key(req["batch_id"], req["index"])),
                 ":at": lease_ends,
@@ -572,7 +578,8 @@ class Request:
             expression += ", slot_lease = :sl"
             vals[":sl"] = slot_lease
         else:
-            expression += " REMOVE slot_lease"
+            expression += ", budget_shard = :bs REMOVE slot_lease"
+            vals[":bs"] = budget_shard
         return t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
                            condition="#state = :w AND #token = :old")
 
@@ -595,7 +602,8 @@ class Request:
         `waiting` count; fenced on its state and token, so it goes, and the count moves, once."""
         return [t.op_delete(req["pk"], req["sk"], condition="#state = :w AND #token = :t",
                             vals={":w": RequestState.WAITING.value, ":t": req["token"]}),
-                t.op_update(*model_budget_key(req["model"]), "ADD waiting :minus", vals={":minus": -1})]
+                t.op_update(*model_budget_key(req["model"], int(req.get("budget_shard", 0))), "ADD waiting :minus",
+                            vals={":minus": -1})]
 
     @staticmethod
     def due_retries(t: Table, model_id: str, now: int, limit: int) -> list[dict]:
@@ -612,16 +620,41 @@ class Request:
 
 class Budget:
     """A model's batch slots in use (`in_flight`), retries waiting, interactive requests running, and the
-    adaptive cap the backend's 429s set."""
+    adaptive cap the backend's 429s set.
+
+    Split over `shards` items (layout.model_budget_key) so that no one item takes every slot take and
+    give-back of a busy model: each shard holds its share of the cap (layout.budget_share), and a take is
+    fenced on its shard's share alone. What takes slots remembers its shard (a SlotLease's `shard`, a group's
+    or a retried request's `budget_shard`, an interactive lease's `shard`) and gives them back there, so no
+    shard ever holds more than its share of the catalog's budget and the shards together never more than the
+    budget. Readers read every shard in one BatchGetItem and see the sums (`shards`: each one's counters).
+    The adaptive cap and its clocks live on shard 0."""
+
+    SUMMED = ("in_flight", "waiting", "interactive")
 
     @staticmethod
-    def get(t: Table, model_id: str, consistent: bool = True) -> dict | None:
-        return t.get(*model_budget_key(model_id), consistent)
+    def get(t: Table, model_id: str, consistent: bool = True, shards: int = 1) -> dict:
+        """The budget as the sums of its shards' counters (`interactive_at`: the latest), shard 0's adaptive
+        cap, and `shards`: each shard's own counters."""
+        if shards <= 1:
+            items = [t.get(*model_budget_key(model_id), consistent) or {}]
+        else:
+            keys = [model_budget_key(model_id, k) for k in range(shards)]
+            found = t.get_many(keys, consistent)
+            items = [found.get(key, {}) for key in keys]
+        view = {name: value for name, value in items[0].items() if name not in ("pk", "sk")}
+        for name in Budget.SUMMED:
+            view[name] = sum(int(item.get(name, 0)) for item in items)
+        view["interactive_at"] = max(int(item.get("interactive_at", 0)) for item in items)
+        view["shards"] = [{name: int(item.get(name, 0)) for name in ("in_flight", "interactive")} for item in items]
+        return view
 
     @staticmethod
-    def take(t: Table, model_id: str, k: int, cap: int, interactive_seen: int | None, from_waiting: bool) -> Op:
-        """k slots, within the cap. `interactive_seen`: the interactive count the cap was computed from; if
-        interactive load has grown since, the claim fails rather than start batch work on a stale cap."""
+    def take(t: Table, model_id: str, shard: int, k: int, cap: int, interactive_seen: int | None,
+             from_waiting: bool) -> Op:
+        """k slots of shard `shard`, within `cap` (the shard's share of the model's cap). `interactive_seen`:
+        the shard's interactive count the cap was computed from; if interactive load has grown since, the
+        claim fails rather than start batch work on a stale cap."""
         vals = {":k": k, ":cap": cap - k}
         condition = "(attribute_not_exists(in_flight) OR in_flight <= :cap)"
         if interactive_seen is not None:
@@ -629,18 +662,19 @@ class Budget:
             condition += " AND (attribute_not_exists(interactive) OR interactive <= :seen)"
         if from_waiting:
             vals[":w"] = -k
-        return t.op_update(*model_budget_key(model_id), "ADD in_flight :k" + (", waiting :w" if from_waiting else ""),
-                           vals=vals, condition=condition)
+        return t.op_update(*model_budget_key(model_id, shard),
+                           "ADD in_flight :k" + (", waiting :w" if from_waiting else ""), vals=vals,
+                           condition=condition)
 
     @staticmethod
-    def add(t: Table, model_id: str, counters: dict[str, float]) -> Op | None:
-        return _add_op(t, model_budget_key(model_id), counters)
+    def add(t: Table, model_id: str, counters: dict[str, float], shard: int = 0) -> Op | None:
+        return _add_op(t, model_budget_key(model_id, shard), counters)
 
     @staticmethod
-    def track_interactive(t: Table, model_id: str, delta: int, moved_at: int) -> None:
+    def track_interactive(t: Table, model_id: str, delta: int, moved_at: int, shard: int = 0) -> None:
         """`moved_at` (ms since the epoch): when the count moved, as every change of it stamps it, so a reader
         that has not watched it can tell whether it stood still over the last moments (`interactive_at`)."""
-        t.update(*model_budget_key(model_id), "ADD interactive :d SET interactive_at = :at",
+        t.update(*model_budget_key(model_id, shard), "ADD interactive :d SET interactive_at = :at",
                  vals={":d": delta, ":at": moved_at})
 
     @staticmethod
@@ -668,21 +702,40 @@ class InteractiveLease:
 
     @staticmethod
     def begin(t: Table, model_id: str, lease_id: str, account_id: str, now: int, lease_ends: int,
-              moved_at: int) -> list[Op]:
-        """`moved_at`: the time in ms (see `Budget.track_interactive`)."""
+              moved_at: int, shard: int = 0) -> list[Op]:
+        """`moved_at`: the time in ms (see `Budget.track_interactive`); `shard`: the budget shard it is counted
+        on (it ends there)."""
         pk, sk = interactive_lease_key(model_id, lease_id)
         item = {"pk": pk, "sk": sk, "model": model_id, "interactive": True, "account_id": account_id,
-                "started_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends}
+                "started_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends, "shard": shard}
         return [t.op_put(item, condition="attribute_not_exists(pk)"),
-                t.op_update(*model_budget_key(model_id), "ADD interactive :one SET interactive_at = :at",
+                t.op_update(*model_budget_key(model_id, shard), "ADD interactive :one SET interactive_at = :at",
                             vals={":one": 1, ":at": moved_at})]
 
     @staticmethod
-    def end(t: Table, model_id: str, lease_id: str, moved_at: int) -> list[Op]:
+    def end(t: Table, model_id: str, lease_id: str, moved_at: int, shard: int = 0) -> list[Op]:
         """Fenced on the lease still existing: a lease the sweeper already recovered is not taken off twice."""
         return [t.op_delete(*interactive_lease_key(model_id, lease_id), condition="attribute_exists(pk)"),
-                t.op_update(*model_budget_key(model_id), "ADD interactive :minus SET interactive_at = :at",
+                t.op_update(*model_budget_key(model_id, shard), "ADD interactive :minus SET interactive_at = :at",
                             vals={":minus": -1, ":at": moved_at})]
+
+
+def lease_shards(lease: dict) -> dict[int, int]:
+    """The budget shards a SlotLease's slots came from, and how many of each (a lease from before the shards:
+    all of shard 0)."""
+    held = lease.get("shards")
+    if held is None:
+        return {0: int(lease["slots"])}
+    return {int(name[1:]): int(n) for name, n in held.items() if int(n) > 0}
+
+
+def _shard_name(shard: int) -> str:
+    return f"s{shard}"  # the lease's `shards` map is keyed by these (a name, so `#s3` needs no alias)
+
+
+def shards_map(held: dict[int, int]) -> dict[str, int]:
+    """A SlotLease's `shards` attribute from {shard: slots} (the inverse of `lease_shards`)."""
+    return {_shard_name(shard): n for shard, n in held.items()}
 
 
 class SlotLease:
@@ -690,13 +743,17 @@ class SlotLease:
     keeps that many backend calls in flight from requests it claimed (`service.work.SlotPump`). Groups and
     retries claimed under a lease take no budget slots of their own, and give none back when they end: the
     lease's slots go back when it is released, or when the sweeper recovers it once its lease runs out (the
-    worker died). Every change is fenced by the lease's token."""
+    worker died). Every change is fenced by the lease's token and its slot count. `shards`: how many of its
+    slots came from which shard of the budget (they go back there)."""
 
     @staticmethod
-    def new(model_id: str, lease_id: str, slots: int, token: str, now: int, lease_ends: int) -> dict:
+    def new(model_id: str, lease_id: str, slots: int, token: str, now: int, lease_ends: int,
+            shard: int = 0) -> dict:
+        """`shard`: the budget shard its first slots come from."""
         pk, sk = slot_lease_key(model_id, lease_id)
         return {"pk": pk, "sk": sk, "id": lease_id, "model": model_id, "slots": slots, "token": token,
-                "created_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends}
+                "created_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends,
+                "shards": shards_map({shard: slots})}
 
     @staticmethod
     def create(t: Table, lease: dict) -> Op:
@@ -707,24 +764,34 @@ class SlotLease:
         return t.get(*slot_lease_key(model_id, lease_id))
 
     @staticmethod
-    def grow(t: Table, lease: dict, n: int, cap: int, interactive_seen: int | None) -> list[Op]:
-        """n more of the budget's slots into the lease, within the cap (see `Budget.take`)."""
+    def grow(t: Table, lease: dict, n: int, shard: int, cap: int, interactive_seen: int | None) -> list[Op]:
+        """n more slots of budget shard `shard` into the lease, within the shard's cap (see `Budget.take`)."""
         key = slot_lease_key(lease["model"], lease["id"])
-        vals = {":t": lease["token"], ":held": int(lease["slots"]), ":n": n}
-        grow = t.op_update(*key, "ADD slots :n", vals=vals, condition="#token = :t AND slots = :held")
-        return [grow, Budget.take(t, lease["model"], n, cap, interactive_seen, from_waiting=False)]
+        name = f"#{_shard_name(shard)}"
+        vals = {":t": lease["token"], ":held": int(lease["slots"]), ":n": n, ":zero": 0}
+        grow = t.op_update(*key, f"ADD slots :n SET shards.{name} = if_not_exists(shards.{name}, :zero) + :n",
+                           vals=vals, condition="#token = :t AND slots = :held")
+        return [grow, Budget.take(t, lease["model"], shard, n, cap, interactive_seen, from_waiting=False)]
 
     @staticmethod
-    def give_back(t: Table, lease: dict, n: int) -> list[Op]:
-        """n of the lease's slots back to the model's budget (all of them: the lease ends)."""
+    def give_back(t: Table, lease: dict, parts: dict[int, int]) -> list[Op]:
+        """`parts` (shard -> slots) of the lease's slots back to those shards of the model's budget (all of
+        them: the lease ends)."""
         key = slot_lease_key(lease["model"], lease["id"])
+        n = sum(parts.values())
         vals = {":t": lease["token"], ":held": int(lease["slots"])}
         condition = "#token = :t AND slots = :held"  # fenced on what the last change left
         if n >= int(lease["slots"]):
             release = t.op_delete(*key, condition=condition, vals=vals)
         else:
-            release = t.op_update(*key, "ADD slots :minus", vals={**vals, ":minus": -n}, condition=condition)
-        return [release, t.op_update(*model_budget_key(lease["model"]), "ADD in_flight :minus", vals={":minus": -n})]
+            sets = []
+            for shard, m in parts.items():
+                sets.append(f"shards.#{_shard_name(shard)} = shards.#{_shard_name(shard)} - :m{shard}")
+                vals[f":m{shard}"] = m
+            release = t.op_update(*key, "ADD slots :minus SET " + ", ".join(sets), vals={**vals, ":minus": -n},
+                                  condition=condition)
+        return [release] + [t.op_update(*model_budget_key(lease["model"], shard), "ADD in_flight :minus",
+                                        vals={":minus": -m}) for shard, m in parts.items()]
 
 
 # --- Account and its day's usage ----------------------------------------------------------------------

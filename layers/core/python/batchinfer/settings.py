@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # Leases run for minutes, and the look reads every lease shard of the index (`layout.LEASE_SHARDS`): on
     # a sweeper run every second (the local stack) that was most of the sweeper's reads.
     lease_scan_seconds: int = Field(default=10, ge=0)
+    # A model's budget is split into one shard (a DynamoDB item of its own) per this many of its batch slots:
+    # every slot take and give-back writes one shard, so a busy model's writes spread over several partitions
+    # (records.Budget). A model with at most this many slots has one item, as before the shards.
+    budget_shard_slots: int = Field(default=64, ge=1)
     retry_base_seconds: float = 1.0
     retry_max_seconds: float = 60.0
     # Exports whose results add up to more than this are written to S3 when the batch ends and downloaded

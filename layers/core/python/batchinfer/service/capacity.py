@@ -8,15 +8,59 @@ second (additive increase, multiplicative decrease, as TCP does).
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 
 from ..catalog import Model
+from ..layout import budget_share
+from ..ledger import Draw
 from ..records import Budget
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 
 PROBE_AFTER_SECONDS = 2  # no 429 for this long: the adaptive cap may grow again, one slot a second
+
+
+def budget_shards(svc: Services, model: Model) -> int:
+    """How many shards the model's budget has: one per `budget_shard_slots` of its catalog budget."""
+    return max(1, -(-model.batch_budget // svc.settings.budget_shard_slots))
+
+
+def read_budget(svc: Services, model: Model, consistent: bool = True) -> dict:
+    """The model's budget, every shard read in one round trip and summed (records.Budget.get)."""
+    return Budget.get(svc.table, model.id, consistent, budget_shards(svc, model))
+
+
+class Draws:
+    """Where a reader of the budget may take slots from: each shard's room under its share of `cap`, as the
+    read saw it, less what this reader has taken since. The roomiest shard first (ties at random, so that
+    takers that read together spread out rather than race for one shard)."""
+
+    def __init__(self, budget_item: dict | None, cap: int) -> None:
+        shards = (budget_item or {}).get("shards") or [{}]
+        self.cap = cap
+        self.held = [int(shard.get("in_flight", 0)) for shard in shards]
+        self.seen = [int(shard.get("interactive", 0)) for shard in shards]
+
+    def of(self, shard: int) -> Draw:
+        count = len(self.held)
+        room = budget_share(self.cap, shard, count) - self.held[shard] if shard < count else 0
+        return Draw(shard=shard, cap=budget_share(self.cap, shard, count), room=max(0, room),
+                    interactive_seen=self.seen[shard] if shard < count else None)
+
+    def best(self) -> Draw:
+        draws = [self.of(shard) for shard in range(len(self.held))]
+        most = max(draw.room for draw in draws)
+        return random.choice([draw for draw in draws if draw.room == most])
+
+    def took(self, shard: int, k: int) -> None:
+        self.held[shard] += k
+
+
+def interactive_shard(svc: Services, model: Model) -> int:
+    """The budget shard an interactive call is counted on (any: readers sum them; at random, to spread)."""
+    return random.randrange(budget_shards(svc, model))
 
 
 def effective_budget(model: Model, budget_item: dict | None, yield_per_request: int,

@@ -12,10 +12,10 @@ from ..catalog import Model
 from ..domain import RequestState
 from ..layout import INDEX_CHUNK, index_object, lane_created_at, lane_object, lane_turn_at
 from ..ledger import GROUP_MAX, Position, claim_from_lane, claim_retry, queue_message
-from ..records import Account, Batch, Budget, Lane, Request
+from ..records import Account, Batch, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from .capacity import InteractiveMemory, effective_budget, probe_up
+from .capacity import Draws, InteractiveMemory, effective_budget, probe_up, read_budget
 
 log = logging.getLogger(__name__)
 # Slots a lane is given per turn while more lanes wait than there are free slots. Each group pays a claim
@@ -41,7 +41,7 @@ class Dispatcher:
         self._lane_positions: dict[tuple[str, str], list[int]] = {}
         self._chunks: dict[tuple[str, int], list] = {}
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
-        self.interactive_seen = 0  # the model's interactive count the last claim's cap was computed from
+        self.draws = Draws(None, 0)  # the budget's shards as the current claim read them (without a lease)
         self.slot_lease: dict | None = None  # the SlotLease the current claim's work runs in, if any
         self.lanes_seen = 0  # how many batches had work for the model at the last claim (of those it read)
         self.interactive = InteractiveMemory()  # the interactive load seen lately, per model
@@ -90,13 +90,13 @@ class Dispatcher:
         self.batches_seen = {}
         self.slot_lease = slot_lease
         if slot_lease is None:
-            budget_item = Budget.get(svc.table, model.id)
+            budget_item = read_budget(svc, model)
             probe_up(svc, model, budget_item)
         level = self.interactive.level(model.id, budget_item)
         if slot_lease is None and not self.interactive.knows(model.id, budget_item, svc.now_ms()):
             return []  # interactive load moved a moment ago and this dispatcher is new: it watches first
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request, level)
-        self.interactive_seen = int((budget_item or {}).get("interactive", 0))
+        self.draws = Draws(budget_item, cap)
         free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:
             free = min(free, limit)
@@ -130,9 +130,13 @@ class Dispatcher:
             req = svc.table.get(stale["pk"], stale["sk"])
             if not req or req.get("state") != RequestState.WAITING.value or account_free(req["account_id"]) <= 0:
                 continue
+            draw = None if slot_lease else self.draws.best()
+            if draw is not None and draw.room <= 0:
+                break
             try:
-                dispatched.append(claim_retry(svc, req, cap, tier_cap(req["account_id"]),
-                                              interactive_seen=self.interactive_seen, slot_lease=slot_lease))
+                dispatched.append(claim_retry(svc, req, draw, tier_cap(req["account_id"]), slot_lease=slot_lease))
+                if draw is not None:
+                    self.draws.took(draw.shard, 1)
             except ConditionFailed:
                 # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
                 continue
@@ -144,7 +148,7 @@ class Dispatcher:
 
         if free > 0:
             try:
-                dispatched += self._dispatch_lanes(model, free, cap, account_free, tier_cap, accounts)
+                dispatched += self._dispatch_lanes(model, free, account_free, tier_cap, accounts)
             except Throttled:
                 log.warning("throttled while claiming for %s", model.id)
         return dispatched
@@ -167,7 +171,7 @@ class Dispatcher:
                                  f"{kind}_{random.randrange(1 << 16):04x}")
         return Lane.in_turn(table, model_id, after, want)
 
-    def _dispatch_lanes(self, model: Model, free: int, cap: int, account_free, tier_cap, accounts) -> list[dict]:
+    def _dispatch_lanes(self, model: Model, free: int, account_free, tier_cap, accounts) -> list[dict]:
         # Batches take turns: free slots go a slot at a time while every lane gets a quantum or more (to the
         # batches holding fewest), a quantum at a time while not; the next claim starts after the last lane
         # served. Only the lanes this claim can serve are read (one more than its quanta), so a claim costs
@@ -177,7 +181,7 @@ class Dispatcher:
         if not lanes:
             return []
         if not complete or free < LANE_QUANTUM * len(lanes):
-            return self._dispatch_quanta(model, lanes, complete, free, cap, account_free, tier_cap, accounts)
+            return self._dispatch_quanta(model, lanes, complete, free, account_free, tier_cap, accounts)
         # Few lanes, all read: fill up the batches holding the fewest slots first (each batch's `in_flight`),
         # so that a batch that just arrived takes the freed slots until it holds as many as the others,
         # rather than half of each claim's (which left it a whole round of calls behind); ties go in turn.
@@ -206,8 +210,7 @@ class Dispatcher:
             k = shares.get(lane["batch_id"], 0)
             if k:
                 try:
-                    out += self._claim(model, lane, k, cap, tier_cap(lane["account_id"]),
-                                       batch=batches[lane["batch_id"]])
+                    out += self._claim(model, lane, k, tier_cap(lane["account_id"]), batch=batches[lane["batch_id"]])
                 except Throttled:
                     break  # DynamoDB is busy: send what was claimed, try the rest next pass
         return out
@@ -237,8 +240,8 @@ class Dispatcher:
     # tier limit, their batches stopping): it stays O(1); the next claim goes on from where this one ended.
     QUANTA_PAGES = 4
 
-    def _dispatch_quanta(self, model: Model, lanes: list[dict], complete: bool, free: int, cap: int,
-                         account_free, tier_cap, accounts) -> list[dict]:
+    def _dispatch_quanta(self, model: Model, lanes: list[dict], complete: bool, free: int, account_free, tier_cap,
+                         accounts) -> list[dict]:
         """Fewer free slots than a quantum for every lane: lanes in turn take a quantum each, claimed one
         lane after another, so what a short lane cannot take goes to the next, read a page at a time."""
         out: list[dict] = []
@@ -255,7 +258,7 @@ class Dispatcher:
                 if k <= 0:
                     continue
                 try:
-                    claimed = self._claim(model, lane, k, cap, tier_cap(lane["account_id"]))
+                    claimed = self._claim(model, lane, k, tier_cap(lane["account_id"]))
                 except Throttled:
                     return out  # DynamoDB is busy: send what was claimed, try the rest next pass
                 n = sum(len(unit.get("positions", [unit])) for unit in claimed)
@@ -269,8 +272,7 @@ class Dispatcher:
             lanes, complete = Lane.in_turn(self.svc.table, model.id, lanes[-1]["sk"], -(-free // LANE_QUANTUM) + 1)
         return out
 
-    def _claim(self, model: Model, lane: dict, k: int, cap: int, account_cap: int,
-               batch: dict | None = None) -> list[dict]:
+    def _claim(self, model: Model, lane: dict, k: int, account_cap: int, batch: dict | None = None) -> list[dict]:
         """`batch`: the lane's batch if this claim has just read it."""
         svc = self.svc
         if batch is None:
@@ -281,16 +283,22 @@ class Dispatcher:
         # Nothing once the window has closed (the sweeper expires the batch). At most 10 groups a claim: with
         # the lane, slots and group items well inside a transaction's 100.
         k = min(k, self._room(batch, model.id), 10 * GROUP_MAX)
+        # Without a lease the slots come from one shard of the budget: as many as it has free.
+        draw = None if self.slot_lease else self.draws.best()
+        if draw is not None:
+            k = min(k, draw.room)
         if k <= 0:
             return []
         lane_next = int(batch["lanes"][model.id]["next"])
         positions = self._positions(batch, model.id, lane_next, k)
         try:
-            return claim_from_lane(svc, batch, model.id, positions, lane_next, cap, account_cap,
-                                   interactive_seen=self.interactive_seen, running=self.runs_what_it_claims,
-                                   slot_lease=self.slot_lease)
+            claimed = claim_from_lane(svc, batch, model.id, positions, lane_next, draw, account_cap,
+                                      running=self.runs_what_it_claims, slot_lease=self.slot_lease)
         except ConditionFailed:
             return []  # another dispatcher advanced the lane or took the slots; next pass
+        if draw is not None:
+            self.draws.took(draw.shard, k)
+        return claimed
 
     def _positions(self, batch: dict, model_id: str, lane_next: int, k: int) -> list[Position]:
         if len(batch["lanes"]) == 1 and not batch.get("rejected"):  # its one lane is simply 0..n-1

@@ -28,6 +28,7 @@ from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import BackendKeyNotSet
 from . import inference
 from .accounts import Principal, may_use_model, quota_used_up
+from .capacity import interactive_shard
 from .message_batches import ParamsError, params_model
 from .validation import non_finite
 
@@ -83,31 +84,33 @@ def _check_quota(svc: Services, account: dict) -> None:
 
 # --- Running -----------------------------------------------------------------------------------------------
 
-async def _begin(svc: Services, principal: Principal, model: Model) -> tuple[str | None, str]:
-    """The backend key and a new interactive lease (in one transaction with the budget's count)."""
+async def _begin(svc: Services, principal: Principal, model: Model) -> tuple[str | None, tuple[str, int]]:
+    """The backend key and a new interactive lease (in one transaction with the budget's count): its id and
+    the budget shard it is counted on."""
     try:
         key = await asyncio.to_thread(inference.backend_key, svc, model)
     except BackendKeyNotSet:
         raise ApiError(503, f"The model '{model.id}' is not available: its backend API key has not been set.",
                        code="service_unavailable") from None
-    lease_id = new_token()
+    lease = (new_token(), interactive_shard(svc, model))
     now = svc.now()
     timeout = int(svc.settings.backend_timeout_seconds)
     await asyncio.to_thread(svc.table.transact, InteractiveLease.begin(
-        svc.table, model.id, lease_id, principal.account_id, now, now + timeout + LEASE_GRACE_SECONDS, svc.now_ms()))
-    return key, lease_id
+        svc.table, model.id, lease[0], principal.account_id, now, now + timeout + LEASE_GRACE_SECONDS, svc.now_ms(),
+        shard=lease[1]))
+    return key, lease
 
 
 async def _run(svc: Services, principal: Principal, model: Model, endpoint: str, body: dict,
                version: str | None = None) -> tuple[Attempt, float]:
     """One attempt under an interactive lease, charged to the account's day. The lease goes in one
     transaction with the budget's count; its end, the count and the cost in another."""
-    key, lease_id = await _begin(svc, principal, model)
+    key, lease = await _begin(svc, principal, model)
     attempt: Attempt | None = None
     try:
         attempt = await inference.attempt(model, endpoint, body, key, svc.settings.backend_timeout_seconds, version)
     finally:
-        cost = await asyncio.to_thread(_end, svc, principal, model, lease_id, attempt)
+        cost = await asyncio.to_thread(_end, svc, principal, model, lease, attempt)
     return attempt, cost
 
 
@@ -116,19 +119,19 @@ async def _stream(svc: Services, principal: Principal, model: Model, endpoint: s
     """A streamed attempt under an interactive lease: its events once the backend started streaming (an
     answer that did not start is refused as `_run`'s is). The lease ends and the cost is charged when the
     events end, or stop because the caller went away (then the cost is unknown)."""
-    key, lease_id = await _begin(svc, principal, model)
+    key, lease = await _begin(svc, principal, model)
     opened: Relay | Attempt | None = None
     try:
         opened = await inference.stream(model, endpoint, body, key, svc.settings.backend_timeout_seconds, version)
     finally:
         if not isinstance(opened, Relay):
-            await asyncio.to_thread(_end, svc, principal, model, lease_id, opened)
+            await asyncio.to_thread(_end, svc, principal, model, lease, opened)
     if isinstance(opened, Attempt):
         raise _refusal(opened)
-    return _relayed(svc, principal, model, lease_id, opened)
+    return _relayed(svc, principal, model, lease, opened)
 
 
-async def _relayed(svc: Services, principal: Principal, model: Model, lease_id: str,
+async def _relayed(svc: Services, principal: Principal, model: Model, lease: tuple[str, int],
                    relay: Relay) -> AsyncIterator[bytes]:
     try:
         async for chunk in relay.chunks:
@@ -136,17 +139,18 @@ async def _relayed(svc: Services, principal: Principal, model: Model, lease_id: 
     finally:
         with anyio.CancelScope(shield=True):  # the caller may have gone: the lease must still end, once
             await relay.close()
-            await anyio.to_thread.run_sync(_end, svc, principal, model, lease_id, relay.outcome())
+            await anyio.to_thread.run_sync(_end, svc, principal, model, lease, relay.outcome())
 
 
-def _end(svc: Services, principal: Principal, model: Model, lease_id: str, attempt: Attempt | None) -> float:
+def _end(svc: Services, principal: Principal, model: Model, lease: tuple[str, int],
+         attempt: Attempt | None) -> float:
     """End the lease and charge the attempt (None: it was cut off after it may have been sent, so its cost is
     unknown); the cost charged."""
     cost = inference.cost_of(model, attempt) if attempt else 0.0
     unknown = 0 if attempt is not None and attempt.cost_known else 1
     charge = [Usage.add_cost(svc.table, principal.account_id, cost, svc.now(), unknown)] if cost or unknown else []
     try:
-        svc.table.transact(InteractiveLease.end(svc.table, model.id, lease_id, svc.now_ms()) + charge)
+        svc.table.transact(InteractiveLease.end(svc.table, model.id, lease[0], svc.now_ms(), shard=lease[1]) + charge)
     except ConditionFailed:  # the sweeper took the lease off already (it ran past its time): still charge it
         if charge:
             svc.table.transact(charge)

@@ -88,7 +88,7 @@ def recover_leases(svc: Services, limit: int = 100, deadline: float | None = Non
         if req.get("interactive"):  # an interactive request whose process died: batch work may have its slot
             try:
                 svc.table.transact(InteractiveLease.end(svc.table, req["model"], req["sk"].split("#", 1)[1],
-                                                         svc.now_ms()))
+                                                         svc.now_ms(), int(req.get("shard", 0))))
             except (ConditionFailed, Throttled):
                 pass  # it ended meanwhile, or DynamoDB is busy
             continue

@@ -42,13 +42,13 @@ from ..ledger import (
     start_group_in_lease,
     take_slots,
 )
-from ..records import Batch, Budget, Request, key_account_and_usage
+from ..records import Batch, Request, key_account_and_usage
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from ..storage.secrets import BackendKeyNotSet
 from . import inference
 from .accounts import key_problem, may_use_model
-from .capacity import InteractiveMemory, backend_throttled, effective_budget
+from .capacity import Draws, InteractiveMemory, backend_throttled, effective_budget, read_budget
 from .dispatch import LANE_QUANTUM, Dispatcher
 from .inference import backend_key
 from .lifecycle import settle_batch, stop_batch
@@ -219,7 +219,7 @@ def _over_cap(svc: Services, model_id: str) -> bool:
     model = svc.catalog.lookup(model_id)
     if model is None:
         return False  # gone from the catalog: the precheck fails it
-    budget = Budget.get(svc.table, model_id, consistent=False)
+    budget = read_budget(svc, model, consistent=False)
     cap = effective_budget(model, budget, svc.settings.interactive_yield_per_request)
     return int((budget or {}).get("in_flight", 0)) > cap
 
@@ -234,7 +234,7 @@ def _hand_back_request(svc: Services, req: dict) -> None:
 
 def _backend_said_429(svc: Services, model: Model) -> None:
     """The backend is past its capacity: batch work on it backs off."""
-    budget = Budget.get(svc.table, model.id, consistent=False)
+    budget = read_budget(svc, model, consistent=False)
     backend_throttled(svc, model, int((budget or {}).get("in_flight", 1)))
 
 
@@ -468,7 +468,7 @@ class SlotPump:
         svc, model = self.svc, self.model
         if self.lease is None:
             read_at = time.monotonic()
-            budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
+            budget_item = await asyncio.to_thread(read_budget, svc, model)
             level = self.interactive.level(model.id, budget_item)
             # Interactive calls began or ended a moment ago: a new pump remembers none of that load yet, and
             # between one client's call and its next the count dips for a moment (to 0 when calls end
@@ -477,15 +477,15 @@ class SlotPump:
             while not self.interactive.knows(model.id, budget_item, svc.now_ms()):
                 await asyncio.sleep(self.POLL_SECONDS)
                 read_at = time.monotonic()
-                budget_item = await asyncio.to_thread(Budget.get, svc.table, model.id)
+                budget_item = await asyncio.to_thread(read_budget, svc, model)
                 level = self.interactive.level(model.id, budget_item)
             cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request, level)
-            k = min(most, cap - int((budget_item or {}).get("in_flight", 0)))
+            draw = Draws(budget_item, cap).best()  # the roomiest shard of the budget: the lease's for its life
+            k = min(most, cap - int((budget_item or {}).get("in_flight", 0)), draw.room)
             if k <= 0 or time.monotonic() >= self.deadline:
                 return self.outcome
             try:
-                self.lease = await asyncio.to_thread(take_slots, svc, model.id, k, cap,
-                                                     int((budget_item or {}).get("interactive", 0)))
+                self.lease = await asyncio.to_thread(take_slots, svc, model.id, k, draw)
             except (ConditionFailed, Throttled):
                 return self.outcome  # another claimant took them first
             self.slots, self.budget_item, self.cap_read_at = k, budget_item, read_at
@@ -552,12 +552,12 @@ class SlotPump:
                 return
             waiting = len(self.queue) - (self.slots - self.busy)
             free = cap - int((budget_item or {}).get("in_flight", 0))
-            n = min(waiting, free)
+            draw = Draws(budget_item, cap).best()  # a lease may hold slots of several shards
+            n = min(waiting, free, draw.room)
             if n <= 0:
                 return
             try:
-                self.lease = await self._in(self.poll_pool, grow_slots, self.svc, self.lease, n, cap,
-                                        int((budget_item or {}).get("interactive", 0)))
+                self.lease = await self._in(self.poll_pool, grow_slots, self.svc, self.lease, n, draw)
             except (ConditionFailed, Throttled):
                 return  # taken by others meanwhile (or the lease was recovered): the next poll looks again
             self.slots += n
@@ -753,7 +753,7 @@ class SlotPump:
         and claimed work waits behind busy runners, grow into it."""
         svc, model = self.svc, self.model
         read_at = time.monotonic()
-        budget_item = await self._in(self.poll_pool, Budget.get, svc.table, model.id, False)
+        budget_item = await self._in(self.poll_pool, read_budget, svc, model, False)
         stale = self._cap_stale()
         self.budget_item, self.cap_read_at = budget_item, read_at
         cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request,
