@@ -5,6 +5,7 @@ calls them with the official SDKs.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -12,8 +13,8 @@ import time
 from batchinfer.domain import next_utc_midnight, utc_day
 from batchinfer.layout import model_budget_key
 from batchinfer.records import InteractiveLease, Usage
-from batchinfer.service import accounts
-from batchinfer.service.capacity import effective_budget
+from batchinfer.service import accounts, interactive
+from batchinfer.service.capacity import budget_shards, effective_budget, read_budget
 from batchinfer.service.sweep import sweep_once
 from tests.helpers import new_key
 from tests.integration.test_api import _tick, error, finish, ok, req, settings, sim_requests, step
@@ -165,6 +166,43 @@ def test_interactive_requests_shrink_the_batch_budget_while_they_run(api, svc, s
     assert min(seen) == model.batch_budget - 1, seen
     assert effective_budget(model, budget(svc), 1) == model.batch_budget
     assert budget(svc).get("interactive", 0) == 0
+
+
+def test_with_the_budget_in_shards_interactive_calls_count_on_any_shard_and_the_sum_shrinks_batch_work(
+        api, svc, sim_control):
+    """`BUDGET_SHARD_SLOTS` 4: the model's 16 slots are 4 items. Each interactive call counts on one shard (at
+    random, to spread the writes) and ends on the same one; readers see the sum, so batch work makes way for
+    all of them, and every shard is back at 0 once they end."""
+    settings(svc, budget_shard_slots=4)
+    _, key = new_key(svc)
+    sim_control.put("/_sim/config", json={"latency_seconds": 1.0})
+    model = svc.catalog.get(GLM)
+    assert budget_shards(svc, model) == 4
+    seen: list[int] = []
+
+    def watch() -> None:
+        for _ in range(12):
+            seen.append(read_budget(svc, model)["interactive"])
+            time.sleep(0.1)
+
+    async def four_at_once() -> None:  # as four API invocations would (one handler runs one call at a time)
+        principal = accounts.authenticate(svc, key)
+        await asyncio.gather(*(interactive.serve_openai(svc, principal, "/v1/chat/completions", CHAT)
+                               for _ in range(4)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    asyncio.run(four_at_once())
+    watcher.join()
+    sim_control.put("/_sim/config", json={"latency_seconds": 0.0})
+    for _ in range(12):  # more, one at a time: they land on more than one shard
+        ok(api("POST", "/v1/chat/completions", key, json_body=CHAT))
+
+    assert max(seen) == 4, seen  # the four calls at once, summed over the shards
+    after = read_budget(svc, model)
+    assert after["interactive"] == 0 and [shard["interactive"] for shard in after["shards"]] == [0] * 4
+    written = [svc.table.get(*model_budget_key(GLM, k)) for k in range(4)]
+    assert sum(item is not None and "interactive_at" in item for item in written) >= 2, written
 
 
 def test_a_crashed_interactive_requests_lease_runs_out_and_gives_the_slot_back(api, svc, sim_control):
