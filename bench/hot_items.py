@@ -88,15 +88,21 @@ def kind_of(pk: str, sk: str) -> str:
 def print_breakdown(calls: list, n: int, out=sys.stdout) -> None:
     """Where a request's write units go: per kind of item, and per function (the table's, not the GSIs')."""
     kinds: dict[str, float] = defaultdict(float)
+    writes: dict[str, int] = defaultdict(int)
     writers: dict[str, float] = defaultdict(float)
     for call in calls:
         for (pk, sk), wru, _ in getattr(call, "keys", []):
             kinds[kind_of(pk, sk)] += wru
+            writes[kind_of(pk, sk)] += 1
             writers[call.label] += wru
     for title, table in (("item", kinds), ("function", writers)):
         shown = ", ".join(f"{name} {units / n:.2f}" for name, units in sorted(table.items(), key=lambda kv: -kv[1])
                           if units / n >= 0.005)
         print(f"    write units per request by {title}: {shown}", file=out)
+    # Units per write tell an item's size (1 KB a unit, twice in a transaction) from how often it is written.
+    shown = ", ".join(f"{name} {writes[name] / n:.2f} x {units / writes[name]:.1f}" for name, units in
+                      sorted(kinds.items(), key=lambda kv: -kv[1]) if units / n >= 0.005)
+    print(f"    writes per request x units per write: {shown}", file=out)
 
 
 def rows(units: dict[str, float], n: int, batches: int, accounts: int, wall: float,
