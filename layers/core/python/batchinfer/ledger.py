@@ -17,7 +17,19 @@ from dataclasses import dataclass, field
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
 from .layout import group_key, request_key, retry_due
-from .records import Account, Batch, Budget, Group, Lane, Request, SlotLease, Usage, lease_shards, shards_map
+from .records import (
+    Account,
+    Batch,
+    Budget,
+    Group,
+    Lane,
+    Request,
+    SlotLease,
+    Usage,
+    group_shards,
+    lease_shards,
+    shards_map,
+)
 from .runtime import Services
 
 SLOT_HOLDERS = (RequestState.DISPATCHED, RequestState.RUNNING)
@@ -111,10 +123,19 @@ class Moves:
         elif was is RequestState.WAITING and outcome.to is not RequestState.WAITING:
             bump(self.model, "waiting", -1)
 
-    def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str, budget_shard: int = 0) -> list[dict]:
-        """`budget_shard`: the budget shard the requests' own slots came from (they go back there)."""
+    def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str,
+            shards: dict[int, int] | None = None) -> list[dict]:
+        """`shards`: how many of the requests' own slots came from which budget shard (they go back there)."""
         t = svc.table
-        ops = [Batch.add(t, batch_id, self.batch), Budget.add(t, model_id, self.model, budget_shard)]
+        ops = [Batch.add(t, batch_id, self.batch)]
+        counters = dict(self.model)
+        back = -int(counters.pop("in_flight", 0))
+        parts = dict(shards) if shards else {0: back}
+        for shard, held in parts.items():  # the other counters (waiting) go with the first shard's
+            given = min(held, back) if shard != list(parts)[-1] else back
+            back -= given
+            ops.append(Budget.add(t, model_id, {**counters, "in_flight": -given}, shard))
+            counters = {}
         if self.account_in_flight:
             ops.append(Account.add_in_flight(t, account_id, self.account_in_flight))
         if self.cost_usd:
@@ -134,7 +155,7 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
     moves = Moves()
     moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")))
     svc.table.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
-                                       int(req.get("budget_shard", 0))))
+                                       {int(req.get("budget_shard", 0)): 1}))
 
 
 def start(svc: Services, req: dict) -> dict:
@@ -151,16 +172,16 @@ def start(svc: Services, req: dict) -> dict:
     return running
 
 
-def _take_ops(svc: Services, model_id: str, account_id: str, k: int, draw: Draw, account_cap: int,
+def _take_ops(svc: Services, model_id: str, account_id: str, parts: list[tuple[Draw, int]], account_cap: int,
               from_waiting: bool = False) -> list[dict]:
-    """Take k slots of the model (from the draw's shard) and of the account, within their caps (see
-    `Budget.take`)."""
-    return [Budget.take(svc.table, model_id, draw.shard, k, draw.cap, draw.interactive_seen, from_waiting),
-            Account.take(svc.table, account_id, k, account_cap)]
+    """Take slots of the model (so many from each draw's shard) and as many of the account, within their caps
+    (see `Budget.take`)."""
+    return [Budget.take(svc.table, model_id, draw.shard, n, draw.cap, draw.interactive_seen, from_waiting)
+            for draw, n in parts] + [Account.take(svc.table, account_id, sum(n for _, n in parts), account_cap)]
 
 
 def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
-                    draw: Draw | None, account_cap: int, running: bool = False,
+                    parts: list[tuple[Draw, int]] | None, account_cap: int, running: bool = False,
                     slot_lease: dict | None = None) -> list[dict]:
     """Dispatch the lane's next positions as groups: take their slots, advance the lane, create the groups.
 
@@ -168,26 +189,34 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
     outcome transaction for all of them. Request items are written only when a request has an outcome.
     `running`: the claimant runs the groups itself at once, so they start now (no separate start).
     `slot_lease`: they run in that SlotLease's slots, so only the account's slots are taken; without one,
-    `draw` says where the model's slots come from."""
+    `parts` says how many of the model's slots come from which shard (as many in all as positions)."""
     now = svc.now()
     t = svc.table
     k = len(positions)
     lane = batch["lanes"][model_id]
     ops = [Batch.claim_lane(t, batch, model_id, lane_next, k, now)]
     if slot_lease is None:
-        assert draw is not None
-        ops += _take_ops(svc, model_id, batch["account_id"], k, draw, account_cap)
+        assert parts is not None and sum(n for _, n in parts) == k
+        ops += _take_ops(svc, model_id, batch["account_id"], parts, account_cap)
     else:
         ops.append(Account.take(t, batch["account_id"], k, account_cap))
     groups = []
+    left = [[draw.shard, n] for draw, n in parts or []]  # the slots each group's members take, in order
     for at in range(0, k, GROUP_MAX):
         members = positions[at:at + GROUP_MAX]
+        held: dict[int, int] = {}
+        while left and sum(held.values()) < len(members):
+            n = min(left[0][1], len(members) - sum(held.values()))
+            held[left[0][0]] = held.get(left[0][0], 0) + n
+            left[0][1] -= n
+            if left[0][1] == 0:
+                left.pop(0)
         pk, sk = group_key(batch["id"], members[0].index)
         group = Group.new(pk=pk, sk=sk, batch=batch, model_id=model_id,
                           positions=[[p.index, p.custom_id, p.offset, p.length] for p in members], running=running,
                           token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
                           item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None,
-                          budget_shard=draw.shard if draw and not slot_lease else 0)
+                          budget_shards=held)
         groups.append(group)
         ops.append(Group.create(t, group))
     if lane_next + k >= lane["total"]:
@@ -213,8 +242,8 @@ def start_group_in_lease(svc: Services, group: dict) -> tuple[dict, dict]:
     """Start a group and turn the budget slots its members hold into a SlotLease, in one transaction: the
     worker that runs it keeps those slots busy after its members end. Returns (the group, the lease)."""
     now = svc.now()
-    lease = SlotLease.new(group["model"], new_token(), len(group["positions"]), new_token(), now,
-                          now + svc.settings.lease_seconds, shard=int(group.get("budget_shard", 0)))
+    lease = SlotLease.new(group["model"], new_token(), group_shards(group), new_token(), now,
+                          now + svc.settings.lease_seconds)
     return _start_group(svc, group, lease), lease
 
 
@@ -279,8 +308,7 @@ def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict
     for item in (*written, *new):
         outcome, stop = tallied(item)
         moves.add(RequestState(group["state"]), outcome, stop, leased=bool(group.get("slot_lease")))
-    t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"],
-                               int(group.get("budget_shard", 0))))
+    t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"], group_shards(group)))
 
 
 def claim_retry(svc: Services, req: dict, draw: Draw | None, account_cap: int,
@@ -298,7 +326,7 @@ def claim_retry(svc: Services, req: dict, draw: Draw | None, account_cap: int,
            Batch.take_retry_slot(t, req["batch_id"])]
     if slot_lease is None:
         assert draw is not None
-        ops += _take_ops(svc, req["model"], req["account_id"], 1, draw, account_cap, from_waiting=True)
+        ops += _take_ops(svc, req["model"], req["account_id"], [(draw, 1)], account_cap, from_waiting=True)
     else:
         ops += [Account.take(t, req["account_id"], 1, account_cap),
                 Budget.add(t, req["model"], {"waiting": -1}, shard)]
@@ -314,8 +342,7 @@ def take_slots(svc: Services, model_id: str, k: int, draw: Draw) -> dict:
     """A SlotLease of k of the model's slots from the draw's shard, within its cap (ConditionFailed: not that
     many are free)."""
     now = svc.now()
-    lease = SlotLease.new(model_id, new_token(), k, new_token(), now, now + svc.settings.lease_seconds,
-                          shard=draw.shard)
+    lease = SlotLease.new(model_id, new_token(), {draw.shard: k}, new_token(), now, now + svc.settings.lease_seconds)
     svc.table.transact([Budget.take(svc.table, model_id, draw.shard, k, draw.cap, draw.interactive_seen,
                                     from_waiting=False),
                         SlotLease.create(svc.table, lease)])

@@ -123,7 +123,7 @@ class GroupItem(TypedDict, total=False):
     started_at: int
     item_ttl: int  # the TTL its members' items get
     slot_lease: str  # the SlotLease its members run in, if any (they hold no budget slots of their own)
-    budget_shard: int  # without a SlotLease: the budget shard its members' slots came from (0 if absent)
+    budget_shards: dict  # without a SlotLease: how many of its members' slots came from which budget shard
 
 
 class RequestItem(TypedDict, total=False):
@@ -463,9 +463,9 @@ class Group:
     @staticmethod
     def new(*, pk: str, sk: str, batch: BatchItem, model_id: str, positions: list[list], running: bool,
             token: str, now: int, lease_ends: int, item_ttl: int, slot_lease: str | None = None,
-            budget_shard: int = 0) -> GroupItem:
+            budget_shards: dict[int, int] | None = None) -> GroupItem:
         """`slot_lease`: the SlotLease whose slots its members run in (they take none of the budget's);
-        without one, `budget_shard` is the budget shard their slots came from."""
+        without one, `budget_shards` says how many of their slots came from which budget shard."""
         state = request_transition(None, RequestState.RUNNING if running else RequestState.DISPATCHED)
         group: GroupItem = {
             "pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
@@ -473,8 +473,8 @@ class Group:
             "due_pk": lease_due(pk, sk), "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
         if slot_lease:
             group["slot_lease"] = slot_lease
-        elif budget_shard:
-            group["budget_shard"] = budget_shard
+        elif budget_shards:
+            group["budget_shards"] = shards_map(budget_shards)
         return group
 
     @staticmethod
@@ -624,11 +624,11 @@ class Budget:
 
     Split over `shards` items (layout.model_budget_key) so that no one item takes every slot take and
     give-back of a busy model: each shard holds its share of the cap (layout.budget_share), and a take is
-    fenced on its shard's share alone. What takes slots remembers its shard (a SlotLease's `shard`, a group's
-    or a retried request's `budget_shard`, an interactive lease's `shard`) and gives them back there, so no
-    shard ever holds more than its share of the catalog's budget and the shards together never more than the
-    budget. Readers read every shard in one BatchGetItem and see the sums (`shards`: each one's counters).
-    The adaptive cap and its clocks live on shard 0."""
+    fenced on its shard's share alone. What takes slots remembers where from (a SlotLease's `shards` and a
+    group's `budget_shards`: how many from which shard; a retried request's `budget_shard`, an interactive
+    lease's `shard`) and gives them back there, so no shard ever holds more than its share of the catalog's
+    budget and the shards together never more than the budget. Readers read every shard in one BatchGetItem
+    and see the sums (`shards`: each one's counters). The adaptive cap and its clocks live on shard 0."""
 
     SUMMED = ("in_flight", "waiting", "interactive")
 
@@ -729,6 +729,17 @@ def lease_shards(lease: dict) -> dict[int, int]:
     return {int(name[1:]): int(n) for name, n in held.items() if int(n) > 0}
 
 
+def group_shards(group: dict) -> dict[int, int]:
+    """The budget shards a group's members' own slots came from, and how many of each (none in a SlotLease;
+    a group from before the shards: all of shard 0)."""
+    if group.get("slot_lease"):
+        return {}
+    held = group.get("budget_shards")
+    if held is None:
+        return {0: len(group["positions"])}
+    return {int(name[1:]): int(n) for name, n in held.items() if int(n) > 0}
+
+
 def _shard_name(shard: int) -> str:
     return f"s{shard}"  # the lease's `shards` map is keyed by these (a name, so `#s3` needs no alias)
 
@@ -747,13 +758,11 @@ class SlotLease:
     slots came from which shard of the budget (they go back there)."""
 
     @staticmethod
-    def new(model_id: str, lease_id: str, slots: int, token: str, now: int, lease_ends: int,
-            shard: int = 0) -> dict:
-        """`shard`: the budget shard its first slots come from."""
+    def new(model_id: str, lease_id: str, held: dict[int, int], token: str, now: int, lease_ends: int) -> dict:
+        """`held`: how many slots it starts with from which budget shard."""
         pk, sk = slot_lease_key(model_id, lease_id)
-        return {"pk": pk, "sk": sk, "id": lease_id, "model": model_id, "slots": slots, "token": token,
-                "created_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends,
-                "shards": shards_map({shard: slots})}
+        return {"pk": pk, "sk": sk, "id": lease_id, "model": model_id, "slots": sum(held.values()), "token": token,
+                "created_at": now, "due_pk": lease_due(pk, sk), "due_at": lease_ends, "shards": shards_map(held)}
 
     @staticmethod
     def create(t: Table, lease: dict) -> Op:

@@ -54,6 +54,17 @@ class Draws:
         most = max(draw.room for draw in draws)
         return random.choice([draw for draw in draws if draw.room == most])
 
+    def split(self, k: int) -> list[tuple[Draw, int]]:
+        """Up to k slots from the roomiest shards, as few shards as will do: (the shard's draw, how many)."""
+        parts = []
+        for draw in sorted((self.of(shard) for shard in range(len(self.held))),
+                           key=lambda draw: (-draw.room, random.random())):
+            if k <= 0 or draw.room <= 0:
+                break
+            parts.append((draw, min(k, draw.room)))
+            k -= parts[-1][1]
+        return parts
+
     def took(self, shard: int, k: int) -> None:
         self.held[shard] += k
 

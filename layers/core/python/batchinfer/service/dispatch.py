@@ -283,21 +283,23 @@ class Dispatcher:
         # Nothing once the window has closed (the sweeper expires the batch). At most 10 groups a claim: with
         # the lane, slots and group items well inside a transaction's 100.
         k = min(k, self._room(batch, model.id), 10 * GROUP_MAX)
-        # Without a lease the slots come from one shard of the budget: as many as it has free.
-        draw = None if self.slot_lease else self.draws.best()
-        if draw is not None:
-            k = min(k, draw.room)
+        # Without a lease the slots come from the budget's shards, the roomiest first, as many as they have free.
+        parts = None if self.slot_lease else self.draws.split(k)
+        if parts is not None:
+            k = sum(n for _, n in parts)
         if k <= 0:
             return []
         lane_next = int(batch["lanes"][model.id]["next"])
         positions = self._positions(batch, model.id, lane_next, k)
+        if parts is not None and len(positions) < k:
+            parts = self.draws.split(len(positions))
         try:
-            claimed = claim_from_lane(svc, batch, model.id, positions, lane_next, draw, account_cap,
+            claimed = claim_from_lane(svc, batch, model.id, positions, lane_next, parts, account_cap,
                                       running=self.runs_what_it_claims, slot_lease=self.slot_lease)
         except ConditionFailed:
             return []  # another dispatcher advanced the lane or took the slots; next pass
-        if draw is not None:
-            self.draws.took(draw.shard, k)
+        for draw, n in parts or []:
+            self.draws.took(draw.shard, n)
         return claimed
 
     def _positions(self, batch: dict, model_id: str, lane_next: int, k: int) -> list[Position]:
