@@ -1530,9 +1530,9 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
 
 def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_slots_back(svc, sim_control,
                                                                                            monkeypatch):
-    """A budget of 8 in 4 shards of 2 slots (`BUDGET_SHARD_SLOTS`): one pump takes the roomiest shard's 2, then
-    grows into the others' (a lease holds slots of several shards) until all 8 are busy; no shard ever holds
-    more than its 2, none goes below 0, and every slot goes back to the shard it came from."""
+    """A budget of 8 in 4 shards of 2 slots (`BUDGET_SHARD_SLOTS`): a pump asked for 3 takes them from two
+    shards (a lease holds slots of several), then grows into the others' until all 8 are busy; no shard ever
+    holds more than its 2, none goes below 0, and every slot goes back to the shard it came from."""
     configure(svc, budget_shard_slots=2)
     set_budgets(svc, {GLM: 8})
     sim_config(sim_control, latency_seconds=0.2)
@@ -1563,12 +1563,12 @@ def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_s
     watcher = threading.Thread(target=sampler)
     watcher.start()
     try:
-        outcome = run_pump(svc, slots=8)
+        outcome = run_pump(svc, slots=3)
     finally:
         stop.set()
         watcher.join()
 
-    assert len(lease_shards(leases[0])) == 1 and leases[0]["slots"] == 2  # one shard's share to start with
+    assert sorted(lease_shards(leases[0]).values()) == [1, 2] and leases[0]["slots"] == 3  # two shards to start
     assert lease_shards(leases[-1]) == {0: 2, 1: 2, 2: 2, 3: 2}, leases[-1]  # then the others'
     assert outcome["completed"] == 64, outcome
     assert [peaks[k] for k in range(4)] == [2, 2, 2, 2] and peaks["lowest"] == 0, peaks
@@ -1604,7 +1604,7 @@ def test_slots_of_a_sharded_budget_held_by_dead_processes_go_back_to_their_own_s
     assert [group_shards(g) for g in groups] == [{k: 2 for k, n in enumerate(held) if n}], groups  # one group
     free = held.index(0)
     now = svc.now()
-    take_slots(svc, GLM, 2, Draws(budget_of(svc, GLM), 8).of(free))  # a worker's lease on the last shard
+    take_slots(svc, GLM, [(Draws(budget_of(svc, GLM), 8).of(free), 2)])  # a worker's lease on the last shard
     svc.table.transact(InteractiveLease.begin(svc.table, GLM, "died", "acct_x", now, now + 60, now * 1000,
                                               shard=(free + 1) % 4))
     budget = budget_of(svc, GLM)

@@ -172,12 +172,18 @@ def start(svc: Services, req: dict) -> dict:
     return running
 
 
+def _budget_takes(svc: Services, model_id: str, parts: list[tuple[Draw, int]], from_waiting: bool = False
+                  ) -> list[dict]:
+    """So many of the model's slots from each draw's shard, within its cap (see `Budget.take`)."""
+    return [Budget.take(svc.table, model_id, draw.shard, n, draw.cap, draw.interactive_seen, from_waiting)
+            for draw, n in parts]
+
+
 def _take_ops(svc: Services, model_id: str, account_id: str, parts: list[tuple[Draw, int]], account_cap: int,
               from_waiting: bool = False) -> list[dict]:
-    """Take slots of the model (so many from each draw's shard) and as many of the account, within their caps
-    (see `Budget.take`)."""
-    return [Budget.take(svc.table, model_id, draw.shard, n, draw.cap, draw.interactive_seen, from_waiting)
-            for draw, n in parts] + [Account.take(svc.table, account_id, sum(n for _, n in parts), account_cap)]
+    """Take slots of the model (so many from each draw's shard) and as many of the account, within their caps."""
+    return _budget_takes(svc, model_id, parts, from_waiting) + [
+        Account.take(svc.table, account_id, sum(n for _, n in parts), account_cap)]
 
 
 def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
@@ -338,24 +344,25 @@ def claim_retry(svc: Services, req: dict, draw: Draw | None, account_cap: int,
     return {**claimed, "budget_shard": shard}
 
 
-def take_slots(svc: Services, model_id: str, k: int, draw: Draw) -> dict:
-    """A SlotLease of k of the model's slots from the draw's shard, within its cap (ConditionFailed: not that
-    many are free)."""
+def take_slots(svc: Services, model_id: str, parts: list[tuple[Draw, int]]) -> dict:
+    """A SlotLease of so many of the model's slots from each draw's shard, within their caps (ConditionFailed:
+    not that many are free)."""
     now = svc.now()
-    lease = SlotLease.new(model_id, new_token(), {draw.shard: k}, new_token(), now, now + svc.settings.lease_seconds)
-    svc.table.transact([Budget.take(svc.table, model_id, draw.shard, k, draw.cap, draw.interactive_seen,
-                                    from_waiting=False),
-                        SlotLease.create(svc.table, lease)])
+    lease = SlotLease.new(model_id, new_token(), {draw.shard: n for draw, n in parts}, new_token(), now,
+                          now + svc.settings.lease_seconds)
+    svc.table.transact(_budget_takes(svc, model_id, parts) + [SlotLease.create(svc.table, lease)])
     return lease
 
 
-def grow_slots(svc: Services, lease: dict, n: int, draw: Draw) -> dict:
-    """n more free slots of the draw's budget shard into the lease; returns the lease as it is now.
+def grow_slots(svc: Services, lease: dict, parts: list[tuple[Draw, int]]) -> dict:
+    """So many more free slots of each draw's shard into the lease; returns the lease as it is now.
     ConditionFailed: not that many are free, or the sweeper recovered the lease."""
-    svc.table.transact(SlotLease.grow(svc.table, lease, n, draw.shard, draw.cap, draw.interactive_seen))
+    more = {draw.shard: n for draw, n in parts}
+    svc.table.transact([SlotLease.grow(svc.table, lease, more)] + _budget_takes(svc, lease["model"], parts))
     held = lease_shards(lease)
-    held[draw.shard] = held.get(draw.shard, 0) + n
-    return {**lease, "slots": int(lease["slots"]) + n, "shards": shards_map(held)}
+    for shard, n in more.items():
+        held[shard] = held.get(shard, 0) + n
+    return {**lease, "slots": int(lease["slots"]) + sum(more.values()), "shards": shards_map(held)}
 
 
 def give_back_slots(svc: Services, lease: dict, n: int) -> dict | None:

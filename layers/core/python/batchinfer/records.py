@@ -773,14 +773,18 @@ class SlotLease:
         return t.get(*slot_lease_key(model_id, lease_id))
 
     @staticmethod
-    def grow(t: Table, lease: dict, n: int, shard: int, cap: int, interactive_seen: int | None) -> list[Op]:
-        """n more slots of budget shard `shard` into the lease, within the shard's cap (see `Budget.take`)."""
+    def grow(t: Table, lease: dict, parts: dict[int, int]) -> Op:
+        """`parts` (shard -> slots) more slots into the lease; the takes from those budget shards go in the same
+        transaction (see `Budget.take`)."""
         key = slot_lease_key(lease["model"], lease["id"])
-        name = f"#{_shard_name(shard)}"
-        vals = {":t": lease["token"], ":held": int(lease["slots"]), ":n": n, ":zero": 0}
-        grow = t.op_update(*key, f"ADD slots :n SET shards.{name} = if_not_exists(shards.{name}, :zero) + :n",
-                           vals=vals, condition="#token = :t AND slots = :held")
-        return [grow, Budget.take(t, lease["model"], shard, n, cap, interactive_seen, from_waiting=False)]
+        vals = {":t": lease["token"], ":held": int(lease["slots"]), ":n": sum(parts.values()), ":zero": 0}
+        sets = []
+        for shard, n in parts.items():
+            name = f"#{_shard_name(shard)}"
+            sets.append(f"shards.{name} = if_not_exists(shards.{name}, :zero) + :n{shard}")
+            vals[f":n{shard}"] = n
+        return t.op_update(*key, "ADD slots :n SET " + ", ".join(sets), vals=vals,
+                           condition="#token = :t AND slots = :held")
 
     @staticmethod
     def give_back(t: Table, lease: dict, parts: dict[int, int]) -> list[Op]:

@@ -480,12 +480,13 @@ class SlotPump:
                 budget_item = await asyncio.to_thread(read_budget, svc, model)
                 level = self.interactive.level(model.id, budget_item)
             cap = effective_budget(model, budget_item, svc.settings.interactive_yield_per_request, level)
-            draw = Draws(budget_item, cap).best()  # the roomiest shard of the budget: the lease's for its life
-            k = min(most, cap - int((budget_item or {}).get("in_flight", 0)), draw.room)
+            # From the budget's roomiest shards, as many as it needs (a lease may hold slots of several).
+            parts = Draws(budget_item, cap).split(min(most, cap - int((budget_item or {}).get("in_flight", 0))))
+            k = sum(n for _, n in parts)
             if k <= 0 or time.monotonic() >= self.deadline:
                 return self.outcome
             try:
-                self.lease = await asyncio.to_thread(take_slots, svc, model.id, k, draw)
+                self.lease = await asyncio.to_thread(take_slots, svc, model.id, parts)
             except (ConditionFailed, Throttled):
                 return self.outcome  # another claimant took them first
             self.slots, self.budget_item, self.cap_read_at = k, budget_item, read_at
@@ -552,12 +553,12 @@ class SlotPump:
                 return
             waiting = len(self.queue) - (self.slots - self.busy)
             free = cap - int((budget_item or {}).get("in_flight", 0))
-            draw = Draws(budget_item, cap).best()  # a lease may hold slots of several shards
-            n = min(waiting, free, draw.room)
+            parts = Draws(budget_item, cap).split(min(waiting, free))  # from whichever shards have room
+            n = sum(m for _, m in parts)
             if n <= 0:
                 return
             try:
-                self.lease = await self._in(self.poll_pool, grow_slots, self.svc, self.lease, n, draw)
+                self.lease = await self._in(self.poll_pool, grow_slots, self.svc, self.lease, parts)
             except (ConditionFailed, Throttled):
                 return  # taken by others meanwhile (or the lease was recovered): the next poll looks again
             self.slots += n
