@@ -326,7 +326,10 @@
   // Both APIs list newest first; a page of the console merges them. A page starts from a cursor per API (the
   // last batch of that API shown before it, or null); pages seen are kept on a stack for "Newer".
 
-  const list = {start: {openai: null, message: null, done: {openai: false, message: false}}, stack: [], next: null};
+  // `loads`: list loads started; an answer to one that a later load (a new page size, a page turned) has
+  // overtaken is dropped, so a slow first load cannot overwrite the page asked for after it.
+  const list = {start: {openai: null, message: null, done: {openai: false, message: false}}, stack: [], next: null,
+                loads: 0};
 
   async function fetchSource(name, cursor, limit) {
     if (name === "openai") {
@@ -336,11 +339,13 @@
   }
 
   async function loadList() {
+    const load = ++list.loads;
     const size = Number($("list-size").value);
     const start = list.start;
     const names = ["openai", "message"];
     const answers = await Promise.allSettled(names.map((n) => start.done[n]
       ? Promise.resolve({data: [], has_more: false}) : fetchSource(n, start[n], size)));
+    if (load !== list.loads) return;  // overtaken by a later load
     if (!apiKey()) return;  // signed out by a 401
     const box = $("list-alert");
     clearNotice(box);
