@@ -724,9 +724,7 @@ def lease_shards(lease: dict) -> dict[int, int]:
     """The budget shards a SlotLease's slots came from, and how many of each (a lease from before the shards:
     all of shard 0)."""
     held = lease.get("shards")
-    if held is None:
-        return {0: int(lease["slots"])}
-    return {int(name[1:]): int(n) for name, n in held.items() if int(n) > 0}
+    return {0: int(lease["slots"])} if held is None else _held_of(held)
 
 
 def group_shards(group: dict) -> dict[int, int]:
@@ -735,9 +733,7 @@ def group_shards(group: dict) -> dict[int, int]:
     if group.get("slot_lease"):
         return {}
     held = group.get("budget_shards")
-    if held is None:
-        return {0: len(group["positions"])}
-    return {int(name[1:]): int(n) for name, n in held.items() if int(n) > 0}
+    return {0: len(group["positions"])} if held is None else _held_of(held)
 
 
 def _shard_name(shard: int) -> str:
@@ -745,8 +741,12 @@ def _shard_name(shard: int) -> str:
 
 
 def shards_map(held: dict[int, int]) -> dict[str, int]:
-    """A SlotLease's `shards` attribute from {shard: slots} (the inverse of `lease_shards`)."""
+    """A lease's `shards` (a group's `budget_shards`) attribute from {shard: slots}; `_held_of` reads it back."""
     return {_shard_name(shard): n for shard, n in held.items()}
+
+
+def _held_of(stored: dict) -> dict[int, int]:
+    return {int(name[1:]): int(n) for name, n in stored.items() if int(n) > 0}
 
 
 class SlotLease:

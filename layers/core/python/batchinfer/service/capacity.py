@@ -49,11 +49,6 @@ class Draws:
         return Draw(shard=shard, cap=budget_share(self.cap, shard, count), room=max(0, room),
                     interactive_seen=self.seen[shard] if shard < count else None)
 
-    def best(self) -> Draw:
-        draws = [self.of(shard) for shard in range(len(self.held))]
-        most = max(draw.room for draw in draws)
-        return random.choice([draw for draw in draws if draw.room == most])
-
     def split(self, k: int) -> list[tuple[Draw, int]]:
         """Up to k slots from the roomiest shards, as few shards as will do: (the shard's draw, how many)."""
         parts = []

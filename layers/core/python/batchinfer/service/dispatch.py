@@ -130,9 +130,10 @@ class Dispatcher:
             req = svc.table.get(stale["pk"], stale["sk"])
             if not req or req.get("state") != RequestState.WAITING.value or account_free(req["account_id"]) <= 0:
                 continue
-            draw = None if slot_lease else self.draws.best()
-            if draw is not None and draw.room <= 0:
+            one = None if slot_lease else self.draws.split(1)  # a slot of the roomiest shard
+            if one == []:
                 break
+            draw = one[0][0] if one else None
             try:
                 dispatched.append(claim_retry(svc, req, draw, tier_cap(req["account_id"]), slot_lease=slot_lease))
                 if draw is not None:
