@@ -24,7 +24,7 @@ Run: `python -m bench.hot_items` (the many-lanes workload, bench/many_lanes.py, 
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from batchinfer.layout import GROUP_PREFIX, REQUEST_PREFIX
 
@@ -85,8 +85,27 @@ def kind_of(pk: str, sk: str) -> str:
     return pk.split("#", 1)[0].lower() or "other"
 
 
-def print_breakdown(calls: list, n: int, out=sys.stdout) -> None:
-    """Where a request's write units go: per kind of item, and per function (the table's, not the GSIs')."""
+def group_sizes(calls: list, per_batch: int) -> Counter:
+    """How many requests the run's groups held (size -> groups), from the group items its calls wrote: a
+    group's key is its batch and first index, so within a batch the next group's first index ends it (the
+    last ends at `per_batch`, the batch's size)."""
+    firsts: dict[str, set[int]] = defaultdict(set)
+    for call in calls:
+        if call.ok:
+            for (pk, sk), _, _ in getattr(call, "keys", []):
+                if sk.startswith(GROUP_PREFIX):
+                    firsts[pk].add(int(sk[len(GROUP_PREFIX):]))
+    sizes: Counter = Counter()
+    for starts in firsts.values():
+        ordered = sorted(starts)
+        for first, end in zip(ordered, [*ordered[1:], per_batch], strict=True):
+            sizes[end - first] += 1
+    return sizes
+
+
+def print_breakdown(calls: list, n: int, out=sys.stdout, per_batch: int | None = None) -> None:
+    """Where a request's write units go: per kind of item, and per function (the table's, not the GSIs');
+    with `per_batch` (every batch's size), the sizes of the groups (each pays a claim and a close)."""
     kinds: dict[str, float] = defaultdict(float)
     writes: dict[str, int] = defaultdict(int)
     writers: dict[str, float] = defaultdict(float)
@@ -103,6 +122,11 @@ def print_breakdown(calls: list, n: int, out=sys.stdout) -> None:
     shown = ", ".join(f"{name} {writes[name] / n:.2f} x {units / writes[name]:.1f}" for name, units in
                       sorted(kinds.items(), key=lambda kv: -kv[1]) if units / n >= 0.005)
     print(f"    writes per request x units per write: {shown}", file=out)
+    if per_batch:
+        sizes = group_sizes(calls, per_batch)
+        groups = sum(sizes.values())
+        shown = ", ".join(f"{size}: {count}" for size, count in sorted(sizes.items()))
+        print(f"    groups: {groups}, {n / max(groups, 1):.2f} requests each; by size {shown}", file=out)
 
 
 def rows(units: dict[str, float], n: int, batches: int, accounts: int, wall: float,

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  DynamoDB per request: {sum(c.service == 'dynamodb' for c in calls) / n:.2f} calls, write units "
           f"{wru:.2f} in the table + {gsi:.2f} in GSIs (goal <= {GOAL_WRU:.0f} in the table: "
           f"{'met' if wru <= GOAL_WRU else 'NOT MET'})")
-    print_breakdown(calls, n)
+    print_breakdown(calls, n, per_batch=args.requests)
     if args.hot:
         print_report(calls, n, wall, args.batches, args.accounts)
     print(f"  reproduce: {command_line('bench.many_lanes')}")

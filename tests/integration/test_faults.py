@@ -1487,6 +1487,37 @@ def test_pump_runs_a_batch_within_its_slots_and_gives_them_back(svc, sim_control
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
+def test_a_pump_with_few_slots_claims_whole_quanta_and_leaves_no_lane_a_stub(svc, sim_control, monkeypatch):
+    """A pump of 2 slots over three batches of 20: each claim gives a lane a whole quantum (8) however few the
+    pump wants, and a lane with at most half a quantum more gives all it has (12), so each batch runs in two
+    groups, 8 and 12, rather than groups of what the pump wanted and stubs (each pays a claim and a close);
+    the budget is never passed and every request ends once."""
+    set_budgets(svc, {GLM: 2})
+    sim_config(sim_control, latency_seconds=0.02)
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    requests = {b: [chat_request(f"s{b}-{i}", f"stub {b} {i}") for i in range(20)] for b in range(3)}
+    batch_ids = {submit(svc, who, rs): b for b, rs in requests.items()}
+    sizes = []
+    real_claim = dispatch.claim_from_lane
+
+    def claim_from_lane(svc, batch, model_id, positions, *args, **kwargs):
+        sizes.append((batch["id"], len(positions)))
+        return real_claim(svc, batch, model_id, positions, *args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "claim_from_lane", claim_from_lane)
+    outcome = run_pump(svc, slots=2)
+
+    assert outcome["completed"] == 60, outcome
+    assert sorted(n for _, n in sizes) == [8, 8, 8, 12, 12, 12], sizes
+    assert {batch_id for batch_id, n in sizes if n == 12} == set(batch_ids)
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 2
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    for batch_id, b in batch_ids.items():
+        final = pump(svc, batch_id)
+        assert final["status"] == "completed" and final["completed"] == 20
+        assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests[b]])
+
+
 def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control, monkeypatch):
     configure(svc, lease_seconds=60)
     set_budgets(svc, {GLM: 4})

@@ -85,7 +85,8 @@ class Dispatcher:
         """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
         retries first, then batches in turn. Returns what was dispatched (not yet sent): retried requests,
         and groups of first attempts. With `slot_lease` (and the `budget_item` its holder just read), they
-        run in the lease's slots: `limit` of them, whatever the budget has free."""
+        run in the lease's slots: about `limit` of them, whatever the budget has free (while many lanes
+        wait, a whole quantum for each lane served: its holder queues what its slots cannot run yet)."""
         svc = self.svc
         self.batches_seen = {}
         self.slot_lease = slot_lease
@@ -255,11 +256,17 @@ class Dispatcher:
                 # Every lane looked at has had its turn, served or not (its account full): the next claim
                 # starts after it.
                 self.last_served[model.id] = lane["sk"]
-                k = min(LANE_QUANTUM, free, account_free(lane["account_id"]))
+                # A pump's claim (in a lease) gives each lane it serves a whole quantum, even past what it asked
+                # for: it queues the rest, and a remainder would be a small group of its own, which pays a
+                # whole claim and close (and, as its own pump's first lease, kept making small groups).
+                most = account_free(lane["account_id"])
+                if self.slot_lease is None:
+                    most = min(most, free)
+                k = min(LANE_QUANTUM, most)
                 if k <= 0:
                     continue
                 try:
-                    claimed = self._claim(model, lane, k, tier_cap(lane["account_id"]))
+                    claimed = self._claim(model, lane, k, tier_cap(lane["account_id"]), most=most)
                 except Throttled:
                     return out  # DynamoDB is busy: send what was claimed, try the rest next pass
                 n = sum(len(unit.get("positions", [unit])) for unit in claimed)
@@ -273,8 +280,11 @@ class Dispatcher:
             lanes, complete = Lane.in_turn(self.svc.table, model.id, lanes[-1]["sk"], -(-free // LANE_QUANTUM) + 1)
         return out
 
-    def _claim(self, model: Model, lane: dict, k: int, account_cap: int, batch: dict | None = None) -> list[dict]:
-        """`batch`: the lane's batch if this claim has just read it."""
+    def _claim(self, model: Model, lane: dict, k: int, account_cap: int, batch: dict | None = None,
+               most: int = 0) -> list[dict]:
+        """`batch`: the lane's batch if this claim has just read it. `most`: how many it may take to leave
+        no stub of less than half a quantum behind (the lane's last group would pay a claim and a close for
+        it); none past `k` when 0."""
         svc = self.svc
         if batch is None:
             batch = self._batch(lane["batch_id"])
@@ -283,7 +293,10 @@ class Dispatcher:
             return []
         # Nothing once the window has closed (the sweeper expires the batch). At most 10 groups a claim: with
         # the lane, slots and group items well inside a transaction's 100.
-        k = min(k, self._room(batch, model.id), 10 * GROUP_MAX)
+        room = self._room(batch, model.id)
+        if 0 < room - k <= LANE_QUANTUM // 2:
+            k = max(k, min(room, most))
+        k = min(k, room, 10 * GROUP_MAX)
         # Without a lease the slots come from the budget's shards, the roomiest first, as many as they have free.
         parts = None if self.slot_lease else self.draws.split(k)
         if parts is not None:

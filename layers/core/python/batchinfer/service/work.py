@@ -697,7 +697,8 @@ class SlotPump:
                 # early: work claimed ahead runs before any batch that arrives after it, and a claim made a round
                 # early kept a new batch waiting a whole round of calls. Claims cost the same whatever their
                 # size (each makes a group, whose close costs the same): at least a batch's share of the slots
-                # (a round while one batch has work, a lane's quantum while many do) or `ahead`, if less.
+                # (a round while one batch has work; while many do, the dispatcher gives each lane it serves
+                # a whole quantum, and a lane's last few requests with it, whatever this asks for).
                 open_slots = self.slots - self.release
                 threshold = max(1, min(LANE_QUANTUM, open_slots), open_slots // max(1, self.dispatcher.lanes_seen))
                 soon, next_soon = self._ending_soon()
