@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from collections import defaultdict
@@ -44,6 +45,7 @@ class Dispatcher:
         self.draws = Draws(None, 0)  # the budget's shards as the current claim read them (without a lease)
         self.slot_lease: dict | None = None  # the SlotLease the current claim's work runs in, if any
         self.lanes_seen = 0  # how many batches had work for the model at the last claim (of those it read)
+        self.most: float = math.inf  # the most the current claim in a lease may take (`claim`'s `most`)
         self.interactive = InteractiveMemory()  # the interactive load seen lately, per model
 
     def run(self, seconds: float) -> int:
@@ -81,15 +83,17 @@ class Dispatcher:
         return sum(len(unit.get("positions", [unit])) for unit in dispatched)
 
     def claim(self, model: Model, limit: int | None = None, slot_lease: dict | None = None,
-              budget_item: dict | None = None) -> list[dict]:
+              budget_item: dict | None = None, most: int | None = None) -> list[dict]:
         """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
         retries first, then batches in turn. Returns what was dispatched (not yet sent): retried requests,
         and groups of first attempts. With `slot_lease` (and the `budget_item` its holder just read), they
         run in the lease's slots: about `limit` of them, whatever the budget has free (while many lanes
-        wait, a whole quantum for each lane served: its holder queues what its slots cannot run yet)."""
+        wait, a whole quantum for each lane served: its holder queues what its slots cannot run yet), and
+        never more than `most` (what its holder can start in time), if given."""
         svc = self.svc
         self.batches_seen = {}
         self.slot_lease = slot_lease
+        self.most = most if slot_lease is not None and most is not None else math.inf
         if slot_lease is None:
             budget_item = read_budget(svc, model)
             probe_up(svc, model, budget_item)
@@ -259,7 +263,7 @@ class Dispatcher:
                 # A pump's claim (in a lease) gives each lane it serves a whole quantum, even past what it asked
                 # for: it queues the rest, and a remainder would be a small group of its own, which pays a
                 # whole claim and close (and, as its own pump's first lease, kept making small groups).
-                most = account_free(lane["account_id"])
+                most = min(account_free(lane["account_id"]), self.most)
                 if self.slot_lease is None:
                     most = min(most, free)
                 k = min(LANE_QUANTUM, most)
@@ -272,8 +276,9 @@ class Dispatcher:
                 n = sum(len(unit.get("positions", [unit])) for unit in claimed)
                 out += claimed
                 free -= n
+                self.most -= n
                 accounts[lane["account_id"]] -= n
-                if free <= 0:
+                if free <= 0 or self.most <= 0:
                     return out
             if complete:
                 return out

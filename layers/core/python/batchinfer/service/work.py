@@ -671,6 +671,15 @@ class SlotPump:
         idle = self.slots - self.release - self.releasing - self.busy
         return idle + soon + self.ahead - len(self.queue)
 
+    def _can_start_in_time(self) -> int:
+        """How many more requests the slots can start before the deadline, past what is queued: work claimed
+        beyond it would be handed back at the end (each one then waits as a retry, claimed and written alone)."""
+        now = time.monotonic()
+        # The slots' time left before the deadline, less what the calls in flight are expected to take of it.
+        left = (self.slots - self.release) * (self.deadline - now) - sum(
+            max(0.0, started + self.call_seconds - now) for started in self.calls_started.values())
+        return math.floor(max(0.0, left) / max(self.call_seconds, 1e-3)) - len(self.queue)
+
     def _claim_at(self) -> int:
         return max(1, -(-self.ahead // 2))
 
@@ -703,10 +712,12 @@ class SlotPump:
                 threshold = max(1, min(LANE_QUANTUM, open_slots), open_slots // max(1, self.dispatcher.lanes_seen))
                 soon, next_soon = self._ending_soon()
                 want = self._free_when_claimed(soon)
+                most = self._can_start_in_time()
+                want = min(want, most)
                 got = 0
                 if want >= self._claim_at() or (want > 0 and not self.queue):
                     started = time.monotonic()
-                    got = await self._claim(max(want, threshold), self.budget_item)
+                    got = await self._claim(min(max(want, threshold), most), self.budget_item, most)
                     self.claim_seconds += 0.2 * (time.monotonic() - started - self.claim_seconds)
                 self.drained = want > 0 and not got
                 if got or self.queue or self.busy:
@@ -724,7 +735,7 @@ class SlotPump:
                 while time.monotonic() < until:
                     soon, next_soon = self._ending_soon()
                     until = min(until, time.monotonic() + next_soon)
-                    short = self._free_when_claimed(soon)
+                    short = min(self._free_when_claimed(soon), self._can_start_in_time())
                     if short >= self._claim_at() or (short > 0 and not self.queue and idle_since is None):
                         break
                     try:
@@ -783,11 +794,12 @@ class SlotPump:
             await self._grow(budget_item, cap)
         return budget_item
 
-    async def _claim(self, want: int, budget_item: dict | None) -> int:
-        """Claim up to `want` requests in the lease's slots and queue them; returns how many were queued."""
+    async def _claim(self, want: int, budget_item: dict | None, most: int) -> int:
+        """Claim about `want` requests (never more than `most`) in the lease's slots and queue them; returns
+        how many were queued."""
         svc = self.svc
         try:
-            units = await self._claiming(self.dispatcher.claim, self.model, want, self.lease, budget_item)
+            units = await self._claiming(self.dispatcher.claim, self.model, want, self.lease, budget_item, most)
         except (ConditionFailed, Throttled):
             return 0
         queued = 0
