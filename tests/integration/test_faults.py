@@ -1519,18 +1519,18 @@ def test_a_pump_with_few_slots_claims_whole_quanta_and_leaves_no_lane_a_stub(svc
 
 
 def test_a_pump_near_its_deadline_claims_only_what_its_slots_can_start_before_it(svc, sim_control):
-    """A pump of 2 slots with one second left and calls of 0.4 s: it claims what its slots can start in
-    that second, not a whole quantum, so nothing it claimed is handed back at the deadline (each handed-back
-    request would wait as a retry, claimed and written alone); the rest of the batch runs later, once."""
+    """A pump of 2 slots with 1.5 s left and calls of 0.5 s: it claims what its slots can start by then,
+    not a whole quantum, so nothing it claimed is handed back at the deadline (each handed-back request
+    would wait as a retry, claimed and written alone); the rest of the batch runs later, once."""
     set_budgets(svc, {GLM: 2})
-    sim_config(sim_control, latency_seconds=0.4)
+    sim_config(sim_control, latency_seconds=0.5)
     who = authenticate(svc, new_key(svc, tier="internal")[1])
     requests = [chat_request(f"t-{i}", f"in time {i}") for i in range(20)]
     batch_id = submit(svc, who, requests)
 
-    outcome = run_pump(svc, slots=2, seconds=1.0)
+    outcome = run_pump(svc, slots=2, seconds=1.5)
 
-    assert outcome["handed_back"] == 0 and 1 <= outcome["completed"] <= 6, outcome
+    assert outcome["handed_back"] == 0 and outcome["completed"] >= 1, outcome
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 20
