@@ -93,7 +93,7 @@ class Dispatcher:
         svc = self.svc
         self.batches_seen = {}
         self.slot_lease = slot_lease
-        self.most = most if slot_lease is not None and most is not None else math.inf
+        self.most = math.inf if most is None else most
         if slot_lease is None:
             budget_item = read_budget(svc, model)
             probe_up(svc, model, budget_item)
@@ -252,6 +252,11 @@ class Dispatcher:
         lane after another, so what a short lane cannot take goes to the next, read a page at a time."""
         out: list[dict] = []
         seen: set[str] = set()
+        # The most this claim takes: the free slots, or in a lease what its holder can start in time (a
+        # pump's claim gives each lane it serves a whole quantum, even past what it asked for: it queues
+        # the rest, and a remainder would be a small group of its own, which pays a whole claim and close,
+        # and, as its own pump's first lease, kept making small groups).
+        budget = self.most if self.slot_lease else free
         for _ in range(self.QUANTA_PAGES):
             for lane in lanes:
                 if lane["sk"] in seen:
@@ -260,12 +265,7 @@ class Dispatcher:
                 # Every lane looked at has had its turn, served or not (its account full): the next claim
                 # starts after it.
                 self.last_served[model.id] = lane["sk"]
-                # A pump's claim (in a lease) gives each lane it serves a whole quantum, even past what it asked
-                # for: it queues the rest, and a remainder would be a small group of its own, which pays a
-                # whole claim and close (and, as its own pump's first lease, kept making small groups).
-                most = min(account_free(lane["account_id"]), self.most)
-                if self.slot_lease is None:
-                    most = min(most, free)
+                most = min(account_free(lane["account_id"]), budget)
                 k = min(LANE_QUANTUM, most)
                 if k <= 0:
                     continue
@@ -276,9 +276,9 @@ class Dispatcher:
                 n = sum(len(unit.get("positions", [unit])) for unit in claimed)
                 out += claimed
                 free -= n
-                self.most -= n
+                budget -= n
                 accounts[lane["account_id"]] -= n
-                if free <= 0 or self.most <= 0:
+                if free <= 0 or budget <= 0:
                     return out
             if complete:
                 return out
