@@ -1537,6 +1537,32 @@ def test_a_pump_near_its_deadline_claims_only_what_its_slots_can_start_before_it
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
+@pytest.mark.parametrize("slots", [1, 3])
+def test_a_pump_whose_claims_are_only_retries_runs_them_at_once(svc, sim_control, slots):
+    """After a backend outage the work left is retries: a pump that claims only retries runs them on its idle
+    slots at once, rather than leaving its runners asleep beside them until its deadline."""
+    set_budgets(svc, {GLM: slots})
+    configure(svc, retry_base_seconds=30.0)  # the first pump ends before any retry is due
+    sim_config(sim_control, latency_seconds=0.02)
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    requests = [chat_request(f"r-{i}", f"retried {i} [[sim:flaky:1:500]]") for i in range(6)]
+    batch_id = submit(svc, who, requests)
+    first = run_pump(svc, slots=slots, seconds=10)
+    assert first["waiting"] == 6, first  # each failed once and waits for its retry
+    svc.clock.advance(120)  # every retry is due
+
+    started = time.monotonic()
+    outcome = run_pump(svc, slots=slots, seconds=60)
+    took = time.monotonic() - started
+
+    assert outcome["completed"] == 6, outcome
+    assert took < 10, f"the retries took {took:.1f} s of a 60 s pump"
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 6
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
 def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control, monkeypatch):
     configure(svc, lease_seconds=60)
     set_budgets(svc, {GLM: 4})

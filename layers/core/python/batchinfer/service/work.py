@@ -805,7 +805,7 @@ class SlotPump:
         queued = 0
         for unit in units:
             if "positions" not in unit:
-                self.queue.append(_Member(retry=unit))
+                self._enqueue([_Member(retry=unit)])
                 queued += 1
                 continue
             batch = self.dispatcher.batches_seen.get(unit["batch_id"])
@@ -822,10 +822,15 @@ class SlotPump:
         bodies = await self._claiming(_bodies, self.svc, group)
         shared = self.batches.setdefault(group["batch_id"], dict(batch or {}))
         run = _GroupRun(group=group, batch=shared, left=len(group["positions"]))
-        for position, body in zip(group["positions"], bodies, strict=True):
-            self.queue.append(_Member(run=run, position=position, body=body))
-        self.wake.set()
+        self._enqueue([_Member(run=run, position=position, body=body)
+                       for position, body in zip(group["positions"], bodies, strict=True)])
         return len(group["positions"])
+
+    def _enqueue(self, members: list[_Member]) -> None:
+        """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
+        or retries alone) can leave idle runners asleep beside it until the deadline."""
+        self.queue.extend(members)
+        self.wake.set()
 
     def _refresh_stops(self) -> None:
         """Look again, at most every half second, whether a batch with queued requests was stopped."""
