@@ -16,6 +16,8 @@ the items of the one partition a table query names, or for an index query the it
 equals the one asked for (found by a plain pass, not a sort); moto's own code then sorts, pages and filters
 those as before. Without it every poll of a sparse index took time in proportion to the whole table, so a
 large table slowed every reader, which the design does not.
+
+(4) S3: a part written into a completed or aborted multipart upload answers 404 NoSuchUpload, as on S3.
 """
 
 from __future__ import annotations
@@ -104,4 +106,23 @@ def apply() -> None:
             del self.all_items
 
     Table.query = query
+    _patch_s3_uploads()
     _applied = True
+
+
+def _patch_s3_uploads() -> None:
+    """(4) A part written into an upload that was completed or aborted fails as on S3, with 404 NoSuchUpload:
+    moto (5.2) raises a KeyError there, which its server answers as a 500, so code that must treat a vanished
+    upload as "another writer finished it" could not be tested."""
+    from moto.s3.exceptions import NoSuchUpload
+    from moto.s3.models import S3Backend
+
+    real_upload_part = S3Backend.upload_part
+
+    @functools.wraps(real_upload_part)
+    def upload_part(self, bucket_name, multipart_id, *args, **kwargs):
+        if multipart_id not in self.get_bucket(bucket_name).multiparts:
+            raise NoSuchUpload(upload_id=multipart_id)
+        return real_upload_part(self, bucket_name, multipart_id, *args, **kwargs)
+
+    S3Backend.upload_part = upload_part

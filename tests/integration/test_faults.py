@@ -28,7 +28,7 @@ from batchinfer.layout import (
 from batchinfer.ledger import queue_message
 from batchinfer.providers import openai_compat
 from batchinfer.records import group_shards, lease_shards
-from batchinfer.service import accounts, batches, dispatch, work
+from batchinfer.service import accounts, batches, dispatch, lifecycle, work
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.dispatch import Dispatcher
 from batchinfer.service.sweep import sweep_once
@@ -777,6 +777,72 @@ def test_two_sweepers_finish_a_batch_once(svc, sim_control):
                                                      "in_flight": 0}
     final = assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     assert final["status"] == "completed" and final["completed"] == 4
+
+
+def test_a_run_that_writes_into_a_result_file_another_run_just_finished_stops_quietly(svc, sim_control):
+    """The worker and the sweeper may both finish a file batch: both pass the writer's check, the first writes
+    the output file's part, completes the upload and saves; the second's part then goes into an upload that no
+    longer exists (S3: NoSuchUpload). It stops as a run that lost the race does, the batch ends once, and its
+    output file holds each result once."""
+    configure(svc, file_batches_enabled=True)
+    who = authenticate(svc, new_key(svc)[1])
+    requests = [chat_request(f"w-{i}", f"written once {i}") for i in range(4)]
+    batch_id = submit_file(svc, who, requests)
+    sweep_once(svc)  # validated
+    Dispatcher(svc).pass_once()
+    run_queued(svc)
+    # A run cut off right after it started the output file's upload: both runs below go on from there.
+    deadline = time.monotonic() + 2
+    real_start = svc.blobs.start_multipart
+
+    def start_multipart(*args):
+        upload_id = real_start(*args)
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        return upload_id
+
+    svc.blobs.start_multipart = start_multipart
+    lifecycle.settle_batch(svc, batch_id, deadline=deadline)
+    svc.blobs.start_multipart = real_start
+    assert get_batch(svc, batch_id)["status"] == "finalizing"
+    assert get_batch(svc, batch_id)["writing"]["output"]["upload_id"]
+
+    both_in = threading.Barrier(2, timeout=10)
+    first_done = threading.Event()
+    real_put_part = svc.blobs.put_part
+    arrivals = []
+
+    def put_part(*args):
+        arrivals.append(threading.current_thread().name)
+        both_in.wait()  # both runs passed the writer's check
+        if threading.current_thread().name == "second":
+            first_done.wait(10)
+        return real_put_part(*args)
+
+    svc.blobs.put_part = put_part
+    outcomes = {}
+
+    def finish(name: str) -> None:
+        try:
+            outcomes[name] = lifecycle.settle_batch(svc, batch_id)
+        except Exception as error:  # what a scheduled run would die of
+            outcomes[name] = error
+        finally:
+            if name == "first":
+                first_done.set()
+
+    threads = [threading.Thread(target=finish, args=(name,), name=name) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    svc.blobs.put_part = real_put_part
+
+    assert sorted(arrivals) == ["first", "second"]
+    assert not [o for o in outcomes.values() if isinstance(o, BaseException)], outcomes
+    final = assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert final["status"] == "completed" and final["completed"] == 4
+    lines = [json.loads(x) for x in svc.blobs.get(f"files/{final['output_file_id']}/content").splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == [f"w-{i}" for i in range(4)]
 
 
 def test_two_sweepers_expire_a_batch_once(svc, sim_control):

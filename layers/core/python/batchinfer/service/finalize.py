@@ -5,7 +5,8 @@ Each is an S3 multipart upload written a part at a time from the batch's results
 After every part (and when a run's time is up: lines too few for a part wait in a small "carry" object)
 the cursor (upload id, parts written, the next request index, the carry) is saved on the batch item
 under a condition on the previous cursor, so a run cut off by its deadline, a crash or a timeout is picked
-up by the next run where it stopped, and two runs cannot both advance one file: the loser stops. A part
+up by the next run where it stopped, and two runs cannot both advance one file: the loser stops (at the save,
+or earlier, when the upload it writes into was completed by the winner: S3's NoSuchUpload). A part
 is built from whole pages of results, so a part written again after a crash has the same bytes. The
 SHA-256 of a finished file is read back from S3 (a hash cannot be saved halfway), and becomes its ETag.
 """
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from ..layout import export_object, file_object
 from ..records import Batch, BatchItem
 from ..runtime import Services
+from ..storage.blobs import UploadGone
 from ..storage.dynamo import ConditionFailed
 from .files import register_result_file
 from .results import EXPORT_PAGE, export_line_of, iter_results
@@ -109,16 +111,20 @@ def write(svc: Services, batch: BatchItem, kinds: tuple[str, ...], deadline: flo
                     if buffer:
                         new["carry"] = f"{key}.carry-{end}"
                         svc.blobs.put(new["carry"], buffer)
-                elif buffer:
-                    number = len(new["parts"]) + 1
-                    new["parts"].append([number, svc.blobs.put_part(key, new["upload_id"], number, buffer)])
                 new["next"] = end
-                if end >= batch["total"] and not out_of_time:
-                    try:
+                try:
+                    if buffer and not out_of_time:
+                        number = len(new["parts"]) + 1
+                        new["parts"].append([number, svc.blobs.put_part(key, new["upload_id"], number, buffer)])
+                    if end >= batch["total"] and not out_of_time:
                         new.update(_complete(svc, batch, kind, key, new))
-                    except ConditionFailed:  # the batch is being deleted: its file must not outlive the purge
-                        svc.blobs.delete(key)
-                        return None
+                except UploadGone:
+                    # Another run, past the same check a moment before, finished this writer's upload (or
+                    # started it again): it saves the cursor; this run stops, as when it loses the save.
+                    return None
+                except ConditionFailed:  # the batch is being deleted: its file must not outlive the purge
+                    svc.blobs.delete(key)
+                    return None
             try:
                 Batch.save_writer(svc.table, batch["id"], kind, new, previous=state)
             except ConditionFailed:

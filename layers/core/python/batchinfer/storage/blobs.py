@@ -7,6 +7,14 @@ from collections.abc import Iterator
 from botocore.exceptions import ClientError
 
 
+class UploadGone(Exception):
+    """The multipart upload is no longer there: completed or aborted (by another writer of the same object)."""
+
+
+def _no_such_upload(error: ClientError) -> bool:
+    return error.response.get("Error", {}).get("Code") == "NoSuchUpload"
+
+
 class Blobs:
     def __init__(self, s3_client, bucket: str) -> None:
         self.s3 = s3_client
@@ -72,25 +80,34 @@ class Blobs:
         return self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type)["UploadId"]
 
     def put_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
-        """Write (or write again, the same bytes) part `number`; returns its ETag."""
-        return self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                                   Body=data)["ETag"]
+        """Write (or write again, the same bytes) part `number`; returns its ETag. Raises UploadGone when the
+        upload was completed or aborted meanwhile."""
+        try:
+            return self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                       Body=data)["ETag"]
+        except ClientError as error:
+            if _no_such_upload(error):
+                raise UploadGone(upload_id) from error
+            raise
 
     def complete_multipart(self, key: str, upload_id: str, parts: list) -> None:
         """Finish the object from [number, etag] parts. Finishing it again (a run that stopped right after
-        finishing it, started again) is no error as long as the object is there."""
+        finishing it, started again) is no error as long as the object is there; UploadGone when it is not
+        (another writer aborted the upload)."""
         try:
             self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={
                 "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in parts]})
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "NoSuchUpload" or not self.exists(key):
+            if not _no_such_upload(error):
                 raise
+            if not self.exists(key):
+                raise UploadGone(upload_id) from error
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         try:
             self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "NoSuchUpload":
+            if not _no_such_upload(error):
                 raise
 
     def abort_uploads(self, prefix: str, keep: str | None = None) -> int:
