@@ -386,6 +386,7 @@ class SlotPump:
     IDLE_SECONDS = 1.0  # no work claimed for this long: the pump ends and gives its slots back
     STALE_CAP_SECONDS = 1.0  # four polls: no new call starts on a cap read longer ago than this
     SOON_MARGIN_SECONDS = 0.05  # a claim is sized for the slots free by the time it lands, and this margin
+    AHEAD_SECONDS = 1.0  # claimed work queued beyond the slots never takes them longer than this to run
 
     def __init__(self, svc: Services, model: Model, deadline: float) -> None:
         self.svc, self.model, self.deadline = svc, model, deadline
@@ -439,9 +440,12 @@ class SlotPump:
     @property
     def ahead(self) -> int:
         """Requests claimed beyond the slots: what the slots use up while a claim is on its way, twice (the
-        next claim starts when half of it is gone), and never more than twice the slots."""
+        next claim starts when half of it is gone). Bounded in time, not in slots: calls shorter than a claim
+        (embeddings, small models) need many queued per slot, or each slot idles through every claim; and at
+        most AHEAD_SECONDS of work queued keeps fairness between batches within that."""
         during_claim = self.slots * self.claim_seconds / max(self.call_seconds, 1e-3)
-        return max(2, min(2 * self.slots, 2 * math.ceil(during_claim) + 2))
+        most = max(2 * self.slots, math.ceil(self.slots * self.AHEAD_SECONDS / max(self.call_seconds, 1e-3)))
+        return max(2, min(most, 2 * math.ceil(during_claim) + 2))
 
     async def adopt(self, message: dict) -> Counter | None:
         """Run a dispatched group (a queue message) in a lease made of the slots its members hold: None once
