@@ -1,6 +1,6 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
-Names: throughput ingest export cost fairness yield file spread lanes (all of them by default). `--quick` runs
+Names: throughput ingest export cost fairness yield file spread lanes short (all of them by default). `--quick` runs
 small sizes (a few minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
 """
 
@@ -26,6 +26,8 @@ BENCHMARKS = {
     # issue 16: latency spread over requests; many small batches from many accounts (with the hot-item report)
     "spread": ("bench.throughput", ["--requests", "300", "--runs", "1"]),
     "lanes": ("bench.hot_items", ["--batches", "40", "--accounts", "20"]),
+    # short calls (embeddings, small models) at one slot and at four, against a direct client
+    "short": ("bench.short_calls", ["--requests", "300", "--runs", "1"]),
 }
 # Arguments a benchmark always gets (before the quick ones): what makes it the benchmark it is.
 ALWAYS = {"spread": ["--latency", "1", "--distribution", "lognormal", "--sigma", "0.5"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -33,6 +34,36 @@ MODEL = "glm-5.3-flash"
 def command_line(module: str) -> str:
     """How to run this benchmark again, as printed with its results."""
     return f"PYTHONPATH=layers/core/python:. .venv/bin/python -m {module} " + " ".join(sys.argv[1:])
+
+
+@contextmanager
+def backend_process(latency: float):
+    """The simulated backend in a process of its own, as a real backend is (not a thread of the stack's process,
+    whose calls then wait for the stack's threads): the stack's catalog points at it while the block runs."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "local.simulated_backend", "--port", str(port),
+                                "--latency", str(latency)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    previous = os.environ.get("SIMULATED_BACKEND_URL")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(f"{url}/_sim/stats", timeout=1).raise_for_status()
+                break
+            except requests.RequestException:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the simulated backend did not start") from None
+                time.sleep(0.1)
+        os.environ["SIMULATED_BACKEND_URL"] = url
+        yield url
+    finally:
+        if previous is None:
+            os.environ.pop("SIMULATED_BACKEND_URL", None)
+        else:
+            os.environ["SIMULATED_BACKEND_URL"] = previous
+        process.terminate()
+        process.wait(timeout=10)
 
 
 @contextmanager
