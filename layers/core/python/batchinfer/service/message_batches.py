@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterator
 
 from ..catalog import MESSAGES_ENDPOINT
-from ..domain import FINAL_BATCH, BatchStatus, Stop, new_message_batch_id
+from ..domain import FINAL_BATCH, MESSAGE_BATCH_IDS, BatchStatus, Stop, new_message_batch_id
 from ..errors import ApiError
-from ..layout import MESSAGE_BATCH_ID_PREFIX, OWNER_MESSAGE_BATCH_PREFIX
+from ..layout import OWNER_MESSAGE_BATCH_PREFIX
 from ..messages_to_chat import refused_everywhere, untranslatable
 from ..records import Batch, BatchItem
 from ..runtime import Services
@@ -250,7 +250,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
 
 def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
-    item = Batch.get(svc.table, batch_id) if batch_id.startswith(MESSAGE_BATCH_ID_PREFIX) else None
+    item = Batch.get(svc.table, batch_id) if MESSAGE_BATCH_IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
         raise ApiError(404, f"No Message Batch found with id '{batch_id}'.", code="batch_not_found")
     return item
@@ -268,7 +268,7 @@ def list_page(svc: Services, principal: Principal, limit: int, after_id: str | N
     start = None
     if anchor_id:
         name = "after_id" if after_id else "before_id"
-        anchor = Batch.get(svc.table, anchor_id) if anchor_id.startswith(MESSAGE_BATCH_ID_PREFIX) else None
+        anchor = Batch.get(svc.table, anchor_id) if MESSAGE_BATCH_IDS.names(anchor_id) else None
         if anchor is None or anchor.get("account_id") != principal.account_id:
             raise ApiError(400, f"{name}: no Message Batch found with id '{anchor_id}'.", param=name)
         start = Batch.owner_cursor(anchor)
