@@ -8,6 +8,7 @@ import re
 import time
 
 from batchinfer import ledger
+from batchinfer.api.app import create_app
 from batchinfer.layout import batch_key, hash_api_key
 from batchinfer.service import accounts
 from batchinfer.service.dispatch import Dispatcher
@@ -874,6 +875,28 @@ def test_unknown_routes_and_unavailable_are_json_never_500(api, svc):
     error(api("GET", "/v1/batches", key), 404, "unavailable", code="batches_unavailable")
     error(api("GET", f"/v1/batches/{batch['id']}", key), 404, "unavailable")
     error(api.create(key, [req("a")]), 404, "unavailable")
+
+
+def test_a_trailing_slash_is_served_as_the_path_without_it_and_never_redirected(api, svc):
+    # Redirecting to the path without the slash would build its URL from the Host header the client chose.
+    settings(svc, file_batches_enabled=True, message_batches_enabled=True, batch_webhooks_enabled=True)
+    _, key = new_key(svc)
+    api.created(key, [req("a")])
+    collections = sorted((method.upper(), path) for path, operations in create_app().openapi()["paths"].items()
+                         if path.startswith(("/v1/", "/anthropic/")) and "{" not in path for method in operations)
+    assert ("GET", "/v1/batches") in collections and ("POST", "/anthropic/v1/messages/batches") in collections
+    for method, path in collections:
+        body = {} if method in ("POST", "PUT") else None
+        headers = {"anthropic-version": "2023-06-01"} if "/messages" in path else {}
+        plain = api(method, path, key, headers=headers, **({"json_body": body} if body is not None else {}))
+        slashed = api(method, path + "/", key, headers={**headers, "host": "evil.example"},
+                      **({"json_body": body} if body is not None else {}))
+        assert "location" not in slashed.headers, (method, path, slashed.status, slashed.headers)
+        assert (slashed.status, slashed.json()) == (plain.status, plain.json()), (method, path)
+    # Without a key too: the route's own 401, in its API's envelope.
+    anthropic_error(api("GET", "/anthropic/v1/messages/batches/", headers={"host": "evil.example"}), 401,
+                    "authentication_error")
+    error(api("GET", "/v1/batches/", headers={"host": "evil.example"}), 401)
 
 
 def test_known_parameters_in_range_and_unknown_ones_pass_through(api, svc, sim_control):
