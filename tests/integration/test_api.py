@@ -342,6 +342,20 @@ def test_create_model_checks(api, svc):
     assert "glm-5.3-flash" in result["response"]["body"]["choices"][0]["message"]["content"]
 
 
+def test_create_names_a_model_or_max_tokens_of_the_wrong_type(api, svc):
+    _, key = new_key(svc)
+    error(api.create(key, [req("a"), req("b", model=5)]), 400, param="requests[1]",
+          message="requests[1] (custom_id 'b'): body.model: input should be a valid string (got 5)")
+    error(api.create(key, [req("a", model="")]), 400,
+          message="requests[0] (custom_id 'a'): body.model: string should have at least 1 character")
+    error(api.create(key, [req("a", max_tokens="x")]), 400,
+          message="requests[0] (custom_id 'a'): body.max_tokens: input should be a valid integer (got 'x')")
+    no_model = req("a")
+    del no_model["body"]["model"]
+    error(api.create(key, [no_model]), 400, message="requests[0] (custom_id 'a'): body.model is required")
+    assert no_batches(api, key)
+
+
 def test_create_request_shape_checks(api, svc):
     _, key = new_key(svc)
     error(api.create(key, [req("a"), req("b"), req("a")]), 400, "requests[2] (custom_id 'a')",
