@@ -271,8 +271,11 @@ def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
             continue
         try:
             entry = json.loads(raw)
-        except (ValueError, RecursionError):
+        except ValueError:
             report(number, "invalid_json_line", "This line is not parseable as valid JSON.")
+            continue
+        except RecursionError:
+            report(number, "invalid_json_line", f"Line {number} is nested too deeply to be read as JSON.")
             continue
         if holds_unpaired_surrogate(raw, entry):
             report(number, "invalid_json_line", "This line holds an unpaired surrogate, which is not valid Unicode.")
