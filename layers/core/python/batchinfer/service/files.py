@@ -21,6 +21,7 @@ from .listing import owner_page
 
 UPLOAD = "batch"
 RESULT = "batch_output"
+MAX_FILENAME_CHARS = 512  # a file's name, however it is sent (a multipart upload, the Uploads API)
 EXPIRES_AFTER_SECONDS = (3600, 2592000)  # what OpenAI accepts for expires_after / output_expires_after
 NOT_ENABLED = "File batches are not enabled."
 

@@ -38,7 +38,7 @@ from .intake import parse_json_body
 UPLOAD_SECONDS = 3600  # a pending upload expires an hour after it was created, as OpenAI's do
 MAX_PARTS = 1000  # parts one upload may hold (32 MiB in parts of 4 MiB is 8)
 RECEIVED_FACTOR = 2  # an upload's parts may hold up to twice its bytes: room for parts sent again
-MAX_NAME_CHARS = 512
+MAX_NAME_CHARS = files.MAX_FILENAME_CHARS  # a filename's and a MIME type's
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
