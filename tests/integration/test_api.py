@@ -170,6 +170,26 @@ def test_auth_refusals_are_401(api, svc):
     error(api("GET", "/v1/batches", later), 401, "not active")
 
 
+def test_a_revoked_key_is_refused_at_once_its_record_read_strongly_consistent(api, svc):
+    # DynamoDB reads are eventually consistent unless asked: a key revoked a moment ago could still pass one.
+    _, key = new_key(svc)
+    reads: list[dict] = []
+
+    def spy(params: dict, **_: object) -> None:
+        reads.append(params)
+
+    events = svc.table.client.meta.events  # what boto3 sends DynamoDB, as it sends it
+    events.register("provide-client-params.dynamodb.GetItem", spy)
+    try:
+        ok(api("GET", "/v1/batches", key))
+    finally:
+        events.unregister("provide-client-params.dynamodb.GetItem", spy)
+    auth = {r["Key"]["sk"]["S"]: r.get("ConsistentRead") for r in reads if r["Key"]["sk"]["S"] in ("KEY", "ACCOUNT")}
+    assert auth == {"KEY": True, "ACCOUNT": True}
+    accounts.revoke_key(svc, key)
+    error(api("GET", "/v1/batches", key), 401, message="The API key has been revoked.")
+
+
 def test_bearer_and_x_api_key_of_any_account_key_work(api, svc):
     account, key = new_key(svc)
     other = accounts.create_key(svc, account["id"])
