@@ -17,7 +17,12 @@ equals the one asked for (found by a plain pass, not a sort); moto's own code th
 those as before. Without it every poll of a sparse index took time in proportion to the whole table, so a
 large table slowed every reader, which the design does not.
 
-(4) S3: a part written into a completed or aborted multipart upload answers 404 NoSuchUpload, as on S3.
+(4) Key sizes are checked on reads too, as DynamoDB checks them: a GetItem, BatchGetItem, TransactGetItems,
+DeleteItem or UpdateItem whose key, or a Query whose key condition or ExclusiveStartKey, holds a partition
+key over 2,048 bytes or a sort key over 1,024 bytes is a ValidationException. moto checks them only when an
+item is written, so an id too long to be a key read as "not found" here and failed deployed.
+
+(5) S3: a part written into a completed or aborted multipart upload answers 404 NoSuchUpload, as on S3.
 """
 
 from __future__ import annotations
@@ -84,6 +89,34 @@ def apply() -> None:
 
     DynamoDBBackend.transact_write_items = transact_write_items
 
+    real_keys_value = DynamoDBBackend.get_keys_value
+
+    # Every item read or change by key goes through here (GetItem, BatchGetItem, TransactGetItems,
+    # DeleteItem, UpdateItem, and the writes of a transaction).
+    @functools.wraps(real_keys_value)
+    def get_keys_value(self, table, keys):
+        table._validate_key_sizes(keys)
+        return real_keys_value(self, table, keys)
+
+    DynamoDBBackend.get_keys_value = get_keys_value
+
+    real_backend_query = DynamoDBBackend.query
+
+    @functools.wraps(real_backend_query)
+    def backend_query(self, table_name, hash_key_dict, range_comparison, range_value_dicts, limit,
+                      exclusive_start_key, *args, hash_key_conditions=None, range_key_conditions=None, **kwargs):
+        table = self.get_table(table_name)
+        table._validate_key_sizes(dict(exclusive_start_key or {}))
+        table._validate_key_sizes(dict(hash_key_conditions or []))
+        for name, _, condition_values in range_key_conditions or []:
+            for value in condition_values:
+                table._validate_key_sizes({name: value})
+        return real_backend_query(self, table_name, hash_key_dict, range_comparison, range_value_dicts, limit,
+                                  exclusive_start_key, *args, hash_key_conditions=hash_key_conditions,
+                                  range_key_conditions=range_key_conditions, **kwargs)
+
+    DynamoDBBackend.query = backend_query
+
     real_query = Table.query
 
     @functools.wraps(real_query)
@@ -111,7 +144,7 @@ def apply() -> None:
 
 
 def _patch_s3_uploads() -> None:
-    """(4) A part written into an upload that was completed or aborted fails as on S3, with 404 NoSuchUpload:
+    """(5) A part written into an upload that was completed or aborted fails as on S3, with 404 NoSuchUpload:
     moto (5.2) raises a KeyError there, which its server answers as a 500, so code that must treat a vanished
     upload as "another writer finished it" could not be tested."""
     from moto.s3.exceptions import NoSuchUpload

@@ -58,7 +58,7 @@ def http_event(method: str, path: str, *, headers: dict[str, str] | None = None,
         hdrs["content-length"] = str(len(raw_body))
     hdrs.setdefault("user-agent", USER_AGENT)
     hdrs.update({
-        "host": DOMAIN,
+        "host": hdrs.get("host", DOMAIN),  # a client's own Host reaches the app through a proxy or custom domain
         "x-amzn-trace-id": f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]}",
         "x-forwarded-for": source_ip,
         "x-forwarded-port": "443",

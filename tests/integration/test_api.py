@@ -8,6 +8,7 @@ import re
 import time
 
 from batchinfer import ledger
+from batchinfer.api.app import create_app
 from batchinfer.layout import batch_key, hash_api_key
 from batchinfer.service import accounts
 from batchinfer.service.dispatch import Dispatcher
@@ -167,6 +168,26 @@ def test_auth_refusals_are_401(api, svc):
 
     accounts.update_account(svc, account["id"], status="suspended")
     error(api("GET", "/v1/batches", later), 401, "not active")
+
+
+def test_a_revoked_key_is_refused_at_once_its_record_read_strongly_consistent(api, svc):
+    # DynamoDB reads are eventually consistent unless asked: a key revoked a moment ago could still pass one.
+    _, key = new_key(svc)
+    reads: list[dict] = []
+
+    def spy(params: dict, **_: object) -> None:
+        reads.append(params)
+
+    events = svc.table.client.meta.events  # what boto3 sends DynamoDB, as it sends it
+    events.register("provide-client-params.dynamodb.GetItem", spy)
+    try:
+        ok(api("GET", "/v1/batches", key))
+    finally:
+        events.unregister("provide-client-params.dynamodb.GetItem", spy)
+    auth = {r["Key"]["sk"]["S"]: r.get("ConsistentRead") for r in reads if r["Key"]["sk"]["S"] in ("KEY", "ACCOUNT")}
+    assert auth == {"KEY": True, "ACCOUNT": True}
+    accounts.revoke_key(svc, key)
+    error(api("GET", "/v1/batches", key), 401, message="The API key has been revoked.")
 
 
 def test_bearer_and_x_api_key_of_any_account_key_work(api, svc):
@@ -339,6 +360,20 @@ def test_create_model_checks(api, svc):
     assert result["status"] == "completed"
     assert result["response"]["body"]["model"] == "glm-5.3-flash"
     assert "glm-5.3-flash" in result["response"]["body"]["choices"][0]["message"]["content"]
+
+
+def test_create_names_a_model_or_max_tokens_of_the_wrong_type(api, svc):
+    _, key = new_key(svc)
+    error(api.create(key, [req("a"), req("b", model=5)]), 400, param="requests[1]",
+          message="requests[1] (custom_id 'b'): body.model: input should be a valid string (got 5)")
+    error(api.create(key, [req("a", model="")]), 400,
+          message="requests[0] (custom_id 'a'): body.model: string should have at least 1 character")
+    error(api.create(key, [req("a", max_tokens="x")]), 400,
+          message="requests[0] (custom_id 'a'): body.max_tokens: input should be a valid integer (got 'x')")
+    no_model = req("a")
+    del no_model["body"]["model"]
+    error(api.create(key, [no_model]), 400, message="requests[0] (custom_id 'a'): body.model is required")
+    assert no_batches(api, key)
 
 
 def test_create_request_shape_checks(api, svc):
@@ -874,6 +909,28 @@ def test_unknown_routes_and_unavailable_are_json_never_500(api, svc):
     error(api("GET", "/v1/batches", key), 404, "unavailable", code="batches_unavailable")
     error(api("GET", f"/v1/batches/{batch['id']}", key), 404, "unavailable")
     error(api.create(key, [req("a")]), 404, "unavailable")
+
+
+def test_a_trailing_slash_is_served_as_the_path_without_it_and_never_redirected(api, svc):
+    # Redirecting to the path without the slash would build its URL from the Host header the client chose.
+    settings(svc, file_batches_enabled=True, message_batches_enabled=True, batch_webhooks_enabled=True)
+    _, key = new_key(svc)
+    api.created(key, [req("a")])
+    collections = sorted((method.upper(), path) for path, operations in create_app().openapi()["paths"].items()
+                         if path.startswith(("/v1/", "/anthropic/")) and "{" not in path for method in operations)
+    assert ("GET", "/v1/batches") in collections and ("POST", "/anthropic/v1/messages/batches") in collections
+    for method, path in collections:
+        body = {} if method in ("POST", "PUT") else None
+        headers = {"anthropic-version": "2023-06-01"} if "/messages" in path else {}
+        plain = api(method, path, key, headers=headers, **({"json_body": body} if body is not None else {}))
+        slashed = api(method, path + "/", key, headers={**headers, "host": "evil.example"},
+                      **({"json_body": body} if body is not None else {}))
+        assert "location" not in slashed.headers, (method, path, slashed.status, slashed.headers)
+        assert (slashed.status, slashed.json()) == (plain.status, plain.json()), (method, path)
+    # Without a key too: the route's own 401, in its API's envelope.
+    anthropic_error(api("GET", "/anthropic/v1/messages/batches/", headers={"host": "evil.example"}), 401,
+                    "authentication_error")
+    error(api("GET", "/v1/batches/", headers={"host": "evil.example"}), 401)
 
 
 def test_known_parameters_in_range_and_unknown_ones_pass_through(api, svc, sim_control):

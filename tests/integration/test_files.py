@@ -172,6 +172,33 @@ def test_an_invalid_file_fails_the_batch_with_every_problem_and_runs_nothing(api
     assert sim_requests(sim_control) == 0
 
 
+def test_a_line_nested_too_deeply_or_with_a_mistyped_model_is_named_as_such(api, svc, sim_control):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    data = jsonl(line("a"), "[" * 10_000 + "]" * 10_000, line("b", model=5), line("c", max_tokens="x"))
+    created = ok(create_from(api, key, ok(upload(api, key, data))["id"]))
+    finish(svc, created["id"])
+    problems = ok(api("GET", f"/v1/batches/{created['id']}", key))["errors"]["data"]
+    assert [(p["line"], p["code"], p["message"]) for p in problems] == [
+        (2, "invalid_json_line", "Line 2 is nested too deeply to be read as JSON."),
+        (3, "invalid_body", "body.model: input should be a valid string (got 5)"),
+        (4, "invalid_body", "body.max_tokens: input should be a valid integer (got 'x')")]
+    assert sim_requests(sim_control) == 0
+
+
+def test_a_filename_past_the_limit_is_named_and_nothing_stored(api, svc):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    data = jsonl(line("a"))
+    # 10,000 characters: past what the multipart parser reads of a part's header, before the name is seen.
+    error(upload(api, key, data, filename="n" * 10_000), 400, param="file",
+          message="The 'file' part's filename is too long: a filename may have at most 512 characters.")
+    error(upload(api, key, data, filename="n" * 513), 400, param="file",
+          message="The 'file' part's filename is too long (it has 513): a filename may have at most 512 characters.")
+    assert ok(api("GET", "/v1/files", key))["data"] == []
+    assert ok(upload(api, key, data, filename="n" * 512))["filename"] == "n" * 512
+
+
 def test_create_from_a_file_refuses_bad_calls(api, svc):
     settings(svc, file_batches_enabled=True)
     _, key = new_key(svc)

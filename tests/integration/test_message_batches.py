@@ -85,6 +85,30 @@ def messages(api, svc) -> Messages:
     return Messages(api, key)
 
 
+def test_a_model_max_tokens_or_messages_of_the_wrong_type_is_named_as_such(messages, svc):
+    wrong = {"model-number": {"model": 5}, "model-empty": {"model": ""},
+             "max-tokens-text": {"max_tokens": "x"}, "max-tokens-zero": {"max_tokens": 0},
+             "max-tokens-true": {"max_tokens": True}, "messages-text": {"messages": "hi"},
+             "messages-empty": {"messages": []}}
+    said = {"model-number": "model: Input should be a valid string (got 5).",
+            "model-empty": "model: String should have at least 1 character.",
+            "max-tokens-text": "max_tokens: Input should be a valid integer (got 'x').",
+            "max-tokens-zero": "max_tokens: Input should be greater than or equal to 1 (got 0).",
+            "max-tokens-true": "max_tokens: Input should be a valid integer (got True).",
+            "messages-text": "messages: Input should be a valid list (got 'hi').",
+            "messages-empty": "messages: List should have at least 1 item."}
+    batch = messages.created([{"custom_id": cid, "params": {**params(), **fault}} for cid, fault in wrong.items()])
+    finish(svc, batch["id"])
+    errors = {line["custom_id"]: line["result"]["error"]["error"] for line in messages.results(batch["id"])}
+    assert errors == {cid: {"type": "invalid_request_error", "message": message} for cid, message in said.items()}
+    # A Messages call is checked by the same code: a 400 in Anthropic's envelope, with the same message.
+    for cid, fault in wrong.items():
+        for path in ("/v1/messages", "/anthropic/v1/messages"):
+            reply = messages.api("POST", path, messages.key, json_body={**params(), **fault},
+                                 headers={"anthropic-version": V1})
+            assert anthropic_error(reply, 400, "invalid_request_error")["message"] == said[cid]
+
+
 def test_create_run_and_read_as_the_sdk_does(messages, svc):
     batch = messages.created([entry("q-0", "Summarize Hamlet"), entry("q-1", "Name three primes")])
     assert batch["id"].startswith("msgbatch_") and batch["type"] == "message_batch"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -228,21 +229,52 @@ def next_utc_midnight(now: float) -> int:
 
 # --- Identifiers -------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class IdKind:
+    """A kind of id the service makes: a prefix, then lower-case hex digits. An id or cursor a client sends
+    that is not of the kind its route takes cannot name anything of ours, so it is answered as unknown
+    without a read: made up, it may not even be a valid key (DynamoDB refuses a read whose partition key
+    is over 2,048 bytes, or sort key over 1,024, and that refusal would be a 500)."""
+
+    prefix: str
+    hex_digits: int
+
+    def new(self) -> str:
+        return self.prefix + secrets.token_hex(self.hex_digits // 2)
+
+    def names(self, value: object) -> bool:
+        """Whether `value` is an id of this kind (of its exact length: a long one is never looked up)."""
+        return (isinstance(value, str) and len(value) == len(self.prefix) + self.hex_digits
+                and value.startswith(self.prefix) and _HEX.fullmatch(value, len(self.prefix)) is not None)
+
+
+_HEX = re.compile("[0-9a-f]+")
+BATCH_IDS = IdKind("batch_", 32)
+MESSAGE_BATCH_IDS = IdKind("msgbatch_", 32)
+FILE_IDS = IdKind("file-", 24)
+UPLOAD_IDS = IdKind("upload_", 24)
+EVENT_IDS = IdKind("evt_", 28)  # 12 hex digits of milliseconds, then 16 random ones (new_event_id)
+
+
 def new_batch_id() -> str:
-    return "batch_" + secrets.token_hex(16)
+    return BATCH_IDS.new()
 
 
 def new_message_batch_id() -> str:
-    return "msgbatch_" + secrets.token_hex(16)
+    return MESSAGE_BATCH_IDS.new()
 
 
 def new_event_id(now: float) -> str:
     """A webhook event id; ids sort by creation time (milliseconds), so an account's events list newest first."""
-    return f"evt_{int(now * 1000):012x}{secrets.token_hex(8)}"
+    return f"{EVENT_IDS.prefix}{int(now * 1000):012x}{secrets.token_hex(8)}"
 
 
 def new_file_id() -> str:
-    return "file-" + secrets.token_hex(12)
+    return FILE_IDS.new()
+
+
+def new_upload_id() -> str:
+    return UPLOAD_IDS.new()
 
 
 def new_account_id() -> str:

@@ -104,6 +104,11 @@ def _where(loc: tuple) -> str:
     return out
 
 
+def got(value: object) -> str:
+    """What a message says of the value it refuses: ` (got 'x')` for a short scalar, else nothing."""
+    return f" (got {value!r})" if isinstance(value, str | int | float | bool) and len(repr(value)) <= 60 else ""
+
+
 def body_problem(endpoint: str, body: dict) -> str | None:
     """What is wrong with a body's known parameters for its endpoint, naming the parameter; None if nothing."""
     model = BODIES.get(endpoint)
@@ -113,8 +118,6 @@ def body_problem(endpoint: str, body: dict) -> str | None:
         model.model_validate(body)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
-        value = first.get("input")
-        shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) and len(repr(value)) <= 60 else ""
         message = first["msg"][0].lower() + first["msg"][1:]
-        return f"{_where(first['loc'])}: {message}{shown}"
+        return f"{_where(first['loc'])}: {message}{got(first.get('input'))}"
     return None

@@ -6,15 +6,38 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..runtime import Services, services
 from . import schemas
 from .envelopes import install_error_handlers
 from .routes import batches, console, files, health, inference, message_batches, messages, uploads, webhooks
 
+API_PREFIXES = ("/v1/", "/anthropic/")  # the API's paths, where a trailing slash is served as if it were not there
+
+
+class TrailingSlashServed:
+    """An API path with a trailing slash is served as the path without it. Starlette's default answers it
+    with a redirect to a URL built from the Host header, a host the client chose: that is off
+    (`redirect_slashes=False`), so any other path with a trailing slash is a 404."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if (scope["type"] == "http" and path.endswith("/") and path.startswith(API_PREFIXES)
+                and path not in API_PREFIXES):
+            raw_path = scope.get("raw_path")
+            scope = {**scope, "path": path[:-1],
+                     "raw_path": raw_path[:-1] if raw_path and raw_path.endswith(b"/") else raw_path}
+        await self.app(scope, receive, send)
+
 
 def create_app(get_services: Callable[[], Services] = services) -> FastAPI:
-    app = FastAPI(title="Batch inference", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json")
+    app = FastAPI(title="Batch inference", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json",
+                  redirect_slashes=False)
+    app.add_middleware(TrailingSlashServed)
     app.state.get_services = get_services
     install_error_handlers(app)
     for module in (health, batches, files, uploads, message_batches, webhooks, inference, messages, console):

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import Request
+from python_multipart.multipart import DEFAULT_MAX_HEADER_SIZE
 from starlette.datastructures import FormData, UploadFile
 
 from ..errors import ApiError
+from ..service.files import MAX_FILENAME_CHARS
 
 
 def declared_over(request: Request, limit: int) -> bool:
@@ -16,15 +20,40 @@ def declared_over(request: Request, limit: int) -> bool:
     return declared.isascii() and declared.isdigit() and (len(declared.lstrip("0")) > 18 or int(declared) > limit)
 
 
+# The multipart parser refuses a part's header line over this many bytes without saying which, and a
+# filename is in one (Content-Disposition): its 400 says the filename is too long where that is the one.
+_FILENAME_HEADER = re.compile(rb"(?im)^content-disposition:[^\r\n]*filename")
+
+
+def _filename_too_long(name: str, length: int | None = None) -> ApiError:
+    has = f" (it has {length})" if length is not None else ""
+    return ApiError(400, f"The '{name}' part's filename is too long{has}: a filename may have at most "
+                         f"{MAX_FILENAME_CHARS} characters.", param=name)
+
+
+def _header_too_long(raw: bytes) -> bool:
+    """Whether a part's Content-Disposition (which holds its filename) is longer than the parser reads."""
+    for found in _FILENAME_HEADER.finditer(raw):
+        end = raw.find(b"\r\n", found.start())
+        if (end if end >= 0 else len(raw)) - found.start() > DEFAULT_MAX_HEADER_SIZE:
+            return True
+    return False
+
+
 async def form_with_file(request: Request, name: str, hint: str, max_fields: int) -> tuple[FormData, UploadFile]:
     """The multipart form and its file part `name`. `hint`: how to send it, for the 400 when it is not."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise ApiError(400, hint, param=name)
+    raw = await request.body()  # in memory already (a Lambda event); kept to say what a refused one held
     try:
         form = await request.form(max_files=1, max_fields=max_fields)
     except Exception as error:  # a malformed multipart body is the caller's mistake, not a 500
+        if _header_too_long(raw):
+            raise _filename_too_long(name) from None
         raise ApiError(400, f"The multipart body could not be read: {error}", param=name) from None
     part = form.get(name)
     if not isinstance(part, UploadFile):
         raise ApiError(400, f"The request has no '{name}' part. {hint}", param=name)
+    if part.filename and len(part.filename) > MAX_FILENAME_CHARS:
+        raise _filename_too_long(name, len(part.filename))
     return form, part

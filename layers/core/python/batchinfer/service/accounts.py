@@ -93,7 +93,7 @@ def authenticate(svc: Services, raw: str | None) -> Principal:
     if not raw:
         raise AuthError("Missing API key. Send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'.")
     key_hash = hash_api_key(raw)
-    key_item = ApiKey.get(svc.table, key_hash, consistent=False)
+    key_item = ApiKey.get(svc.table, key_hash)  # strongly consistent: a key refused from the moment it is revoked
     account = get_account(svc, key_item["account_id"]) if key_item else None
     problem = key_problem(svc, key_item, account)
     if problem:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..domain import FINAL_BATCH, parse_result_id
+from ..domain import BATCH_IDS, FINAL_BATCH, parse_result_id
 from ..errors import ApiError
 from ..records import Batch, BatchItem
 from ..runtime import Services
@@ -121,7 +121,7 @@ def usage_object(item: BatchItem) -> dict:
 
 
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
-    item = Batch.get(svc.table, batch_id) if batch_id.startswith("batch_") else None
+    item = Batch.get(svc.table, batch_id) if BATCH_IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
         raise ApiError(404, f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
     return item
@@ -130,7 +130,7 @@ def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem
 def list_batches(svc: Services, principal: Principal, limit: int, after: str | None) -> dict:
     if not 1 <= limit <= 100:
         raise ApiError(400, "limit must be between 1 and 100.", param="limit")
-    return owner_page(svc, principal, Batch, id_prefix="batch_", noun="batch", after=after, limit=limit,
+    return owner_page(svc, principal, Batch, ids=BATCH_IDS, noun="batch", after=after, limit=limit,
                       newest_first=True, visible=lambda b: not b.get("deleting"), shown=batch_object)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from ..domain import new_file_id
+from ..domain import FILE_IDS, new_file_id
 from ..errors import ApiError
 from ..layout import file_object
 from ..records import Account, File, FileItem
@@ -21,6 +21,7 @@ from .listing import owner_page
 
 UPLOAD = "batch"
 RESULT = "batch_output"
+MAX_FILENAME_CHARS = 512  # a file's name, however it is sent (a multipart upload, the Uploads API)
 EXPIRES_AFTER_SECONDS = (3600, 2592000)  # what OpenAI accepts for expires_after / output_expires_after
 NOT_ENABLED = "File batches are not enabled."
 
@@ -58,7 +59,7 @@ def _not_found(file_id: str) -> ApiError:
 
 def stored_file(svc: Services, account_id: str, file_id: str) -> FileItem | None:
     """The account's file, or None: not there, another account's, or expired."""
-    item = File.get(svc.table, file_id) if file_id.startswith("file-") else None
+    item = File.get(svc.table, file_id) if FILE_IDS.names(file_id) else None
     if item is None or item.get("account_id") != account_id:
         return None
     if item.get("expires_at") and item["expires_at"] <= svc.now():
@@ -164,7 +165,7 @@ def list_files(svc: Services, principal: Principal, *, after: str | None, limit:
     if order not in ("asc", "desc"):
         raise ApiError(400, f"order must be 'asc' or 'desc', not '{order}'.", param="order")
     now = svc.now()
-    return owner_page(svc, principal, File, id_prefix="file-", noun="file", after=after, limit=limit,
+    return owner_page(svc, principal, File, ids=FILE_IDS, noun="file", after=after, limit=limit,
                       newest_first=order == "desc", shown=file_object_of,
                       visible=lambda f: not (f.get("expires_at") and f["expires_at"] <= now)
                       and (purpose is None or f.get("purpose") == purpose))

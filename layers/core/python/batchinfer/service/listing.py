@@ -7,18 +7,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..domain import IdKind
 from ..errors import ApiError
 from ..runtime import Services
 from .accounts import Principal
 
 
-def owner_page(svc: Services, principal: Principal, record: Any, *, id_prefix: str, noun: str, after: str | None,
+def owner_page(svc: Services, principal: Principal, record: Any, *, ids: IdKind, noun: str, after: str | None,
                limit: int, newest_first: bool, visible: Callable[[dict], bool],
                shown: Callable[[dict], dict]) -> dict:
     """One page of the account's `record`s (records.Batch or records.File): OpenAI's list envelope."""
     start = None
     if after:
-        anchor = record.get(svc.table, after) if after.startswith(id_prefix) else None
+        anchor = record.get(svc.table, after) if ids.names(after) else None
         if anchor is None or anchor.get("account_id") != principal.account_id:
             raise ApiError(400, f"after: no {noun} found with id '{after}'.", param="after")
         start = record.owner_cursor(anchor)

@@ -20,11 +20,12 @@ import re
 from collections.abc import Iterator
 
 from ..catalog import MESSAGES_ENDPOINT
-from ..domain import FINAL_BATCH, BatchStatus, Stop, new_message_batch_id
+from ..domain import FINAL_BATCH, MESSAGE_BATCH_IDS, BatchStatus, Stop, new_message_batch_id
 from ..errors import ApiError
-from ..layout import MESSAGE_BATCH_ID_PREFIX, OWNER_MESSAGE_BATCH_PREFIX
+from ..layout import OWNER_MESSAGE_BATCH_PREFIX
 from ..messages_to_chat import refused_everywhere, untranslatable
 from ..records import Batch, BatchItem
+from ..request_bodies import got
 from ..runtime import Services
 from . import intake, lifecycle, results
 from .accounts import Principal, may_use_model
@@ -152,11 +153,19 @@ def params_model(svc: Services, account: dict, params: object, version: str) -> 
     if non_finite(params):
         raise ParamsError("params: holds NaN or Infinity, which is not valid JSON.")
     name = params.get("model")
-    if not isinstance(name, str) or not name:
+    if name is None:
         raise ParamsError("model: Field required (a string).")
+    if not isinstance(name, str):
+        raise ParamsError(f"model: Input should be a valid string{got(name)}.")
+    if not name:
+        raise ParamsError("model: String should have at least 1 character.")
     max_tokens = params.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    if max_tokens is None:
         raise ParamsError("max_tokens: Field required (an integer of at least 1).")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise ParamsError(f"max_tokens: Input should be a valid integer{got(max_tokens)}.")
+    if max_tokens < 1:
+        raise ParamsError(f"max_tokens: Input should be greater than or equal to 1{got(max_tokens)}.")
     _check_messages(params.get("messages"))
     system = params.get("system")
     if system is not None and not isinstance(system, str) and not (
@@ -191,8 +200,12 @@ def params_model(svc: Services, account: dict, params: object, version: str) -> 
 
 
 def _check_messages(messages: object) -> None:
-    if not isinstance(messages, list) or not messages:
+    if messages is None:
         raise ParamsError("messages: Field required (a non-empty array).")
+    if not isinstance(messages, list):
+        raise ParamsError(f"messages: Input should be a valid list{got(messages)}.")
+    if not messages:
+        raise ParamsError("messages: List should have at least 1 item.")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
             raise ParamsError(f"messages[{i}].role: must be 'user' or 'assistant'.")
@@ -250,7 +263,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
 
 def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
-    item = Batch.get(svc.table, batch_id) if batch_id.startswith(MESSAGE_BATCH_ID_PREFIX) else None
+    item = Batch.get(svc.table, batch_id) if MESSAGE_BATCH_IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
         raise ApiError(404, f"No Message Batch found with id '{batch_id}'.", code="batch_not_found")
     return item
@@ -268,7 +281,7 @@ def list_page(svc: Services, principal: Principal, limit: int, after_id: str | N
     start = None
     if anchor_id:
         name = "after_id" if after_id else "before_id"
-        anchor = Batch.get(svc.table, anchor_id) if anchor_id.startswith(MESSAGE_BATCH_ID_PREFIX) else None
+        anchor = Batch.get(svc.table, anchor_id) if MESSAGE_BATCH_IDS.names(anchor_id) else None
         if anchor is None or anchor.get("account_id") != principal.account_id:
             raise ApiError(400, f"{name}: no Message Batch found with id '{anchor_id}'.", param=name)
         start = Batch.owner_cursor(anchor)

@@ -25,7 +25,7 @@ import re
 import secrets
 from collections.abc import Iterator
 
-from ..domain import new_file_id
+from ..domain import UPLOAD_IDS, new_file_id, new_upload_id
 from ..errors import ApiError
 from ..layout import file_object, upload_part_object, upload_parts_prefix
 from ..records import File, Upload, UploadItem
@@ -38,12 +38,8 @@ from .intake import parse_json_body
 UPLOAD_SECONDS = 3600  # a pending upload expires an hour after it was created, as OpenAI's do
 MAX_PARTS = 1000  # parts one upload may hold (32 MiB in parts of 4 MiB is 8)
 RECEIVED_FACTOR = 2  # an upload's parts may hold up to twice its bytes: room for parts sent again
-MAX_NAME_CHARS = 512
+MAX_NAME_CHARS = files.MAX_FILENAME_CHARS  # a filename's and a MIME type's
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def new_upload_id() -> str:
-    return "upload_" + secrets.token_hex(12)
 
 
 def new_part_id() -> str:
@@ -110,8 +106,7 @@ def create(svc: Services, principal: Principal, raw: bytes) -> dict:
 
 def owned_upload(svc: Services, principal: Principal, upload_id: str) -> UploadItem:
     """The account's upload; 404 when it is not there, another account's, or pending past its hour."""
-    ours = upload_id.startswith("upload_") and len(upload_id) <= 64  # (a DynamoDB key has at most 2,048 bytes)
-    item = Upload.get(svc.table, upload_id) if ours else None
+    item = Upload.get(svc.table, upload_id) if UPLOAD_IDS.names(upload_id) else None
     if (item is None or item.get("account_id") != principal.account_id
             or (item["status"] == Upload.PENDING and item["expires_at"] <= svc.now())):
         raise ApiError(404, f"No such Upload object: {upload_id}", code="upload_not_found", param="upload_id")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..domain import BatchStatus
 from ..errors import ApiError
-from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
+from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem, got
 from ..runtime import Services
 from .accounts import may_use_model
 
@@ -200,8 +200,12 @@ def check_request(svc: Services, account: dict, req: object, endpoint: str | Non
     if not isinstance(body, dict):
         raise Problem("invalid_body", "body must be an object")
     name = body.get("model")
-    if not isinstance(name, str) or not name:
+    if name is None:
         raise Problem("missing_model", "body.model is required")
+    if not isinstance(name, str):
+        raise Problem("invalid_body", f"body.model: input should be a valid string{got(name)}")
+    if not name:
+        raise Problem("invalid_body", "body.model: string should have at least 1 character")
     model = svc.catalog.lookup(name)
     if model is None or not may_use_model(account, model.id):
         raise Problem("model_not_found", f"Model '{name}' not found")
@@ -267,8 +271,11 @@ def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
             continue
         try:
             entry = json.loads(raw)
-        except (ValueError, RecursionError):
+        except ValueError:
             report(number, "invalid_json_line", "This line is not parseable as valid JSON.")
+            continue
+        except RecursionError:
+            report(number, "invalid_json_line", f"Line {number} is nested too deeply to be read as JSON.")
             continue
         if holds_unpaired_surrogate(raw, entry):
             report(number, "invalid_json_line", "This line holds an unpaired surrogate, which is not valid Unicode.")

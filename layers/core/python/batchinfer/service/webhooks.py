@@ -31,7 +31,7 @@ from collections.abc import Callable
 from standardwebhooks.webhooks import Webhook as Signer
 
 from ..addresses import UrlRefused, WebhookTarget, check_url
-from ..domain import BatchStatus, new_event_id
+from ..domain import EVENT_IDS, BatchStatus, new_event_id
 from ..errors import ApiError
 from ..layout import MESSAGE_BATCH_ID_PREFIX, due_lateness
 from ..providers.webhook import post_event
@@ -209,6 +209,10 @@ def event_object(event: dict) -> dict:
 
 
 def events_page(svc: Services, principal: Principal, limit: int, after: str | None) -> dict:
+    if not 1 <= limit <= 100:
+        raise ApiError(400, "limit must be between 1 and 100.", param="limit")
+    if after is not None and not EVENT_IDS.names(after):  # a cursor: any event id, listed or not
+        raise ApiError(400, f"after must be an event id such as evt_..., not {after!r}.", param="after")
     items, more = WebhookEvent.of_account(svc.table, principal.account_id, limit, after)
     data = [event_object(item) for item in items]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

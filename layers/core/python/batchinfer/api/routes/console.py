@@ -8,7 +8,7 @@ from functools import cache
 from importlib.resources import files
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ...runtime import Services
 from ..auth import services_of
@@ -31,6 +31,13 @@ def asset(name: str) -> bytes:
 def page() -> Response:
     return Response(asset("index.html"), media_type="text/html; charset=utf-8",
                     headers={**HEADERS, "Content-Security-Policy": CSP, "X-Frame-Options": "DENY"})
+
+
+@router.get("/")
+def page_with_a_slash() -> RedirectResponse:
+    # The page's own links are relative to /console. A relative Location: the client stays on the host it
+    # asked, whatever its Host header said.
+    return RedirectResponse("../console", status_code=307, headers=HEADERS)
 
 
 @router.get("/console.js")
