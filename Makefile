@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 # (requirements-sdk-previous.txt) and openai 1.x (requirements-sdk-openai1.txt).
 SDK_PREV := .venv-sdk-previous
 SDK_OPENAI1 := .venv-sdk-openai1
+# A real OpenAI-compatible inference server for `make test-real-backend` (opt-in, not part of `make test`):
+# llama-cpp-python's, built from source (CPU only, no BLAS) in a venv of its own.
+REAL_BACKEND := .venv-real-backend
+REAL_BACKEND_CMAKE_ARGS ?= -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 # Lambda runs the functions on Python 3.12 (infra/functions.py): the unit and integration suites run on it too,
 # in a venv of its own. PYTHON312 is found on the PATH, or among pyenv's versions.
 PY312 := .venv-py312
@@ -14,7 +18,8 @@ PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.1
 export PYTHONPATH := $(CURDIR)/layers/core/python:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: venv venv-py312 sdk-previous sdk-openai1 browser run test test-py312 lint synth layers bench clean
+.PHONY: venv venv-py312 sdk-previous sdk-openai1 real-backend browser run test test-py312 test-real-backend lint synth \
+	layers bench clean
 
 # The venv takes the layer lock's versions as constraints, so its indirect packages (starlette, botocore, ...)
 # are the ones Lambda runs; hash-free, written from the lock by infra.layers (stdlib only), see constraints_text.
@@ -51,6 +56,17 @@ venv-py312: $(PY312)/bin/.installed
 sdk-previous: $(SDK_PREV)/bin/.installed
 sdk-openai1: $(SDK_OPENAI1)/bin/.installed
 
+# About 8 minutes on 2 cores the first time (llama.cpp is compiled); pip caches the wheel for the next venv.
+$(REAL_BACKEND)/bin/.installed: requirements-real-backend.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
+	test -x $(REAL_BACKEND)/bin/python || $(PYTHON) -m venv $(REAL_BACKEND)
+	$(REAL_BACKEND)/bin/python -m pip install --quiet --upgrade pip==25.3
+	CMAKE_ARGS="$(REAL_BACKEND_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(REAL_BACKEND)/bin/python -m pip install --quiet -r requirements-real-backend.txt
+	touch $@
+
+real-backend: $(REAL_BACKEND)/bin/.installed
+
 run: venv  ## the local stack in the foreground: moto, simulated backend, API on 127.0.0.1:$${PORT:-8000}
 	$(BIN)/python -m local.run
 
@@ -67,6 +83,10 @@ test: venv venv-py312 sdk-previous sdk-openai1 browser  ## lint, every test on 3
 test-py312: venv-py312  ## the unit and integration suites on Python 3.12, the Lambda runtime's version
 	$(PY312)/bin/python -m pytest tests/unit tests/integration -p no:cacheprovider
 
+# Opt-in: the service against a real inference server (llama-cpp-python running a tiny model made at test time).
+test-real-backend: venv real-backend  ## the batch flows end to end on a real OpenAI-compatible server
+	REAL_BACKEND_TESTS=1 $(BIN)/python -m pytest tests/real_backend -p no:cacheprovider
+
 lint: venv
 	$(BIN)/ruff check .
 
@@ -80,4 +100,4 @@ bench: venv  ## the benchmarks against the local stack
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) $(PY312) $(SDK_PREV) $(SDK_OPENAI1) cdk.out build .local .pytest_cache
+	rm -rf $(VENV) $(PY312) $(SDK_PREV) $(SDK_OPENAI1) $(REAL_BACKEND) cdk.out build .local .pytest_cache
