@@ -14,8 +14,10 @@ import pytest
 from batchinfer.providers import http
 from batchinfer.service import interactive
 from batchinfer.service.accounts import authenticate
+from local.servers import free_port
 from tests.helpers import new_key
 from tests.integration.test_api import anthropic_error, error, ok, settings
+from tests.integration.test_faults import with_backend_url
 from tests.integration.test_interactive import CHAT, GLM, budget, spent
 from tests.integration.test_message_batches import CLAUDE, V1, catalog_file, svc  # noqa: F401
 
@@ -107,6 +109,24 @@ def test_a_backend_refusal_before_the_stream_starts_is_an_ordinary_error(api, st
     error(api("POST", "/v1/responses", key, json_body={"model": GLM, "input": "hi", "stream": True}), 400,
           "/v1/responses", code="stream_unsupported", param="stream")
     assert budget(streaming).get("interactive", 0) == 0
+
+
+def test_a_backend_that_refuses_connections_answers_503_and_costs_nothing(api, streaming):
+    """A connection the backend refused never carried the request: the caller is told the service is
+    unavailable, whole or streamed, and nothing counts as cost unknown."""
+    svc = streaming  # noqa: F811 (the fixture imported above, by another name)
+    account, key = new_key(svc)
+    with_backend_url(svc, GLM, f"http://127.0.0.1:{free_port()}/v1")  # nothing listens there
+    for body in (CHAT, {**CHAT, "stream": True}):
+        reply = api("POST", "/v1/chat/completions", key, json_body=body)
+        assert reply.status == 503, reply.text
+        assert reply.json()["error"]["code"] == "service_unavailable"
+    for params in (PARAMS, {**PARAMS, "stream": True}):
+        reply = api("POST", "/v1/messages", key, headers={"anthropic-version": V1}, json_body={**params, "model": GLM})
+        assert reply.status == 503 and reply.json()["type"] == "error", reply.text
+    assert spent(svc, account["id"]).get("cost_unknown_attempts", 0) == 0
+    assert float(spent(svc, account["id"]).get("cost_usd", 0)) == 0
+    assert budget(svc).get("interactive", 0) == 0
 
 
 def test_a_stream_cut_off_midway_tells_the_caller_and_counts_its_cost_as_unknown(api, streaming, monkeypatch):

@@ -176,7 +176,7 @@ def is_retryable(status: int | None) -> bool:
 class Attempt:
     """What one call to a backend gave."""
 
-    status_code: int | None  # None: no answer (timeout, connection lost)
+    status_code: int | None  # None: no answer (timeout, connection lost, no connection)
     body: dict | None = None
     request_id: str | None = None
     input_tokens: int = 0
@@ -184,6 +184,7 @@ class Attempt:
     cached_tokens: int = 0  # of input_tokens, served from the backend's prompt cache (where it says)
     reasoning_tokens: int = 0  # of output_tokens, spent reasoning (where the backend says)
     cost_known: bool = True  # False when the backend may have run it but we cannot know the cost
+    sent: bool = True  # False: it never reached the backend (no connection was made), so it cost nothing
     message: str = ""
     retry_after: float | None = None
 
@@ -192,6 +193,8 @@ class Attempt:
         return self.status_code is not None and 200 <= self.status_code < 300
 
     def error(self) -> dict:
+        if self.status_code is None and not self.sent:
+            return {"code": "service_unavailable", "message": self.message or "Could not connect to the backend."}
         if self.status_code is None:
             return {"code": "timeout", "message": self.message or "The backend did not answer in time."}
         return {"code": error_code_for_status(self.status_code), "message": self.message or "Backend error",

@@ -1,6 +1,7 @@
 """The HTTP both backend kinds share: one pooled client per event loop, and a POST whose transport failure
-is already the Attempt it gave (no answer: the backend may have run it, so its cost is unknown); for
-streamed answers, a POST whose events are read as they come (`httpx-sse` parses them)."""
+is already the Attempt it gave (no connection: it never reached the backend, so it cost nothing; no answer
+after it was sent: the backend may have run it, so its cost is unknown); for streamed answers, a POST whose
+events are read as they come (`httpx-sse` parses them)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,18 @@ def client_for_loop() -> httpx.AsyncClient:
     return client
 
 
+# Failures before the request left: no connection was made (refused, unreachable, TLS failed, none within the
+# connect timeout, no pooled connection free in time), or the request was refused before it was written. The
+# backend cannot have run it. Anything else (a read or write that failed or timed out, a connection dropped
+# mid-answer) may come after the backend got the request.
+_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol,
+           httpx.ProxyError, httpx.LocalProtocolError)
+
+
 def _lost(error: Exception) -> Attempt:
+    if isinstance(error, _UNSENT):
+        return Attempt(status_code=None, sent=False,
+                       message=f"Could not connect to the backend ({type(error).__name__}).")
     if isinstance(error, httpx.TimeoutException):
         return Attempt(status_code=None, cost_known=False, message="The backend did not answer in time.")
     # The request may or may not have reached the backend.

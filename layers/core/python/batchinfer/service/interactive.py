@@ -159,7 +159,10 @@ def _end(svc: Services, principal: Principal, model: Model, lease: tuple[str, in
 
 def _refusal(attempt: Attempt) -> ApiError:
     """What the caller is told when the backend gave no success: its own status and message where it
-    answered (a 5xx as 502, it is not this service's fault), 504 when it did not answer in time."""
+    answered (a 5xx as 502, it is not this service's fault), 503 when no connection to it could be made, 504
+    when it did not answer in time."""
+    if attempt.status_code is None and not attempt.sent:
+        return ApiError(503, attempt.message or "Could not connect to the backend.", code="service_unavailable")
     if attempt.status_code is None:
         return ApiError(504, attempt.message or "The backend did not answer in time.", code="timeout")
     status = attempt.status_code
