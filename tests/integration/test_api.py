@@ -703,6 +703,34 @@ def test_no_request_starts_after_the_completion_window_closed(api, svc, sim_cont
     assert ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key)) == expired
 
 
+# Members a backend adds to its answers, numbers spelt as llama-server spells them (`timings.*_per_second`
+# whole floats with their ".0"), an exponent, an integer past 64 bits (and past DynamoDB's 38 digits), nested
+# floats.
+AS_SENT = ('"timings":{"prompt_n":12,"prompt_per_second":12500.0,"predicted_ms":1e-7,'
+           '"big":123456789012345678901234567890123456789012,"nested":{"draft":[0.5,2.0,-0.0,1E+2]}}')
+
+
+def check_as_sent(timings: dict) -> None:
+    assert timings["prompt_per_second"] == 12500.0 and isinstance(timings["prompt_per_second"], float)
+    assert timings["predicted_ms"] == 1e-7 and timings["big"] == 123456789012345678901234567890123456789012
+    assert [type(x) for x in timings["nested"]["draft"]] == [float] * 4
+
+
+def test_results_keep_the_backends_body_as_it_sent_it(api, svc, sim_control):
+    """A result is what the endpoint answered: its bytes, small results (kept inline) and large ones alike."""
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})
+    _, key = new_key(svc)
+    batch = api.created(key, [req("small"), req("large", "[[sim:big:40000]]")])
+    finish(svc, batch["id"])
+    page = ok(api.results(key, batch["id"]))
+    exported = api("GET", f"/v1/batches/{batch['id']}/output.jsonl", key).text
+    for text in (api.results(key, batch["id"]).text, exported):
+        assert text.count(AS_SENT) == 2, text[:2000]
+    for line, result in zip(exported.splitlines(), page["data"], strict=True):
+        assert json.loads(line)["response"] == result["response"]
+        check_as_sent(result["response"]["body"]["timings"])
+
+
 # --- output.jsonl ------------------------------------------------------------------------------------
 
 def test_output_jsonl_and_cancel_after_the_end(api, svc):

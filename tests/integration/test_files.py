@@ -10,7 +10,7 @@ import pytest
 
 from batchinfer.layout import batch_key
 from tests.helpers import new_key
-from tests.integration.test_api import error, finish, ok, settings, sim_requests, step
+from tests.integration.test_api import AS_SENT, check_as_sent, error, finish, ok, settings, sim_requests, step
 
 BOUNDARY = "672e0c9c1d2ba60237426016355a8290"
 
@@ -102,6 +102,19 @@ def test_uploads_refused_with_a_clear_error(api, svc):
     assert 0 < int(third.headers["retry-after"]) <= 3600
     settings(svc, file_batches_enabled=False)
     error(upload(api, key, b"z"), 400, "File batches are not enabled", code="file_batches_disabled")
+
+
+def test_the_output_file_keeps_the_backends_body_as_it_sent_it(api, svc, sim_control):
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(line("q-0"), line("q-1", "[[sim:big:40000]]"))))
+    created = ok(create_from(api, key, uploaded["id"]))
+    final = finish(svc, created["id"])
+    out, _ = content(api, key, final["output_file_id"])
+    assert out.decode().count(AS_SENT) == 2
+    for text in out.splitlines():
+        check_as_sent(json.loads(text)["response"]["body"]["timings"])
 
 
 def test_a_batch_from_a_file_runs_and_writes_its_result_files(api, svc, sim_control):

@@ -14,7 +14,17 @@ from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.layout import batch_key
 from batchinfer.runtime import use_services
 from tests.helpers import make_services, new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, settings, sim_requests, step
+from tests.integration.test_api import (
+    AS_SENT,
+    anthropic_error,
+    check_as_sent,
+    error,
+    finish,
+    ok,
+    settings,
+    sim_requests,
+    step,
+)
 
 V1, V2 = "2023-06-01", "2026-10-21"
 GLM = "glm-5.3-flash"  # an openai-kind model: Messages requests are translated to chat completions
@@ -115,6 +125,16 @@ def test_create_run_and_read_as_the_sdk_does(messages, svc):
     assert item["input_tokens"] > 0 and float(item["cost_usd"]) > 0
     assert ok(messages("DELETE", f"/{batch['id']}")) == {"id": batch["id"], "type": "message_batch_deleted"}
     anthropic_error(messages("GET", f"/{batch['id']}"), 404, "not_found_error")
+
+
+def test_results_keep_an_anthropic_backends_message_as_it_sent_it(messages, svc, sim_control):
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})
+    batch = messages.created([entry("q-0", model=CLAUDE), entry("q-1", "[[sim:big:40000]]", model=CLAUDE)])
+    finish(svc, batch["id"])
+    reply = messages("GET", f"/{batch['id']}/results", headers={"accept": "application/binary"})
+    assert reply.text.count(AS_SENT) == 2
+    for line in messages.results(batch["id"]):
+        check_as_sent(line["result"]["message"]["timings"])
 
 
 def test_both_base_urls_and_both_sdk_majors(api, svc):

@@ -140,6 +140,9 @@ class RequestItem(TypedDict, total=False):
     token: str
     attempt: int
     error: dict
+    # A completed request's {status_code, request_id, body_text}: body_text is the body as the backend sent
+    # it; a large body is the S3 object `response_object` names instead. (Items written before bodies were
+    # kept as text hold `body` as a map, or the whole response in `response_object` without `response`.)
     response: dict
     response_object: str
     due_pk: str  # a retry's or a lease's due time (by_due)

@@ -13,6 +13,7 @@ import httpx
 from httpx_sse import EventSource
 
 from ..domain import Attempt
+from ..jsontext import read_object
 
 _clients: dict[int, httpx.AsyncClient] = {}
 
@@ -50,15 +51,13 @@ def _lost(error: Exception) -> Attempt:
 
 async def post_json(url: str, payload: dict, headers: dict[str, str], timeout: float
                     ) -> tuple[httpx.Response, object] | Attempt:
-    """POST `payload`: (the answer, its JSON body or None), or the Attempt a transport failure gave."""
+    """POST `payload`: (the answer, its JSON object body with the text it came as, or None), or the Attempt a
+    transport failure gave."""
     try:
         answer = await client_for_loop().post(url, json=payload, headers=headers, timeout=timeout)
     except httpx.TransportError as error:
         return _lost(error)
-    try:
-        return answer, answer.json()
-    except ValueError:
-        return answer, None
+    return answer, read_object(answer.content)
 
 
 class CutOff(Exception):
@@ -104,10 +103,7 @@ async def post_for_events(url: str, payload: dict, headers: dict[str, str], time
         return _lost(error)
     finally:
         await answer.aclose()
-    try:
-        return answer, answer.json()
-    except ValueError:
-        return answer, None
+    return answer, read_object(answer.content)
 
 
 def failed(answer: httpx.Response, parsed: object, request_id: str | None, message: str) -> Attempt:

@@ -13,10 +13,10 @@ SHA-256 of a finished file is read back from S3 (a hash cannot be saved halfway)
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable
 
+from ..jsontext import to_json
 from ..layout import export_object, file_object
 from ..records import Batch, BatchItem
 from ..runtime import Services
@@ -59,7 +59,7 @@ def _lines(svc: Services, batch: BatchItem, kind: str, start: int, end: int) -> 
     for r in iter_results(svc, batch, start, end):
         line = shape(r)
         if line is not None:
-            out.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+            out.append(to_json(line).encode() + b"\n")
     return b"".join(out)
 
 

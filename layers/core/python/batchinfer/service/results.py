@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterator
 
 from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error
+from ..jsontext import parse_object, to_json
 from ..layout import INDEX_CHUNK, index_object
 from ..records import BatchItem, Group, Request
 from ..runtime import Services
@@ -37,12 +38,26 @@ def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: di
     response = None
     error = stored.get("error") if stored else unstarted_error(stop)
     if state is RequestState.COMPLETED:
-        response = stored.get("response")
-        if response is None and stored.get("response_object"):
-            response = json.loads(svc.blobs.get(stored["response_object"]) or b"null")
+        response = stored_response(svc, stored)
         error = None
     return {"id": result_id(index), "custom_id": custom_id, "status": public_request_status(state, stop),
             "response": response, "error": error}
+
+
+def stored_response(svc: Services, stored: dict) -> dict | None:
+    """A completed request's response, {status_code, request_id, body}, its body the text the backend sent
+    (a `Text`): in the item (`body_text`), or in S3 (`response_object`) when large."""
+    response = stored.get("response")
+    if stored.get("response_object"):
+        data = (svc.blobs.get(stored["response_object"]) or b"null").decode()
+        if response is None:  # kept before bodies were kept as sent: the whole response, as JSON
+            return json.loads(data)
+        return {"status_code": response["status_code"], "request_id": response["request_id"],
+                "body": parse_object(data)}
+    if response is not None and "body_text" in response:
+        return {"status_code": response["status_code"], "request_id": response["request_id"],
+                "body": parse_object(response["body_text"])}
+    return response  # kept before bodies were kept as sent: a map
 
 
 def iter_results(svc: Services, batch: BatchItem, start: int, end: int) -> Iterator[dict]:
@@ -123,7 +138,7 @@ def export_stream(svc: Services, batch: BatchItem) -> Iterator[bytes]:
     for start in range(0, batch["total"], EXPORT_PAGE):
         chunk = []
         for r in iter_results(svc, batch, start, min(batch["total"], start + EXPORT_PAGE)):
-            chunk.append(json.dumps(shape(r), separators=(",", ":")).encode() + b"\n")
+            chunk.append(to_json(shape(r)).encode() + b"\n")
         yield b"".join(chunk)
 
 
