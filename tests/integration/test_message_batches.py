@@ -16,6 +16,7 @@ from batchinfer.runtime import use_services
 from tests.helpers import make_services, new_key
 from tests.integration.test_api import (
     AS_SENT,
+    CONTEXT_OVERFLOW,
     anthropic_error,
     check_as_sent,
     error,
@@ -275,6 +276,24 @@ def test_backend_errors_become_errored_results_with_anthropic_types(messages, sv
     assert lines["claude-rejected"]["error"]["error"]["type"] == "invalid_request_error", lines
     assert "rejected by the simulated backend" in lines["claude-rejected"]["error"]["error"]["message"]
     assert lines["flaky"]["type"] == "succeeded"  # retried, as every batch request is
+
+
+def test_an_errored_result_keeps_the_backends_error(messages, svc, sim_control):
+    """An Anthropic backend's error envelope comes back as it sent it, with its request id; an OpenAI-compatible
+    backend's error object keeps its own fields, its type one of Anthropic's."""
+    batch = messages.created([entry("claude", "[[sim:400]] no", model=CLAUDE),
+                              entry("overflow", "[[sim:context-overflow]] a long story")])
+    finish(svc, batch["id"])
+    lines = {line["custom_id"]: line["result"] for line in messages.results(batch["id"])}
+    claude = lines["claude"]["error"]
+    assert claude == {"type": "error", "error": {"type": "invalid_request_error",
+                                                 "message": "Request rejected by the simulated backend"},
+                      "request_id": claude["request_id"]}
+    assert claude["request_id"].startswith("req_sim_")
+    overflow = lines["overflow"]["error"]
+    assert overflow["request_id"].startswith("req_sim_")
+    assert overflow["error"] == {"type": "invalid_request_error", "message": CONTEXT_OVERFLOW, "code": 400,
+                                 "n_prompt_tokens": overflow["error"]["n_prompt_tokens"], "n_ctx": 4096}
 
 
 def test_cancel_then_delete(messages, svc):

@@ -78,7 +78,7 @@ def test_a_timeout_is_retried_and_reported_as_timeout():
     assert is_retryable(None)
     assert Attempt(status_code=None, cost_known=False).error()["code"] == "timeout"
     assert Attempt(status_code=503, message="busy").error() == {"code": "service_unavailable", "message": "busy",
-                                                                "status": 503}
+                                                                "status": 503, "request_id": None, "body_text": None}
 
 
 def test_backoff_grows_with_jitter_and_is_capped():

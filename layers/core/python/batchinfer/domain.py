@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .jsontext import text_of
+
 
 class BatchStatus(StrEnum):
     VALIDATING = "validating"
@@ -192,13 +194,24 @@ class Attempt:
     def ok(self) -> bool:
         return self.status_code is not None and 200 <= self.status_code < 300
 
-    def error(self) -> dict:
+    def error(self, keep_body_bytes: int = 16 * 1024) -> dict:
+        """The error a request records: the service's code (the specification's table) and a message; for an
+        error answer, beside them the backend's status, request id and body (`body_text`: its JSON text as
+        sent). A body over `keep_body_bytes` is not kept (`body_omitted_bytes` says how large it was), and the
+        message is cut to as many characters: a request's DynamoDB item holds at most 400 KB."""
         if self.status_code is None and not self.sent:
             return {"code": "service_unavailable", "message": self.message or "Could not connect to the backend."}
         if self.status_code is None:
             return {"code": "timeout", "message": self.message or "The backend did not answer in time."}
-        return {"code": error_code_for_status(self.status_code), "message": self.message or "Backend error",
-                "status": self.status_code}
+        message = self.message or "Backend error"
+        if len(message) > keep_body_bytes:
+            message = message[:keep_body_bytes] + " [cut]"
+        error = {"code": error_code_for_status(self.status_code), "message": message, "status": self.status_code,
+                 "request_id": self.request_id}
+        body = text_of(self.body) if self.body is not None else None
+        if body is not None and len(body.encode()) > keep_body_bytes:
+            error["body_omitted_bytes"], body = len(body.encode()), None
+        return {**error, "body_text": body}
 
 
 @dataclass

@@ -34,14 +34,18 @@ def _output_line(r: dict) -> dict | None:
 
 
 def _error_line(r: dict) -> dict | None:
-    """OpenAI's error file line: an HTTP error in response.body.error, anything else in error."""
+    """OpenAI's error file line: an HTTP error in response.body.error (the backend's body as it sent it, when
+    it is such an envelope), anything else in error."""
     if r["status"] == "completed":
         return None
     error = r["error"] or CANCELLED_ERROR
     if error.get("status"):
+        body = error.get("body")
+        if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):  # none, or another shape
+            body = {"error": {"message": error.get("message"), "type": error.get("type"), "param": None,
+                              "code": error.get("code")}}
         return {"id": r["id"], "custom_id": r["custom_id"], "error": None, "response": {
-            "status_code": error["status"], "request_id": error.get("request_id"),
-            "body": {"error": {"message": error.get("message"), "type": error.get("type"), "code": error.get("code")}}}}
+            "status_code": error["status"], "request_id": error.get("request_id"), "body": body}}
     return {"id": r["id"], "custom_id": r["custom_id"], "response": None,
             "error": {"code": error.get("code"), "message": error.get("message")}}
 

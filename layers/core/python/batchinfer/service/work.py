@@ -131,7 +131,9 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
                               **common)
         return Settlement(to=RequestState.COMPLETED, response={**head, "body_text": body}, result_bytes=len(raw),
                           **common)
-    error = attempt.error()
+    error = attempt.error(s.max_error_body_bytes)
+    if "request_id" in error:  # an error answer: named as a success would be when the backend names none
+        error["request_id"] = attempt.request_id or f"req_{req['token']}"
     if is_retryable(attempt.status_code) and req["attempt"] < s.max_attempts:
         delay = retry_delay(req["attempt"], s.retry_base_seconds, s.retry_max_seconds, random.Random())
         if attempt.retry_after:
