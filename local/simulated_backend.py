@@ -20,7 +20,7 @@ Faults, set at start-up (CLI / SimConfig) or at run time through the control API
                          are to every whole (not streamed) answer: real servers add fields of their own
                          (llama-server's `timings`) and spell numbers their own way (`12500.0`, `1e-7`)
   stream_usage           false: a streamed chat completion never sends its usage chunk, even when asked
-                         (llama-cpp-python's server does not)
+                         (llama-cpp-python's server does not), and a streamed message has no token counts
 Every answer carries a request id header, as OpenAI's and Anthropic's do: `x-request-id` (OpenAI shapes),
 `request-id` (Anthropic's).
 Markers inside message content:
@@ -362,11 +362,13 @@ def _chat_chunks(answer: dict[str, Any], body: dict[str, Any], usage: bool = Tru
         yield {**base, "choices": [], "usage": answer["usage"]}
 
 
-def _message_events(answer: dict[str, Any]) -> Any:
+def _message_events(answer: dict[str, Any], usage: bool = True) -> Any:
     """A message as Anthropic streams it: message_start, a ping, each block's start, deltas and stop, then
-    message_delta (stop reason, output tokens) and message_stop."""
+    message_delta (stop reason, output tokens) and message_stop; `usage` false: no token counts at all."""
     start = {**answer, "content": [], "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": answer["usage"]["input_tokens"], "output_tokens": 1}}
+    if not usage:
+        del start["usage"]
     yield "message_start", {"type": "message_start", "message": start}
     yield "ping", {"type": "ping"}
     for index, block in enumerate(answer["content"]):
@@ -380,7 +382,8 @@ def _message_events(answer: dict[str, Any]) -> Any:
         for delta in deltas:
             yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    yield "message_delta", {"type": "message_delta", "usage": {"output_tokens": answer["usage"]["output_tokens"]},
+    counted = {"usage": {"output_tokens": answer["usage"]["output_tokens"]}} if usage else {}
+    yield "message_delta", {"type": "message_delta", **counted,
                             "delta": {"stop_reason": answer["stop_reason"], "stop_sequence": None}}
     yield "message_stop", {"type": "message_stop"}
 
@@ -388,7 +391,7 @@ def _message_events(answer: dict[str, Any]) -> Any:
 def _streamed(answer: dict[str, Any], body: dict[str, Any], flavour: str, usage: bool = True) -> StreamingResponse:
     async def events() -> Any:
         if flavour == "anthropic":
-            for name, data in _message_events(answer):
+            for name, data in _message_events(answer, usage):
                 yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
         else:
             for data in _chat_chunks(answer, body, usage):

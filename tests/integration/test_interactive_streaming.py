@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 
@@ -127,6 +128,35 @@ def test_a_backend_that_refuses_connections_answers_503_and_costs_nothing(api, s
     assert spent(svc, account["id"]).get("cost_unknown_attempts", 0) == 0
     assert float(spent(svc, account["id"]).get("cost_usd", 0)) == 0
     assert budget(svc).get("interactive", 0) == 0
+
+
+def test_a_stream_without_usage_is_charged_an_estimate_from_its_text(api, streaming, sim_control):
+    """A backend that sends no usage on a stream that ran to its end (llama-cpp-python sends no usage chunk,
+    even when asked) is charged for the request's text and the streamed text at 4 characters a token (the
+    catalog's default), counted as an estimate, not as cost unknown."""
+    svc = streaming  # noqa: F811 (the fixture imported above, by another name)
+    sim_control.put("/_sim/config", json={"stream_usage": False})
+    account, key = new_key(svc)
+    asked = len("Name three primes.")  # the request's text (CHAT's and PARAMS' one message)
+
+    def charged_for(text: str, model: str) -> float:
+        price = svc.catalog.get(model).price
+        return (math.ceil(asked / 4) * price.input_per_mtok + math.ceil(len(text) / 4) * price.output_per_mtok) / 1e6
+
+    chat = events(api("POST", "/v1/chat/completions", key,
+                      json_body={**CHAT, "stream": True, "stream_options": {"include_usage": True}}))
+    assert chat[-1] == (None, "[DONE]") and not any(d.get("usage") for _, d in chat[:-1])
+    text = "".join(d["choices"][0]["delta"].get("content") or "" for _, d in chat[:-1] if d["choices"])
+    expected = charged_for(text, GLM)
+    for model in (GLM, CLAUDE):  # a message translated from chat chunks, and one passed on as it came
+        message = events(api("POST", "/v1/messages", key, headers={"anthropic-version": V1},
+                             json_body={**PARAMS, "model": model, "stream": True}))
+        assert message[-1][0] == "message_stop"
+        expected += charged_for("".join(d["delta"]["text"] for n, d in message if n == "content_block_delta"), model)
+    day = spent(svc, account["id"])
+    assert day.get("cost_unknown_attempts", 0) == 0 and day["usage_estimated_attempts"] == 3
+    assert expected > 0 and abs(float(day["cost_usd"]) - expected) < 1e-12
+    assert budget(svc).get("interactive", 0) == 0 and budget(svc, CLAUDE).get("interactive", 0) == 0
 
 
 def test_a_stream_cut_off_midway_tells_the_caller_and_counts_its_cost_as_unknown(api, streaming, monkeypatch):

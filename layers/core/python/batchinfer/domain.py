@@ -187,6 +187,9 @@ class Attempt:
     reasoning_tokens: int = 0  # of output_tokens, spent reasoning (where the backend says)
     cost_known: bool = True  # False when the backend may have run it but we cannot know the cost
     sent: bool = True  # False: it never reached the backend (no connection was made), so it cost nothing
+    # True: the backend reported no usage (a stream without its usage chunk); the tokens are estimated from
+    # the text (`providers.estimate`), and so is the cost
+    usage_estimated: bool = False
     message: str = ""
     retry_after: float | None = None
 

@@ -982,11 +982,14 @@ class Usage:
         return t.get(*usage_key(account_id, day), consistent=False)
 
     @staticmethod
-    def add_cost(t: Table, account_id: str, cost_usd: float, now: int, unknown: int = 0) -> Op:
-        """The day's spend; `unknown`: attempts whose outcome (and so cost) was lost after they were sent."""
+    def add_cost(t: Table, account_id: str, cost_usd: float, now: int, unknown: int = 0, estimated: int = 0) -> Op:
+        """The day's spend; `unknown`: attempts whose outcome (and so cost) was lost after they were sent;
+        `estimated`: attempts whose cost (in `cost_usd`) was estimated, their backend having reported no usage."""
         return t.op_update(*usage_key(account_id, utc_day(now)),
-                           "ADD cost_usd :c" + (", cost_unknown_attempts :u" if unknown else "") + " SET #ttl = :ttl",
-                           vals={":c": cost_usd, ":ttl": now + 3 * 86400, **({":u": unknown} if unknown else {})})
+                           "ADD cost_usd :c" + (", cost_unknown_attempts :u" if unknown else "")
+                           + (", usage_estimated_attempts :e" if estimated else "") + " SET #ttl = :ttl",
+                           vals={":c": cost_usd, ":ttl": now + 3 * 86400, **({":u": unknown} if unknown else {}),
+                                 **({":e": estimated} if estimated else {})})
 
 
 # --- Idempotency-Key ----------------------------------------------------------------------------------
