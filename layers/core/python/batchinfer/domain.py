@@ -174,6 +174,9 @@ def is_retryable(status: int | None) -> bool:
     return status is None or status == 429 or status >= 500
 
 
+MAX_ERROR_MESSAGE_CHARS = 4096  # of a backend's error message kept with a failed request
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What one call to a backend gave."""
@@ -200,15 +203,15 @@ class Attempt:
     def error(self, keep_body_bytes: int = 16 * 1024) -> dict:
         """The error a request records: the service's code (the specification's table) and a message; for an
         error answer, beside them the backend's status, request id and body (`body_text`: its JSON text as
-        sent). A body over `keep_body_bytes` is not kept (`body_omitted_bytes` says how large it was), and the
-        message is cut to as many characters: a request's DynamoDB item holds at most 400 KB."""
+        sent). A body over `keep_body_bytes` is not kept (`body_omitted_bytes` says how large it was), and a
+        message over MAX_ERROR_MESSAGE_CHARS is cut: a request's DynamoDB item holds at most 400 KB."""
         if self.status_code is None and not self.sent:
             return {"code": "service_unavailable", "message": self.message or "Could not connect to the backend."}
         if self.status_code is None:
             return {"code": "timeout", "message": self.message or "The backend did not answer in time."}
         message = self.message or "Backend error"
-        if len(message) > keep_body_bytes:
-            message = message[:keep_body_bytes] + " [cut]"
+        if len(message) > MAX_ERROR_MESSAGE_CHARS:
+            message = message[:MAX_ERROR_MESSAGE_CHARS] + " [cut]"
         error = {"code": error_code_for_status(self.status_code), "message": message, "status": self.status_code,
                  "request_id": self.request_id}
         body = text_of(self.body) if self.body is not None else None
