@@ -17,8 +17,9 @@ Faults, set at start-up (CLI / SimConfig) or at run time through the control API
   rate_429/500/timeout   probabilities, drawn from random.Random(seed) (one draw per request);
                          a timeout sleeps timeout_sleep_seconds, then answers 504
   answer_extra_json      JSON members (text, e.g. '"timings":{"prompt_per_second":12500.0}') added as they
-                         are to every whole (not streamed) answer: real servers add fields of their own
-                         (llama-server's `timings`) and spell numbers their own way (`12500.0`, `1e-7`)
+                         are to every whole answer, and to a streamed chat completion's finishing chunk: real
+                         servers add fields of their own (llama-server's `timings`) and spell numbers their
+                         own way (`12500.0`, `1e-7`)
   stream_usage           false: a streamed chat completion never sends its usage chunk, even when asked
                          (llama-cpp-python's server does not), and a streamed message has no token counts
 Every answer carries a request id header, as OpenAI's and Anthropic's do: `x-request-id` (OpenAI shapes),
@@ -388,14 +389,18 @@ def _message_events(answer: dict[str, Any], usage: bool = True) -> Any:
     yield "message_stop", {"type": "message_stop"}
 
 
-def _streamed(answer: dict[str, Any], body: dict[str, Any], flavour: str, usage: bool = True) -> StreamingResponse:
+def _streamed(answer: dict[str, Any], body: dict[str, Any], flavour: str, usage: bool = True,
+              extra: str = "") -> StreamingResponse:
     async def events() -> Any:
         if flavour == "anthropic":
             for name, data in _message_events(answer, usage):
                 yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
         else:
             for data in _chat_chunks(answer, body, usage):
-                yield f"data: {json.dumps(data)}\n\n"
+                text = json.dumps(data)
+                if extra and any(c.get("finish_reason") for c in data["choices"]):  # as llama-server's timings
+                    text = text[:-1] + ", " + extra + "}"
+                yield f"data: {text}\n\n"
             yield "data: [DONE]\n\n"
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -521,7 +526,8 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
             prompt = parse(body)
             await _apply_faults(request, state, prompt, body)
             if body.get("stream") is True:
-                return _streamed(build(prompt, body), body, flavour, state.config.stream_usage)
+                return _streamed(build(prompt, body), body, flavour, state.config.stream_usage,
+                                 state.config.answer_extra_json)
             answer = json.dumps(build(prompt, body), ensure_ascii=False, separators=(",", ":"))
             if state.config.answer_extra_json:
                 answer = answer[:-1] + "," + state.config.answer_extra_json + "}"

@@ -17,7 +17,7 @@ from batchinfer.service import interactive
 from batchinfer.service.accounts import authenticate
 from local.servers import free_port
 from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, ok, settings
+from tests.integration.test_api import AS_SENT, anthropic_error, check_as_sent, error, ok, settings
 from tests.integration.test_faults import with_backend_url
 from tests.integration.test_interactive import CHAT, GLM, budget, spent
 from tests.integration.test_message_batches import CLAUDE, V1, catalog_file, svc  # noqa: F401
@@ -63,6 +63,16 @@ def test_a_streamed_chat_completion_adds_up_to_the_whole_answer_at_the_same_cost
     assert abs(float(spent(svc, account["id"])["cost_usd"]) - 3 * cost_whole) < 1e-12
     assert spent(svc, account["id"]).get("cost_unknown_attempts", 0) == 0
     assert budget(svc).get("interactive", 0) == 0  # every lease ended
+
+
+def test_a_streamed_chunk_goes_on_as_the_backend_sent_it(api, streaming, sim_control):
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})  # on the finishing chunk
+    _, key = new_key(streaming)
+    reply = api("POST", "/v1/chat/completions", key,
+                json_body={**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert AS_SENT in reply.text
+    [finishing] = [d for _, d in events(reply)[:-1] if d["choices"] and d["choices"][0]["finish_reason"]]
+    check_as_sent(finishing["timings"])
 
 
 def test_a_message_streams_translated_from_an_openai_backend_and_passed_on_from_an_anthropic_one(api, streaming):

@@ -13,7 +13,7 @@ import httpx
 from httpx_sse import EventSource
 
 from ..domain import Attempt
-from ..jsontext import read_object
+from ..jsontext import Text, read_object
 
 _clients: dict[int, httpx.AsyncClient] = {}
 
@@ -77,7 +77,8 @@ class Events:
                 if event.data == "[DONE]":
                     yield event.event, "[DONE]"
                 elif event.data:
-                    yield event.event, json.loads(event.data)
+                    value = json.loads(event.data)  # an object keeps its text, to be passed on as it came
+                    yield event.event, Text(value, event.data) if isinstance(value, dict) else value
         except (httpx.HTTPError, ValueError) as error:
             raise CutOff(f"The backend's stream broke off: {type(error).__name__}") from error
 
