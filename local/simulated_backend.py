@@ -16,8 +16,19 @@ Faults, set at start-up (CLI / SimConfig) or at run time through the control API
                          the same request always takes the same time (a direct client sees the same times)
   rate_429/500/timeout   probabilities, drawn from random.Random(seed) (one draw per request);
                          a timeout sleeps timeout_sleep_seconds, then answers 504
+  answer_extra_json      JSON members (text, e.g. '"timings":{"prompt_per_second":12500.0}') added as they
+                         are to every whole answer, and to a streamed chat completion's finishing chunk: real
+                         servers add fields of their own (llama-server's `timings`) and spell numbers their
+                         own way (`12500.0`, `1e-7`)
+  stream_usage           false: a streamed chat completion never sends its usage chunk, even when asked
+                         (llama-cpp-python's server does not), and a streamed message has no token counts
+Every answer carries a request id header, as OpenAI's and Anthropic's do: `x-request-id` (OpenAI shapes),
+`request-id` (Anthropic's).
 Markers inside message content:
   [[sim:400]] (or model "reject-me")  -> 400, non-retryable
+  [[sim:context-overflow]]            -> 400 with llama-server's body for a prompt over its context, its own
+                                         fields and all: {"error": {"code": 400, "message": ..., "type":
+                                         "exceed_context_size_error", "n_prompt_tokens": N, "n_ctx": 4096}}
   [[sim:fail-always]]                 -> 500 every time
   [[sim:big:N]]                       -> an answer of about N bytes
   [[sim:flaky:N:CODE]]                -> the first N requests with this exact body fail with CODE
@@ -56,6 +67,7 @@ import random
 import re
 import struct
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +78,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MAX_BIG_BYTES = 64 * 1024 * 1024
 TIMELINE_MAX = 200_000  # requests whose start and end times GET /_sim/timeline keeps (since the last reset)
@@ -75,6 +87,8 @@ _WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "granite", "har
           "indigo", "juniper", "kestrel", "lagoon", "meadow", "nimbus", "orchid", "quartz")
 _MARK_400 = "[[sim:400]]"
 _MARK_FAIL = "[[sim:fail-always]]"
+_MARK_CONTEXT = "[[sim:context-overflow]]"
+SIM_CONTEXT_SIZE = 4096
 _ANY_MARK_RE = re.compile(r"\[\[sim:[^\]]*\]\]")
 _BIG_RE = re.compile(r"\[\[sim:big:(\d+)\]\]")
 _FLAKY_RE = re.compile(r"\[\[sim:flaky:(\d+):(429|500|timeout)\]\]")
@@ -99,13 +113,23 @@ class SimConfig(BaseModel):
     rate_timeout: float = Field(0.0, ge=0, le=1)
     timeout_sleep_seconds: float = Field(30.0, ge=0)
     seed: int = 0
+    answer_extra_json: str = ""
+    stream_usage: bool = True
+
+    @field_validator("answer_extra_json")
+    @classmethod
+    def _members(cls, value: str) -> str:
+        if value and not isinstance(json.loads("{" + value + "}"), dict):
+            raise ValueError("answer_extra_json: JSON object members, such as '\"a\":1.0'")
+        return value
 
 
 class SimError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None, body: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+        self.body = body  # the whole error body, when it is not the API's usual envelope
 
 
 @dataclass
@@ -315,10 +339,10 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\s*\S+", text) or [text]
 
 
-def _chat_chunks(answer: dict[str, Any], body: dict[str, Any]) -> Any:
+def _chat_chunks(answer: dict[str, Any], body: dict[str, Any], usage: bool = True) -> Any:
     """A chat completion as OpenAI streams it: a role delta, content (or tool call) deltas, the finish, then
-    the usage chunk when asked for (`usage: null` on the others)."""
-    with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    the usage chunk when asked for (`usage: null` on the others); `usage` false: never (llama-cpp-python)."""
+    with_usage = usage and bool((body.get("stream_options") or {}).get("include_usage"))
     base = {k: answer[k] for k in ("id", "created", "model", "system_fingerprint")} | {
         "object": "chat.completion.chunk"}
     choice, message = answer["choices"][0], answer["choices"][0]["message"]
@@ -339,11 +363,13 @@ def _chat_chunks(answer: dict[str, Any], body: dict[str, Any]) -> Any:
         yield {**base, "choices": [], "usage": answer["usage"]}
 
 
-def _message_events(answer: dict[str, Any]) -> Any:
+def _message_events(answer: dict[str, Any], usage: bool = True) -> Any:
     """A message as Anthropic streams it: message_start, a ping, each block's start, deltas and stop, then
-    message_delta (stop reason, output tokens) and message_stop."""
+    message_delta (stop reason, output tokens) and message_stop; `usage` false: no token counts at all."""
     start = {**answer, "content": [], "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": answer["usage"]["input_tokens"], "output_tokens": 1}}
+    if not usage:
+        del start["usage"]
     yield "message_start", {"type": "message_start", "message": start}
     yield "ping", {"type": "ping"}
     for index, block in enumerate(answer["content"]):
@@ -357,19 +383,24 @@ def _message_events(answer: dict[str, Any]) -> Any:
         for delta in deltas:
             yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    yield "message_delta", {"type": "message_delta", "usage": {"output_tokens": answer["usage"]["output_tokens"]},
+    counted = {"usage": {"output_tokens": answer["usage"]["output_tokens"]}} if usage else {}
+    yield "message_delta", {"type": "message_delta", **counted,
                             "delta": {"stop_reason": answer["stop_reason"], "stop_sequence": None}}
     yield "message_stop", {"type": "message_stop"}
 
 
-def _streamed(answer: dict[str, Any], body: dict[str, Any], flavour: str) -> StreamingResponse:
+def _streamed(answer: dict[str, Any], body: dict[str, Any], flavour: str, usage: bool = True,
+              extra: str = "") -> StreamingResponse:
     async def events() -> Any:
         if flavour == "anthropic":
-            for name, data in _message_events(answer):
+            for name, data in _message_events(answer, usage):
                 yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
         else:
-            for data in _chat_chunks(answer, body):
-                yield f"data: {json.dumps(data)}\n\n"
+            for data in _chat_chunks(answer, body, usage):
+                text = json.dumps(data)
+                if extra and any(c.get("finish_reason") for c in data["choices"]):  # as llama-server's timings
+                    text = text[:-1] + ", " + extra + "}"
+                yield f"data: {text}\n\n"
             yield "data: [DONE]\n\n"
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -420,7 +451,9 @@ class _SimState:
 
 def _error_response(err: SimError, flavour: str) -> JSONResponse:
     oa_type, oa_code, an_type = _ERROR_KINDS.get(err.status, ("server_error", None, "api_error"))
-    if flavour == "anthropic":
+    if err.body is not None:
+        content = err.body
+    elif flavour == "anthropic":
         content: dict[str, Any] = {"type": "error", "error": {"type": an_type, "message": err.message}}
     else:
         content = {"error": {"message": err.message, "type": oa_type, "param": err.param,
@@ -450,6 +483,11 @@ async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body
     joined = "\n".join(prompt.texts)
     if prompt.model == "reject-me" or _MARK_400 in joined:
         raise SimError(400, "Request rejected by the simulated backend", code="sim_rejected")
+    if _MARK_CONTEXT in joined:  # as llama-server answers it
+        message = "the request exceeds the available context size, try increasing it"
+        raise SimError(400, message, body={"error": {
+            "code": 400, "message": message, "type": "exceed_context_size_error",
+            "n_prompt_tokens": SIM_CONTEXT_SIZE + prompt.prompt_tokens, "n_ctx": SIM_CONTEXT_SIZE}})
     cfg = state.config
     if cfg.latency_seconds > 0:
         await asyncio.sleep(latency_of(cfg, body))
@@ -488,10 +526,19 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
             prompt = parse(body)
             await _apply_faults(request, state, prompt, body)
             if body.get("stream") is True:
-                return _streamed(build(prompt, body), body, flavour)
-            return JSONResponse(build(prompt, body))
+                return _streamed(build(prompt, body), body, flavour, state.config.stream_usage,
+                                 state.config.answer_extra_json)
+            answer = json.dumps(build(prompt, body), ensure_ascii=False, separators=(",", ":"))
+            if state.config.answer_extra_json:
+                answer = answer[:-1] + "," + state.config.answer_extra_json + "}"
+            return Response(answer, media_type="application/json")
         except SimError as err:
             return _error_response(err, flavour)
+
+    async def identified(request: Request) -> Response:
+        response = await handle(request)
+        response.headers["request-id" if flavour == "anthropic" else "x-request-id"] = f"req_sim_{uuid.uuid4().hex}"
+        return response
 
     async def endpoint(request: Request) -> Response:
         state.total += 1
@@ -504,7 +551,7 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
         status = 499  # recorded as such if the request is cancelled (client went away)
         tag = _TAG_RE.search(await request.body())
         try:
-            response = await handle(request)
+            response = await identified(request)
             status = response.status_code
             return response
         finally:

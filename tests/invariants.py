@@ -230,10 +230,7 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         attempts += item.get("attempt", 0)
         if item["state"] != RequestState.COMPLETED.value:
             continue  # failed attempts in these scenarios answer without usage
-        response = item.get("response")
-        if response is None:
-            response = json.loads(svc.blobs.get(item["response_object"]))
-        usage = response["body"]["usage"]
+        usage = results_module.stored_response(svc, item)["body"]["usage"]
         prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
         completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
         input_tokens += prompt

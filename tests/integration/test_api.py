@@ -709,7 +709,7 @@ def test_results_of_failed_and_large_requests(api, svc):
     bad = data[1]
     assert bad["id"] == "batch_req_2" and bad["custom_id"] == "bad"
     assert bad["response"] is None
-    assert set(bad["error"]) == {"code", "message", "status"}
+    assert set(bad["error"]) == {"code", "message", "status", "request_id", "body"}
     assert bad["error"]["code"] == "invalid_request" and bad["error"]["status"] == 400
     assert isinstance(bad["error"]["message"], str) and bad["error"]["message"]
     big = data[2]["response"]["body"]["choices"][0]["message"]["content"]
@@ -720,6 +720,41 @@ def test_results_of_failed_and_large_requests(api, svc):
     assert final["status"] == "completed" and final["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
     lines = [json.loads(line) for line in api("GET", f"/v1/batches/{batch['id']}/output.jsonl", key).text.splitlines()]
     assert [(line["response"], line["error"]) for line in lines] == [(r["response"], r["error"]) for r in data]
+
+
+SIM_REJECTED = {"error": {"message": "Request rejected by the simulated backend", "type": "invalid_request_error",
+                          "param": None, "code": "sim_rejected"}}
+CONTEXT_OVERFLOW = "the request exceeds the available context size, try increasing it"
+
+
+def test_a_failed_request_keeps_the_backends_status_request_id_and_error_body(api, svc, sim_control):
+    """Beside the service's own code, the error of a request the backend refused holds what the backend
+    answered: its status, its request id and its body as it sent it, its own fields and all (llama-server's
+    n_ctx); a body too large to keep is left out, its size said."""
+    _, key = new_key(svc)
+    batch = api.created(key, [req("overflow", "[[sim:context-overflow]] a long story"), req("rejected", "[[sim:400]]")])
+    finish(svc, batch["id"])
+    page = api.results(key, batch["id"])
+    overflow, rejected = ok(page)["data"]
+    assert overflow["response"] is None and overflow["error"]["code"] == "invalid_request"
+    assert overflow["error"]["message"] == CONTEXT_OVERFLOW and overflow["error"]["status"] == 400
+    assert overflow["error"]["request_id"].startswith("req_sim_")
+    sent = overflow["error"]["body"]
+    assert sent["error"]["type"] == "exceed_context_size_error" and sent["error"]["code"] == 400
+    assert sent["error"]["n_ctx"] == 4096 and sent["error"]["n_prompt_tokens"] > 4096
+    assert rejected["error"]["body"] == SIM_REJECTED and rejected["error"]["request_id"].startswith("req_sim_")
+    # As sent: the body's own bytes, in the page and in output.jsonl alike.
+    exported = api("GET", f"/v1/batches/{batch['id']}/output.jsonl", key).text
+    as_sent = f'{{"error":{{"code":400,"message":"{CONTEXT_OVERFLOW}","type":"exceed_context_size_error",'
+    assert as_sent in page.text and as_sent in exported
+    assert [json.loads(line)["error"] for line in exported.splitlines()] == [overflow["error"], rejected["error"]]
+
+    settings(svc, max_error_body_bytes=50)
+    small = api.created(key, [req("rejected", "[[sim:400]] again")])
+    finish(svc, small["id"])
+    [kept] = ok(api.results(key, small["id"]))["data"]
+    assert kept["error"]["body"] is None and kept["error"]["body_omitted_bytes"] > 50
+    assert kept["error"]["message"] == "Request rejected by the simulated backend"
 
 
 def test_no_request_starts_after_the_completion_window_closed(api, svc, sim_control):
@@ -736,6 +771,34 @@ def test_no_request_starts_after_the_completion_window_closed(api, svc, sim_cont
     data = ok(api.results(key, batch["id"]))["data"]
     assert [(r["status"], r["response"], r["error"]["code"]) for r in data] == [("expired", None, "batch_expired")] * 2
     assert ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key)) == expired
+
+
+# Members a backend adds to its answers, numbers spelt as llama-server spells them (`timings.*_per_second`
+# whole floats with their ".0"), an exponent, an integer past 64 bits (and past DynamoDB's 38 digits), nested
+# floats.
+AS_SENT = ('"timings":{"prompt_n":12,"prompt_per_second":12500.0,"predicted_ms":1e-7,'
+           '"big":123456789012345678901234567890123456789012,"nested":{"draft":[0.5,2.0,-0.0,1E+2]}}')
+
+
+def check_as_sent(timings: dict) -> None:
+    assert timings["prompt_per_second"] == 12500.0 and isinstance(timings["prompt_per_second"], float)
+    assert timings["predicted_ms"] == 1e-7 and timings["big"] == 123456789012345678901234567890123456789012
+    assert [type(x) for x in timings["nested"]["draft"]] == [float] * 4
+
+
+def test_results_keep_the_backends_body_as_it_sent_it(api, svc, sim_control):
+    """A result is what the endpoint answered: its bytes, small results (kept inline) and large ones alike."""
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})
+    _, key = new_key(svc)
+    batch = api.created(key, [req("small"), req("large", "[[sim:big:40000]]")])
+    finish(svc, batch["id"])
+    page = ok(api.results(key, batch["id"]))
+    exported = api("GET", f"/v1/batches/{batch['id']}/output.jsonl", key).text
+    for text in (api.results(key, batch["id"]).text, exported):
+        assert text.count(AS_SENT) == 2, text[:2000]
+    for line, result in zip(exported.splitlines(), page["data"], strict=True):
+        assert json.loads(line)["response"] == result["response"]
+        check_as_sent(result["response"]["body"]["timings"])
 
 
 # --- output.jsonl ------------------------------------------------------------------------------------

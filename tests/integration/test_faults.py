@@ -35,6 +35,7 @@ from batchinfer.service.sweep import sweep_once
 from batchinfer.service.work import process, process_and_pull
 from batchinfer.storage.dynamo import ConditionFailed
 from local.lambda_runtime import invoke, sqs_event
+from local.servers import free_port
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, budget_of, stored_requests
 
@@ -265,6 +266,34 @@ def test_invalid_request_fails_at_once(svc, sim_control):
     assert error["code"] == "invalid_request" and error["status"] == 400
     assert final["completed"] == 1 and final["failed"] == 1 and final["cost_unknown_attempts"] == 0
     assert sim_stats(sim_control)["by_status"] == {"200": 1, "400": 1}
+
+
+def with_backend_url(svc, model_id: str, base_url: str) -> None:
+    svc.catalog = Catalog(models=[m.model_copy(update={"backend": m.backend.model_copy(update={"base_url": base_url})})
+                                  if m.id == model_id else m for m in svc.catalog.models])
+
+
+def test_a_backend_that_refuses_connections_costs_nothing_and_fails_as_unavailable(svc, sim_control):
+    """A connection the backend refused never carried the request: its attempts are retried at no cost, none
+    counts as cost unknown, and the request ends `service_unavailable` once its attempts run out."""
+    configure(svc, max_attempts=3)
+    with_backend_url(svc, GLM, f"http://127.0.0.1:{free_port()}/v1")  # nothing listens there
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("refused", "one"), chat_request("other", "two", model=QWEN)]
+    batch_id = submit(svc, who, requests)
+
+    final = pump(svc, batch_id, clock_step=2)
+
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert requests_by_custom_id(svc, batch_id)["refused"]["attempt"] == 3
+    result = results_by_custom_id(svc, who, batch_id)["refused"]
+    assert result["status"] == "failed" and result["response"] is None
+    assert result["error"]["code"] == "service_unavailable" and "status" not in result["error"]
+    assert "connect" in result["error"]["message"]
+    assert final["completed"] == 1 and final["failed"] == 1
+    assert final["cost_unknown_attempts"] == 0 and float(final["cost_usd"]) > 0  # the other request's cost
 
 
 # --- 4: duplicate delivery ----------------------------------------------------------------------------

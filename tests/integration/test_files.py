@@ -10,7 +10,18 @@ import pytest
 
 from batchinfer.layout import batch_key
 from tests.helpers import new_key
-from tests.integration.test_api import error, finish, ok, settings, sim_requests, step
+from tests.integration.test_api import (
+    AS_SENT,
+    CONTEXT_OVERFLOW,
+    SIM_REJECTED,
+    check_as_sent,
+    error,
+    finish,
+    ok,
+    settings,
+    sim_requests,
+    step,
+)
 
 BOUNDARY = "672e0c9c1d2ba60237426016355a8290"
 
@@ -102,6 +113,43 @@ def test_uploads_refused_with_a_clear_error(api, svc):
     assert 0 < int(third.headers["retry-after"]) <= 3600
     settings(svc, file_batches_enabled=False)
     error(upload(api, key, b"z"), 400, "File batches are not enabled", code="file_batches_disabled")
+
+
+def test_the_output_file_keeps_the_backends_body_as_it_sent_it(api, svc, sim_control):
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(line("q-0"), line("q-1", "[[sim:big:40000]]"))))
+    created = ok(create_from(api, key, uploaded["id"]))
+    final = finish(svc, created["id"])
+    out, _ = content(api, key, final["output_file_id"])
+    assert out.decode().count(AS_SENT) == 2
+    for text in out.splitlines():
+        check_as_sent(json.loads(text)["response"]["body"]["timings"])
+
+
+def test_the_error_file_carries_the_backends_error_as_it_sent_it(api, svc, sim_control):
+    """An error file line in OpenAI's shape: the backend's status, request id and body as it sent it in
+    `response`, its own fields and all."""
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    uploaded = ok(upload(api, key, jsonl(line("overflow", "[[sim:context-overflow]] a long story"),
+                                         line("rejected", "[[sim:400]] no"), line("fine"))))
+    final = finish(svc, ok(create_from(api, key, uploaded["id"]))["id"])
+    text = content(api, key, final["error_file_id"])[0].decode()
+    lines = {x["custom_id"]: x for x in map(json.loads, text.splitlines())}
+    results = {r["custom_id"]: r for r in ok(api.results(key, final["id"]))["data"]}
+    for custom_id in ("overflow", "rejected"):
+        error = results[custom_id]["error"]
+        assert lines[custom_id] == {"id": results[custom_id]["id"], "custom_id": custom_id, "error": None,
+                                    "response": {"status_code": 400, "request_id": error["request_id"],
+                                                 "body": error["body"]}}
+        assert error["request_id"].startswith("req_sim_")
+    assert lines["rejected"]["response"]["body"] == SIM_REJECTED
+    body = lines["overflow"]["response"]["body"]["error"]
+    assert body["message"] == CONTEXT_OVERFLOW and body["type"] == "exceed_context_size_error"
+    assert body["code"] == 400 and body["n_ctx"] == 4096
+    assert f'"body":{{"error":{{"code":400,"message":"{CONTEXT_OVERFLOW}","type":"exceed_context_size_error"' in text
 
 
 def test_a_batch_from_a_file_runs_and_writes_its_result_files(api, svc, sim_control):

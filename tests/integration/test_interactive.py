@@ -17,7 +17,18 @@ from batchinfer.service import accounts, interactive
 from batchinfer.service.capacity import budget_shards, effective_budget, read_budget
 from batchinfer.service.sweep import sweep_once
 from tests.helpers import new_key
-from tests.integration.test_api import _tick, error, finish, ok, req, settings, sim_requests, step
+from tests.integration.test_api import (
+    AS_SENT,
+    _tick,
+    check_as_sent,
+    error,
+    finish,
+    ok,
+    req,
+    settings,
+    sim_requests,
+    step,
+)
 from tests.integration.test_files import content, create_from, jsonl, upload
 from tests.integration.test_message_batches import V1, anthropic_error
 
@@ -75,6 +86,14 @@ def test_the_same_request_interactively_and_in_a_batch_gives_the_same_body_usage
     assert batched["model"] == direct["model"]
     assert abs(float(final["cost_usd"]) - interactive_cost) < 1e-12
     assert abs(float(spent(svc, account["id"])["cost_usd"]) - 2 * interactive_cost) < 1e-12  # one quota
+
+
+def test_an_interactive_answer_is_the_backends_body_as_it_sent_it(api, svc, sim_control):
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})
+    _, key = new_key(svc)
+    reply = api("POST", "/v1/chat/completions", key, json_body=CHAT)
+    assert reply.status == 200 and AS_SENT in reply.text
+    check_as_sent(reply.json()["timings"])
 
 
 def test_bodies_are_checked_as_batch_requests_are(api, svc, sim_control):

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 
 from batchinfer.providers import http
 from batchinfer.service import interactive
 from batchinfer.service.accounts import authenticate
+from local.servers import free_port
 from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, ok, settings
+from tests.integration.test_api import AS_SENT, anthropic_error, check_as_sent, error, ok, settings
+from tests.integration.test_faults import with_backend_url
 from tests.integration.test_interactive import CHAT, GLM, budget, spent
 from tests.integration.test_message_batches import CLAUDE, V1, catalog_file, svc  # noqa: F401
 
@@ -60,6 +63,16 @@ def test_a_streamed_chat_completion_adds_up_to_the_whole_answer_at_the_same_cost
     assert abs(float(spent(svc, account["id"])["cost_usd"]) - 3 * cost_whole) < 1e-12
     assert spent(svc, account["id"]).get("cost_unknown_attempts", 0) == 0
     assert budget(svc).get("interactive", 0) == 0  # every lease ended
+
+
+def test_a_streamed_chunk_goes_on_as_the_backend_sent_it(api, streaming, sim_control):
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})  # on the finishing chunk
+    _, key = new_key(streaming)
+    reply = api("POST", "/v1/chat/completions", key,
+                json_body={**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert AS_SENT in reply.text
+    [finishing] = [d for _, d in events(reply)[:-1] if d["choices"] and d["choices"][0]["finish_reason"]]
+    check_as_sent(finishing["timings"])
 
 
 def test_a_message_streams_translated_from_an_openai_backend_and_passed_on_from_an_anthropic_one(api, streaming):
@@ -107,6 +120,53 @@ def test_a_backend_refusal_before_the_stream_starts_is_an_ordinary_error(api, st
     error(api("POST", "/v1/responses", key, json_body={"model": GLM, "input": "hi", "stream": True}), 400,
           "/v1/responses", code="stream_unsupported", param="stream")
     assert budget(streaming).get("interactive", 0) == 0
+
+
+def test_a_backend_that_refuses_connections_answers_503_and_costs_nothing(api, streaming):
+    """A connection the backend refused never carried the request: the caller is told the service is
+    unavailable, whole or streamed, and nothing counts as cost unknown."""
+    svc = streaming  # noqa: F811 (the fixture imported above, by another name)
+    account, key = new_key(svc)
+    with_backend_url(svc, GLM, f"http://127.0.0.1:{free_port()}/v1")  # nothing listens there
+    for body in (CHAT, {**CHAT, "stream": True}):
+        reply = api("POST", "/v1/chat/completions", key, json_body=body)
+        assert reply.status == 503, reply.text
+        assert reply.json()["error"]["code"] == "service_unavailable"
+    for params in (PARAMS, {**PARAMS, "stream": True}):
+        reply = api("POST", "/v1/messages", key, headers={"anthropic-version": V1}, json_body={**params, "model": GLM})
+        assert reply.status == 503 and reply.json()["type"] == "error", reply.text
+    assert spent(svc, account["id"]).get("cost_unknown_attempts", 0) == 0
+    assert float(spent(svc, account["id"]).get("cost_usd", 0)) == 0
+    assert budget(svc).get("interactive", 0) == 0
+
+
+def test_a_stream_without_usage_is_charged_an_estimate_from_its_text(api, streaming, sim_control):
+    """A backend that sends no usage on a stream that ran to its end (llama-cpp-python sends no usage chunk,
+    even when asked) is charged for the request's text and the streamed text at 4 characters a token (the
+    catalog's default), counted as an estimate, not as cost unknown."""
+    svc = streaming  # noqa: F811 (the fixture imported above, by another name)
+    sim_control.put("/_sim/config", json={"stream_usage": False})
+    account, key = new_key(svc)
+    asked = len("Name three primes.")  # the request's text (CHAT's and PARAMS' one message)
+
+    def charged_for(text: str, model: str) -> float:
+        price = svc.catalog.get(model).price
+        return (math.ceil(asked / 4) * price.input_per_mtok + math.ceil(len(text) / 4) * price.output_per_mtok) / 1e6
+
+    chat = events(api("POST", "/v1/chat/completions", key,
+                      json_body={**CHAT, "stream": True, "stream_options": {"include_usage": True}}))
+    assert chat[-1] == (None, "[DONE]") and not any(d.get("usage") for _, d in chat[:-1])
+    text = "".join(d["choices"][0]["delta"].get("content") or "" for _, d in chat[:-1] if d["choices"])
+    expected = charged_for(text, GLM)
+    for model in (GLM, CLAUDE):  # a message translated from chat chunks, and one passed on as it came
+        message = events(api("POST", "/v1/messages", key, headers={"anthropic-version": V1},
+                             json_body={**PARAMS, "model": model, "stream": True}))
+        assert message[-1][0] == "message_stop"
+        expected += charged_for("".join(d["delta"]["text"] for n, d in message if n == "content_block_delta"), model)
+    day = spent(svc, account["id"])
+    assert day.get("cost_unknown_attempts", 0) == 0 and day["usage_estimated_attempts"] == 3
+    assert expected > 0 and abs(float(day["cost_usd"]) - expected) < 1e-12
+    assert budget(svc).get("interactive", 0) == 0 and budget(svc, CLAUDE).get("interactive", 0) == 0
 
 
 def test_a_stream_cut_off_midway_tells_the_caller_and_counts_its_cost_as_unknown(api, streaming, monkeypatch):

@@ -14,7 +14,18 @@ from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.layout import batch_key
 from batchinfer.runtime import use_services
 from tests.helpers import make_services, new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, settings, sim_requests, step
+from tests.integration.test_api import (
+    AS_SENT,
+    CONTEXT_OVERFLOW,
+    anthropic_error,
+    check_as_sent,
+    error,
+    finish,
+    ok,
+    settings,
+    sim_requests,
+    step,
+)
 
 V1, V2 = "2023-06-01", "2026-10-21"
 GLM = "glm-5.3-flash"  # an openai-kind model: Messages requests are translated to chat completions
@@ -139,6 +150,16 @@ def test_create_run_and_read_as_the_sdk_does(messages, svc):
     assert item["input_tokens"] > 0 and float(item["cost_usd"]) > 0
     assert ok(messages("DELETE", f"/{batch['id']}")) == {"id": batch["id"], "type": "message_batch_deleted"}
     anthropic_error(messages("GET", f"/{batch['id']}"), 404, "not_found_error")
+
+
+def test_results_keep_an_anthropic_backends_message_as_it_sent_it(messages, svc, sim_control):
+    sim_control.put("/_sim/config", json={"answer_extra_json": AS_SENT})
+    batch = messages.created([entry("q-0", model=CLAUDE), entry("q-1", "[[sim:big:40000]]", model=CLAUDE)])
+    finish(svc, batch["id"])
+    reply = messages("GET", f"/{batch['id']}/results", headers={"accept": "application/binary"})
+    assert reply.text.count(AS_SENT) == 2
+    for line in messages.results(batch["id"]):
+        check_as_sent(line["result"]["message"]["timings"])
 
 
 def test_both_base_urls_and_both_sdk_majors(api, svc):
@@ -279,6 +300,24 @@ def test_backend_errors_become_errored_results_with_anthropic_types(messages, sv
     assert lines["claude-rejected"]["error"]["error"]["type"] == "invalid_request_error", lines
     assert "rejected by the simulated backend" in lines["claude-rejected"]["error"]["error"]["message"]
     assert lines["flaky"]["type"] == "succeeded"  # retried, as every batch request is
+
+
+def test_an_errored_result_keeps_the_backends_error(messages, svc, sim_control):
+    """An Anthropic backend's error envelope comes back as it sent it, with its request id; an OpenAI-compatible
+    backend's error object keeps its own fields, its type one of Anthropic's."""
+    batch = messages.created([entry("claude", "[[sim:400]] no", model=CLAUDE),
+                              entry("overflow", "[[sim:context-overflow]] a long story")])
+    finish(svc, batch["id"])
+    lines = {line["custom_id"]: line["result"] for line in messages.results(batch["id"])}
+    claude = lines["claude"]["error"]
+    assert claude == {"type": "error", "error": {"type": "invalid_request_error",
+                                                 "message": "Request rejected by the simulated backend"},
+                      "request_id": claude["request_id"]}
+    assert claude["request_id"].startswith("req_sim_")
+    overflow = lines["overflow"]["error"]
+    assert overflow["request_id"].startswith("req_sim_")
+    assert overflow["error"] == {"type": "invalid_request_error", "message": CONTEXT_OVERFLOW, "code": 400,
+                                 "n_prompt_tokens": overflow["error"]["n_prompt_tokens"], "n_ctx": 4096}
 
 
 def test_cancel_then_delete(messages, svc):

@@ -18,7 +18,7 @@ PACKAGE = "batchinfer"
 LAYERS = [
     {"batchinfer.domain", "batchinfer.layout", "batchinfer.settings", "batchinfer.errors", "batchinfer.catalog",
      "batchinfer.observability", "batchinfer.messages_to_chat", "batchinfer.addresses",
-     "batchinfer.request_bodies"},
+     "batchinfer.request_bodies", "batchinfer.jsontext"},
     {"batchinfer.storage", "batchinfer.providers"},
     {"batchinfer.runtime"},
     {"batchinfer.records", "batchinfer.ledger"},

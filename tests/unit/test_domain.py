@@ -23,6 +23,7 @@ from batchinfer.domain import (
     retry_delay,
     unstarted_error,
 )
+from batchinfer.jsontext import Text
 
 
 def test_final_statuses_have_no_way_out():
@@ -78,7 +79,17 @@ def test_a_timeout_is_retried_and_reported_as_timeout():
     assert is_retryable(None)
     assert Attempt(status_code=None, cost_known=False).error()["code"] == "timeout"
     assert Attempt(status_code=503, message="busy").error() == {"code": "service_unavailable", "message": "busy",
-                                                                "status": 503}
+                                                                "status": 503, "request_id": None, "body_text": None}
+
+
+def test_an_error_answer_keeps_the_backends_body_up_to_a_size():
+    body = Text({"error": {"message": "no", "n_ctx": 4096}}, '{"error":{"message":"no","n_ctx":4096}}')
+    kept = Attempt(status_code=400, body=body, request_id="req_1", message="no").error(keep_body_bytes=100)
+    assert kept == {"code": "invalid_request", "message": "no", "status": 400, "request_id": "req_1",
+                    "body_text": body.text}
+    left_out = Attempt(status_code=400, body=body, message="x" * 5000).error(keep_body_bytes=10)
+    assert left_out["body_text"] is None and left_out["body_omitted_bytes"] == len(body.text)
+    assert left_out["message"] == "x" * 4096 + " [cut]"
 
 
 def test_backoff_grows_with_jitter_and_is_capped():

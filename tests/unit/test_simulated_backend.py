@@ -172,6 +172,38 @@ def test_reject_markers_are_400(client: TestClient) -> None:
     assert_openai_error(client.post(CHAT, json=chat_body("please [[sim:400]]")), 400)
 
 
+def test_context_overflow_answers_llama_servers_own_error_body(client: TestClient) -> None:
+    resp = client.post(CHAT, json=chat_body("a long story [[sim:context-overflow]]"))
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert set(error) == {"code", "message", "type", "n_prompt_tokens", "n_ctx"}
+    assert (error["code"], error["type"], error["n_ctx"]) == (400, "exceed_context_size_error", 4096)
+    assert error["n_prompt_tokens"] > error["n_ctx"]
+
+
+def test_every_answer_carries_a_request_id(client: TestClient) -> None:
+    ids = [client.post(CHAT, json=chat_body(text)).headers["x-request-id"] for text in ("a", "b [[sim:400]]")]
+    assert all(i.startswith("req_sim_") for i in ids) and ids[0] != ids[1]
+    message = client.post("/v1/messages", json={"model": "m", "max_tokens": 8,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+    assert message.headers["request-id"].startswith("req_sim_")
+
+
+def test_answer_extra_json_is_added_to_whole_answers_as_it_is_written() -> None:
+    extra = '"timings":{"prompt_per_second":12500.0,"predicted_ms":1e-7}'
+    client = make_client(answer_extra_json=extra)
+    resp = client.post(CHAT, json=chat_body())
+    assert resp.text.endswith("," + extra + "}") and resp.json()["choices"]
+    assert client.put("/_sim/config", json={"answer_extra_json": '"a":'}).status_code == 400
+
+
+def test_stream_usage_off_never_sends_the_usage_chunk() -> None:
+    client = make_client(stream_usage=False)
+    resp = client.post(CHAT, json=chat_body(stream=True, stream_options={"include_usage": True}))
+    chunks = [data for _, data in _sse(resp.text)[:-1]]
+    assert chunks and all("usage" not in c for c in chunks) and _sse(resp.text)[-1][1] == "[DONE]"
+
+
 def test_fail_always_is_500_every_time(client: TestClient) -> None:
     for _ in range(3):
         err = assert_openai_error(client.post(CHAT, json=chat_body("x [[sim:fail-always]]")), 500)

@@ -94,6 +94,9 @@ class Model(BaseModel):
     # An auto model's candidates, in order of preference (none given: every runnable model, in catalog
     # order); an interactive request goes to the first that serves its endpoint and the key may use.
     route: list[str] | None = None
+    # How tokens are counted when a streamed answer's backend reports no usage (llama-cpp-python): the
+    # request's text and the streamed text, this many characters a token. An estimate, marked as one.
+    estimate_chars_per_token: float = Field(default=4.0, gt=0)
 
     def serves(self, endpoint: str) -> bool:
         """Whether batches may send this model requests of `endpoint`. Anthropic Messages requests

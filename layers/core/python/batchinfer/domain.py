@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .jsontext import text_of
+
 
 class BatchStatus(StrEnum):
     VALIDATING = "validating"
@@ -173,11 +175,14 @@ def is_retryable(status: int | None) -> bool:
     return status is None or status == 429 or status >= 500
 
 
+MAX_ERROR_MESSAGE_CHARS = 4096  # of a backend's error message kept with a failed request
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What one call to a backend gave."""
 
-    status_code: int | None  # None: no answer (timeout, connection lost)
+    status_code: int | None  # None: no answer (timeout, connection lost, no connection)
     body: dict | None = None
     request_id: str | None = None
     input_tokens: int = 0
@@ -185,6 +190,10 @@ class Attempt:
     cached_tokens: int = 0  # of input_tokens, served from the backend's prompt cache (where it says)
     reasoning_tokens: int = 0  # of output_tokens, spent reasoning (where the backend says)
     cost_known: bool = True  # False when the backend may have run it but we cannot know the cost
+    sent: bool = True  # False: it never reached the backend (no connection was made), so it cost nothing
+    # True: the backend reported no usage (a stream without its usage chunk); the tokens are estimated from
+    # the text (`providers.estimate`), and so is the cost
+    usage_estimated: bool = False
     message: str = ""
     retry_after: float | None = None
 
@@ -192,11 +201,24 @@ class Attempt:
     def ok(self) -> bool:
         return self.status_code is not None and 200 <= self.status_code < 300
 
-    def error(self) -> dict:
+    def error(self, keep_body_bytes: int = 16 * 1024) -> dict:
+        """The error a request records: the service's code (the specification's table) and a message; for an
+        error answer, beside them the backend's status, request id and body (`body_text`: its JSON text as
+        sent). A body over `keep_body_bytes` is not kept (`body_omitted_bytes` says how large it was), and a
+        message over MAX_ERROR_MESSAGE_CHARS is cut: a request's DynamoDB item holds at most 400 KB."""
+        if self.status_code is None and not self.sent:
+            return {"code": "service_unavailable", "message": self.message or "Could not connect to the backend."}
         if self.status_code is None:
             return {"code": "timeout", "message": self.message or "The backend did not answer in time."}
-        return {"code": error_code_for_status(self.status_code), "message": self.message or "Backend error",
-                "status": self.status_code}
+        message = self.message or "Backend error"
+        if len(message) > MAX_ERROR_MESSAGE_CHARS:
+            message = message[:MAX_ERROR_MESSAGE_CHARS] + " [cut]"
+        error = {"code": error_code_for_status(self.status_code), "message": message, "status": self.status_code,
+                 "request_id": self.request_id}
+        body = text_of(self.body) if self.body is not None else None
+        if body is not None and len(body.encode()) > keep_body_bytes:
+            error["body_omitted_bytes"], body = len(body.encode()), None
+        return {**error, "body_text": body}
 
 
 @dataclass

@@ -140,6 +140,9 @@ class RequestItem(TypedDict, total=False):
     token: str
     attempt: int
     error: dict
+    # A completed request's {status_code, request_id, body_text}: body_text is the body as the backend sent
+    # it; a large body is the S3 object `response_object` names instead. (Items written before bodies were
+    # kept as text hold `body` as a map, or the whole response in `response_object` without `response`.)
     response: dict
     response_object: str
     due_pk: str  # a retry's or a lease's due time (by_due)
@@ -979,11 +982,14 @@ class Usage:
         return t.get(*usage_key(account_id, day), consistent=False)
 
     @staticmethod
-    def add_cost(t: Table, account_id: str, cost_usd: float, now: int, unknown: int = 0) -> Op:
-        """The day's spend; `unknown`: attempts whose outcome (and so cost) was lost after they were sent."""
+    def add_cost(t: Table, account_id: str, cost_usd: float, now: int, unknown: int = 0, estimated: int = 0) -> Op:
+        """The day's spend; `unknown`: attempts whose outcome (and so cost) was lost after they were sent;
+        `estimated`: attempts whose cost (in `cost_usd`) was estimated, their backend having reported no usage."""
         return t.op_update(*usage_key(account_id, utc_day(now)),
-                           "ADD cost_usd :c" + (", cost_unknown_attempts :u" if unknown else "") + " SET #ttl = :ttl",
-                           vals={":c": cost_usd, ":ttl": now + 3 * 86400, **({":u": unknown} if unknown else {})})
+                           "ADD cost_usd :c" + (", cost_unknown_attempts :u" if unknown else "")
+                           + (", usage_estimated_attempts :e" if estimated else "") + " SET #ttl = :ttl",
+                           vals={":c": cost_usd, ":ttl": now + 3 * 86400, **({":u": unknown} if unknown else {}),
+                                 **({":e": estimated} if estimated else {})})
 
 
 # --- Idempotency-Key ----------------------------------------------------------------------------------

@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     # at least 5 MiB, but for the last.
     result_part_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     inline_result_bytes: int = 32 * 1024  # larger results go to S3, a pointer stays in DynamoDB
+    # A backend's error body is kept with the failed request (in its DynamoDB item, at most 400 KB) up to this
+    # size; a larger one is left out, its size said instead (its message is kept).
+    max_error_body_bytes: int = Field(default=16 * 1024, ge=0)
     dispatcher_loop_seconds: float = 55.0  # how long one scheduled dispatcher invocation keeps refilling
     dispatcher_idle_sleep_seconds: float = 0.25
     # A worker keeps the slots of the group it was sent (a slot lease) and refills each one from work it

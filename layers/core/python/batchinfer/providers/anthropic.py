@@ -10,6 +10,7 @@ import httpx
 
 from ..catalog import Model
 from ..domain import Attempt
+from .estimate import request_chars, text_chars, tokens
 from .http import Events, failed, not_streamed, post_for_events, post_json
 
 DEFAULT_VERSION = "2023-06-01"
@@ -60,12 +61,16 @@ def _answered(answer: httpx.Response, parsed: object) -> Attempt:
 
 class MessageEvents:
     """A streamed message's events, as the backend sends them (passed on unchanged): input tokens from
-    `message_start`, output tokens from `message_delta`, the end at `message_stop`."""
+    `message_start`, output tokens from `message_delta`, the end at `message_stop`. A backend that reports
+    no tokens has them estimated from the request's text and the streamed text."""
 
-    def __init__(self, events: Events) -> None:
+    def __init__(self, events: Events, request_chars: int = 0, chars_per_token: float = 4.0) -> None:
         self.events = events
         self.usage: dict = {}
         self.ended = False
+        self.request_chars = request_chars
+        self.streamed_chars = 0
+        self.chars_per_token = chars_per_token
 
     async def __aiter__(self) -> AsyncIterator[tuple[str, dict]]:
         async for name, data in self.events:
@@ -78,15 +83,21 @@ class MessageEvents:
                 self.usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
             elif kind == "message_stop":
                 self.ended = True
+            elif kind in ("content_block_start", "content_block_delta"):
+                self.streamed_chars += text_chars(data.get("content_block") or data.get("delta"))
             yield kind, data
 
     def outcome(self) -> Attempt:
         status = self.events.response.status_code
+        request_id = self.events.response.headers.get("request-id")
         if not self.ended:
             return Attempt(status_code=status, cost_known=False, message="The stream ended before message_stop.")
+        if "input_tokens" not in self.usage and "output_tokens" not in self.usage:
+            return Attempt(status_code=status, request_id=request_id, usage_estimated=True,
+                           input_tokens=tokens(self.request_chars, self.chars_per_token),
+                           output_tokens=tokens(self.streamed_chars, self.chars_per_token))
         prompt, completion = _usage({"usage": self.usage})
-        return Attempt(status_code=status, request_id=self.events.response.headers.get("request-id"),
-                       input_tokens=prompt, output_tokens=completion,
+        return Attempt(status_code=status, request_id=request_id, input_tokens=prompt, output_tokens=completion,
                        cached_tokens=int(self.usage.get("cache_read_input_tokens") or 0))
 
 
@@ -96,7 +107,7 @@ async def open_message(model: Model, params: dict, api_key: str | None, timeout:
     url, headers = _address(model, "/v1/messages", api_key, version)
     sent = await post_for_events(url, {**params, "model": model.backend_model, "stream": True}, headers, timeout)
     if isinstance(sent, Events):
-        return MessageEvents(sent)
+        return MessageEvents(sent, request_chars(params), model.estimate_chars_per_token)
     if isinstance(sent, Attempt):
         return sent
     return not_streamed(_answered(*sent))

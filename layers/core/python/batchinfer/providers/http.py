@@ -1,6 +1,7 @@
 """The HTTP both backend kinds share: one pooled client per event loop, and a POST whose transport failure
-is already the Attempt it gave (no answer: the backend may have run it, so its cost is unknown); for
-streamed answers, a POST whose events are read as they come (`httpx-sse` parses them)."""
+is already the Attempt it gave (no connection: it never reached the backend, so it cost nothing; no answer
+after it was sent: the backend may have run it, so its cost is unknown); for streamed answers, a POST whose
+events are read as they come (`httpx-sse` parses them)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import httpx
 from httpx_sse import EventSource
 
 from ..domain import Attempt
+from ..jsontext import Text, read_object
 
 _clients: dict[int, httpx.AsyncClient] = {}
 
@@ -29,7 +31,18 @@ def client_for_loop() -> httpx.AsyncClient:
     return client
 
 
+# Failures before the request left: no connection was made (refused, unreachable, TLS failed, none within the
+# connect timeout, no pooled connection free in time), or the request was refused before it was written. The
+# backend cannot have run it. Anything else (a read or write that failed or timed out, a connection dropped
+# mid-answer) may come after the backend got the request.
+_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol,
+           httpx.ProxyError, httpx.LocalProtocolError)
+
+
 def _lost(error: Exception) -> Attempt:
+    if isinstance(error, _UNSENT):
+        return Attempt(status_code=None, sent=False,
+                       message=f"Could not connect to the backend ({type(error).__name__}).")
     if isinstance(error, httpx.TimeoutException):
         return Attempt(status_code=None, cost_known=False, message="The backend did not answer in time.")
     # The request may or may not have reached the backend.
@@ -38,15 +51,13 @@ def _lost(error: Exception) -> Attempt:
 
 async def post_json(url: str, payload: dict, headers: dict[str, str], timeout: float
                     ) -> tuple[httpx.Response, object] | Attempt:
-    """POST `payload`: (the answer, its JSON body or None), or the Attempt a transport failure gave."""
+    """POST `payload`: (the answer, its JSON object body with the text it came as, or None), or the Attempt a
+    transport failure gave."""
     try:
         answer = await client_for_loop().post(url, json=payload, headers=headers, timeout=timeout)
     except httpx.TransportError as error:
         return _lost(error)
-    try:
-        return answer, answer.json()
-    except ValueError:
-        return answer, None
+    return answer, read_object(answer.content)
 
 
 class CutOff(Exception):
@@ -66,7 +77,8 @@ class Events:
                 if event.data == "[DONE]":
                     yield event.event, "[DONE]"
                 elif event.data:
-                    yield event.event, json.loads(event.data)
+                    value = json.loads(event.data)  # an object keeps its text, to be passed on as it came
+                    yield event.event, Text(value, event.data) if isinstance(value, dict) else value
         except (httpx.HTTPError, ValueError) as error:
             raise CutOff(f"The backend's stream broke off: {type(error).__name__}") from error
 
@@ -92,10 +104,7 @@ async def post_for_events(url: str, payload: dict, headers: dict[str, str], time
         return _lost(error)
     finally:
         await answer.aclose()
-    try:
-        return answer, answer.json()
-    except ValueError:
-        return answer, None
+    return answer, read_object(answer.content)
 
 
 def failed(answer: httpx.Response, parsed: object, request_id: str | None, message: str) -> Attempt:

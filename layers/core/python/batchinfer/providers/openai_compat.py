@@ -9,6 +9,7 @@ import httpx
 
 from ..catalog import Model
 from ..domain import Attempt
+from .estimate import request_chars, text_chars, tokens
 from .http import Events, failed, not_streamed, post_for_events, post_json
 
 
@@ -62,12 +63,16 @@ def _answered(answer: httpx.Response, parsed: object) -> Attempt:
 
 class ChatChunks:
     """A streamed chat completion's chunks, as the backend sends them. The backend is always asked for the
-    usage chunk (`stream_options.include_usage`): it is what the answer costs."""
+    usage chunk (`stream_options.include_usage`): it is what the answer costs. A backend that sends none
+    anyway (llama-cpp-python) has its usage estimated from the request's text and the streamed text."""
 
-    def __init__(self, events: Events) -> None:
+    def __init__(self, events: Events, request_chars: int = 0, chars_per_token: float = 4.0) -> None:
         self.events = events
         self.usage: dict | None = None
         self.ended = False  # [DONE] came
+        self.request_chars = request_chars
+        self.streamed_chars = 0
+        self.chars_per_token = chars_per_token
 
     async def __aiter__(self) -> AsyncIterator[dict]:
         async for _, data in self.events:
@@ -77,16 +82,25 @@ class ChatChunks:
             if isinstance(data, dict):
                 if isinstance(data.get("usage"), dict):
                     self.usage = data["usage"]
+                for choice in data.get("choices") or ():
+                    if isinstance(choice, dict):
+                        self.streamed_chars += text_chars(choice.get("delta"))
                 yield data
 
     def outcome(self) -> Attempt:
-        """The attempt the stream added up to: its usage when it ran to its end, else cost unknown."""
+        """The attempt the stream added up to: its usage when it ran to its end (estimated when the backend
+        reported none), else cost unknown."""
         status = self.events.response.status_code
-        if not self.ended or self.usage is None:
+        request_id = self.events.response.headers.get("x-request-id")
+        if not self.ended:
             return Attempt(status_code=status, cost_known=False,
                            message="The stream ended before the backend reported its usage.")
+        if self.usage is None:
+            return Attempt(status_code=status, request_id=request_id, usage_estimated=True,
+                           input_tokens=tokens(self.request_chars, self.chars_per_token),
+                           output_tokens=tokens(self.streamed_chars, self.chars_per_token))
         prompt, completion, cached, reasoning = _usage({"usage": self.usage})
-        return Attempt(status_code=status, request_id=self.events.response.headers.get("x-request-id"),
+        return Attempt(status_code=status, request_id=request_id,
                        input_tokens=prompt, output_tokens=completion, cached_tokens=cached,
                        reasoning_tokens=reasoning)
 
@@ -99,7 +113,7 @@ async def open_chat(model: Model, body: dict, api_key: str | None, timeout: floa
                "stream_options": {**options, "include_usage": True}}
     sent = await post_for_events(url, payload, headers, timeout)
     if isinstance(sent, Events):
-        return ChatChunks(sent)
+        return ChatChunks(sent, request_chars(body), model.estimate_chars_per_token)
     if isinstance(sent, Attempt):
         return sent
     return not_streamed(_answered(*sent))

@@ -9,23 +9,25 @@ and the attempt's cost is unknown (the backend may have run all of it).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, Relay
+from ..jsontext import to_json
 from ..messages_to_chat import MessageStream, to_chat
 from .anthropic import MessageEvents, open_message
 from .http import CutOff
 from .openai_compat import ChatChunks, open_chat
 
 
+# An event the backend sent goes on as it sent it (a `Text`: its numbers keep their spelling); one made here
+# (translated, or with the usage taken out) is written anew.
 def _openai_event(data: object) -> bytes:
-    return b"data: " + (data if isinstance(data, str) else json.dumps(data)).encode() + b"\n\n"
+    return b"data: " + (data if isinstance(data, str) else to_json(data, ensure_ascii=False)).encode() + b"\n\n"
 
 
 def _anthropic_event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+    return f"event: {name}\ndata: {to_json(data, ensure_ascii=False)}\n\n".encode()
 
 
 def _openai_error(message: str) -> bytes:
@@ -70,8 +72,8 @@ async def _chat(chunks: ChatChunks, with_usage: bool) -> AsyncIterator[bytes]:
     """The chunks as they came, but for the usage the caller did not ask for (the backend is always asked)."""
     try:
         async for chunk in chunks:
-            if not with_usage:
-                if not chunk.get("choices") and "usage" in chunk:
+            if not with_usage and "usage" in chunk:
+                if not chunk.get("choices"):
                     continue
                 chunk = {k: v for k, v in chunk.items() if k != "usage"}
             yield _openai_event(chunk)

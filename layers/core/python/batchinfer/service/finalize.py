@@ -14,10 +14,10 @@ SHA-256 of a finished file is read back from S3 (a hash cannot be saved halfway)
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable
 
+from ..jsontext import to_json
 from ..layout import export_object, file_object
 from ..records import Batch, BatchItem
 from ..runtime import Services
@@ -36,14 +36,18 @@ def _output_line(r: dict) -> dict | None:
 
 
 def _error_line(r: dict) -> dict | None:
-    """OpenAI's error file line: an HTTP error in response.body.error, anything else in error."""
+    """OpenAI's error file line: an HTTP error in response.body.error (the backend's body as it sent it, when
+    it is such an envelope), anything else in error."""
     if r["status"] == "completed":
         return None
     error = r["error"] or CANCELLED_ERROR
     if error.get("status"):
+        body = error.get("body")
+        if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):  # none, or another shape
+            body = {"error": {"message": error.get("message"), "type": error.get("type"), "param": None,
+                              "code": error.get("code")}}
         return {"id": r["id"], "custom_id": r["custom_id"], "error": None, "response": {
-            "status_code": error["status"], "request_id": error.get("request_id"),
-            "body": {"error": {"message": error.get("message"), "type": error.get("type"), "code": error.get("code")}}}}
+            "status_code": error["status"], "request_id": error.get("request_id"), "body": body}}
     return {"id": r["id"], "custom_id": r["custom_id"], "response": None,
             "error": {"code": error.get("code"), "message": error.get("message")}}
 
@@ -61,7 +65,7 @@ def _lines(svc: Services, batch: BatchItem, kind: str, start: int, end: int) -> 
     for r in iter_results(svc, batch, start, end):
         line = shape(r)
         if line is not None:
-            out.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+            out.append(to_json(line).encode() + b"\n")
     return b"".join(out)
 
 

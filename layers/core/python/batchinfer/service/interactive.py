@@ -13,6 +13,7 @@ the stream ends. On API Gateway + Lambda an answer is buffered whole, so there t
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ NO_STREAM = ("stream: streaming answers are not served here: behind API Gateway 
              "whole, so a stream would arrive all at once. Send stream false (or leave it out).")
 STREAMED_ENDPOINTS = (CHAT, MESSAGES_ENDPOINT)
 LEASE_GRACE_SECONDS = 60  # beyond the backend timeout: a request whose lease is older than this died
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,13 @@ def _end(svc: Services, principal: Principal, model: Model, lease: tuple[str, in
     unknown); the cost charged."""
     cost = inference.cost_of(model, attempt) if attempt else 0.0
     unknown = 0 if attempt is not None and attempt.cost_known else 1
-    charge = [Usage.add_cost(svc.table, principal.account_id, cost, svc.now(), unknown)] if cost or unknown else []
+    estimated = 1 if attempt is not None and attempt.usage_estimated else 0
+    if estimated:
+        log.warning("model %s: the backend reported no usage for a streamed answer; charged an estimate of %d input "
+                    "and %d output tokens (usage_estimated_attempts)", model.id, attempt.input_tokens,
+                    attempt.output_tokens)
+    charge = ([Usage.add_cost(svc.table, principal.account_id, cost, svc.now(), unknown, estimated)]
+              if cost or unknown or estimated else [])
     try:
         svc.table.transact(InteractiveLease.end(svc.table, model.id, lease[0], svc.now_ms(), shard=lease[1]) + charge)
     except ConditionFailed:  # the sweeper took the lease off already (it ran past its time): still charge it
@@ -159,7 +167,10 @@ def _end(svc: Services, principal: Principal, model: Model, lease: tuple[str, in
 
 def _refusal(attempt: Attempt) -> ApiError:
     """What the caller is told when the backend gave no success: its own status and message where it
-    answered (a 5xx as 502, it is not this service's fault), 504 when it did not answer in time."""
+    answered (a 5xx as 502, it is not this service's fault), 503 when no connection to it could be made, 504
+    when it did not answer in time."""
+    if attempt.status_code is None and not attempt.sent:
+        return ApiError(503, attempt.message or "Could not connect to the backend.", code="service_unavailable")
     if attempt.status_code is None:
         return ApiError(504, attempt.message or "The backend did not answer in time.", code="timeout")
     status = attempt.status_code

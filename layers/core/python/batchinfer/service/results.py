@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterator
 
 from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error
+from ..jsontext import parse_object, to_json
 from ..layout import INDEX_CHUNK, index_object
 from ..records import BatchItem, Group, Request
 from ..runtime import Services
@@ -35,14 +36,40 @@ def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: di
         stored = {"state": RequestState.FAILED.value, "error": entry[4]}
     state = RequestState(stored["state"]) if stored else None
     response = None
-    error = stored.get("error") if stored else unstarted_error(stop)
+    error = shown_error(stored.get("error")) if stored else unstarted_error(stop)
     if state is RequestState.COMPLETED:
-        response = stored.get("response")
-        if response is None and stored.get("response_object"):
-            response = json.loads(svc.blobs.get(stored["response_object"]) or b"null")
+        response = stored_response(svc, stored)
         error = None
     return {"id": result_id(index), "custom_id": custom_id, "status": public_request_status(state, stop),
             "response": response, "error": error}
+
+
+def shown_error(error: dict | None) -> dict | None:
+    """A stored error as results show it: the service's `code` and `message`, and for an error answer beside
+    them the backend's `status`, `request_id` and `body` (its JSON as sent: a `Text`; null when it sent no
+    JSON object, or a body too large to keep, whose size `body_omitted_bytes` says)."""
+    if not error or "body_text" not in error:
+        return error
+    shown = {"code": error.get("code"), "message": error.get("message"), "status": error.get("status"),
+             "request_id": error.get("request_id"),
+             "body": parse_object(error["body_text"]) if error["body_text"] is not None else None}
+    return {**shown, **{k: v for k, v in error.items() if k not in shown and k != "body_text"}}
+
+
+def stored_response(svc: Services, stored: dict) -> dict | None:
+    """A completed request's response, {status_code, request_id, body}, its body the text the backend sent
+    (a `Text`): in the item (`body_text`), or in S3 (`response_object`) when large."""
+    response = stored.get("response")
+    if stored.get("response_object"):
+        data = (svc.blobs.get(stored["response_object"]) or b"null").decode()
+        if response is None:  # kept before bodies were kept as sent: the whole response, as JSON
+            return json.loads(data)
+        return {"status_code": response["status_code"], "request_id": response["request_id"],
+                "body": parse_object(data)}
+    if response is not None and "body_text" in response:
+        return {"status_code": response["status_code"], "request_id": response["request_id"],
+                "body": parse_object(response["body_text"])}
+    return response  # kept before bodies were kept as sent: a map
 
 
 def iter_results(svc: Services, batch: BatchItem, start: int, end: int) -> Iterator[dict]:
@@ -104,12 +131,23 @@ def message_batch_line(r: dict) -> dict:
     elif status == "expired":
         result = {"type": "expired"}
     else:  # failed (a result is only read once the batch has ended)
-        error = r["error"] or {}
-        inner = {"type": anthropic_error_type(error), "message": error.get("message") or "The request failed."}
-        result = {"type": "errored", "error": {"type": "error", "error": inner,
-                                               **({"request_id": error["request_id"]}
-                                                  if error.get("request_id") else {})}}
+        result = {"type": "errored", "error": _anthropic_envelope(r["error"] or {})}
     return {"custom_id": r["custom_id"], "result": result}
+
+
+def _anthropic_envelope(error: dict) -> dict:
+    """An errored result's error: Anthropic's envelope. The backend's own error is kept where the envelope can
+    carry it: an Anthropic backend's envelope as it sent it; another backend's error object with its fields,
+    its `type` one of Anthropic's and its `message` the request's."""
+    body = error.get("body")
+    request_id = {"request_id": error["request_id"]} if error.get("request_id") else {}
+    if (isinstance(body, dict) and body.get("type") == "error" and isinstance(body.get("error"), dict)
+            and body["error"].get("type") in ANTHROPIC_ERROR_TYPES and isinstance(body["error"].get("message"), str)):
+        return body if "request_id" in body or not request_id else {**body, **request_id}
+    own = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
+    inner = {**own, "type": anthropic_error_type(error),
+             "message": error.get("message") or "The request failed."}
+    return {"type": "error", "error": inner, **request_id}
 
 
 def export_line_of(batch: BatchItem) -> Callable[[dict], dict]:
@@ -123,7 +161,7 @@ def export_stream(svc: Services, batch: BatchItem) -> Iterator[bytes]:
     for start in range(0, batch["total"], EXPORT_PAGE):
         chunk = []
         for r in iter_results(svc, batch, start, min(batch["total"], start + EXPORT_PAGE)):
-            chunk.append(json.dumps(shape(r), separators=(",", ":")).encode() + b"\n")
+            chunk.append(to_json(shape(r)).encode() + b"\n")
         yield b"".join(chunk)
 
 

@@ -27,6 +27,7 @@ from ..domain import (
     retry_delay,
     utc_day,
 )
+from ..jsontext import Text, text_of, to_json
 from ..layout import group_key, requests_object, result_object
 from ..ledger import (
     Settlement,
@@ -113,20 +114,26 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
               "cached_tokens": attempt.cached_tokens, "reasoning_tokens": attempt.reasoning_tokens, "cost_usd": cost,
               "cost_unknown": 0 if attempt.cost_known else 1}
     if attempt.ok:
-        response = {"status_code": attempt.status_code, "request_id": attempt.request_id or f"req_{req['token']}",
-                    "body": attempt.body}
-        raw = json.dumps(response, separators=(",", ":")).encode()
+        head = {"status_code": attempt.status_code, "request_id": attempt.request_id or f"req_{req['token']}"}
+        # The body is kept as the text the backend sent (a string, never DynamoDB numbers, which would turn
+        # 12500.0 into 12500): the result reads back byte for byte.
+        body = text_of(attempt.body or {})
+        raw = to_json({**head, "body": Text(attempt.body or {}, body)}).encode()
         if len(raw) > s.max_result_bytes:
             return Settlement(to=RequestState.FAILED, error={
                 "code": "result_too_large", "status": attempt.status_code,
                 "message": f"The response was {len(raw)} bytes, larger than a batch result may be "
                            f"({s.max_result_bytes} bytes)."}, **common)
-        if len(raw) > s.inline_result_bytes:  # a DynamoDB item holds at most 400 KB: large results go to S3
+        if len(raw) > s.inline_result_bytes:  # a DynamoDB item holds at most 400 KB: large bodies go to S3
             key = result_object(batch_id, req["index"])
-            svc.blobs.put(key, raw, "application/json")
-            return Settlement(to=RequestState.COMPLETED, response_object=key, result_bytes=len(raw), **common)
-        return Settlement(to=RequestState.COMPLETED, response=response, result_bytes=len(raw), **common)
-    error = attempt.error()
+            svc.blobs.put(key, body.encode(), "application/json")
+            return Settlement(to=RequestState.COMPLETED, response=head, response_object=key, result_bytes=len(raw),
+                              **common)
+        return Settlement(to=RequestState.COMPLETED, response={**head, "body_text": body}, result_bytes=len(raw),
+                          **common)
+    error = attempt.error(s.max_error_body_bytes)
+    if "request_id" in error:  # an error answer: named as a success would be when the backend names none
+        error["request_id"] = attempt.request_id or f"req_{req['token']}"
     if is_retryable(attempt.status_code) and req["attempt"] < s.max_attempts:
         delay = retry_delay(req["attempt"], s.retry_base_seconds, s.retry_max_seconds, random.Random())
         if attempt.retry_after:

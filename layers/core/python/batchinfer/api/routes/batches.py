@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import ApiError
+from ...jsontext import to_json
 from ...runtime import Services
 from ...service import batches
 from ...service.accounts import Principal
@@ -47,11 +48,13 @@ def retrieve(batch_id: str, who: Principal = Depends(caller), svc: Services = De
     return batches.batch_object(batches.owned_batch(svc, who, batch_id))
 
 
-@router.get("/{batch_id}/results", summary="Results in submission order, finished or not",
+@router.get("/{batch_id}/results", response_model=None, summary="Results in submission order, finished or not",
             responses=error_responses(OPENAI), openapi_extra=RESULTS_PAGE)
 def results(batch_id: str, limit: int = Query(100, description="1-1000"), after: str | None = None,
-            who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
-    return batches.results_page(svc, who, batch_id, limit, after)
+            who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> Response:
+    # Written here, not by FastAPI's encoder: each response body goes out as the text the backend sent.
+    page = batches.results_page(svc, who, batch_id, limit, after)
+    return Response(to_json(page, ensure_ascii=False), media_type="application/json")
 
 
 @router.get("/{batch_id}/output.jsonl", response_model=None, summary="Every result as JSONL, once final",

@@ -5,9 +5,10 @@ charges."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from ...errors import ApiError
+from ...jsontext import to_json
 from ...request_bodies import CHAT, EMBEDDINGS, RESPONSES
 from ...runtime import Services
 from ...service import interactive
@@ -33,7 +34,9 @@ def answer(served: interactive.Served | interactive.Streamed) -> Response:
     """The answer of an interactive call: JSON, or server-sent events for `stream: true`."""
     if isinstance(served, interactive.Streamed):
         return StreamingResponse(served.events, media_type="text/event-stream", headers=EVENT_HEADERS)
-    return JSONResponse(served.body, status_code=served.status)
+    # The backend's body as it sent it (not re-encoded: its numbers keep their spelling).
+    return Response(to_json(served.body, ensure_ascii=False), status_code=served.status,
+                    media_type="application/json")
 
 
 async def _serve(request: Request, who: Principal, svc: Services, endpoint: str) -> Response:
