@@ -481,7 +481,9 @@ def test_after_an_outage_each_request_has_one_result_the_servers_answer(outage, 
 def test_after_an_outage_the_cost_is_the_answers_and_only_cut_calls_are_unknown(outage):
     usages = [r["response"]["body"]["usage"] for r in outage.results if r["status"] == "completed"]
     assert outage.batch["cost_usd"] == pytest.approx(sum(cost(u, CHAT_PRICE) for u in usages), rel=1e-9)
-    # Only calls in flight when the server died may have run there (at most the model's budget); a refused
-    # connection never reached it, so its cost is known: nothing.
+    # Only calls that may have reached the server are of unknown cost: those in flight when it died (at most the
+    # model's budget), and on each slot at most one more, sent on a kept-alive connection the crash had closed
+    # before the client could see it (sent, so it may have arrived). A refused connection never reached it, so
+    # its cost is known: nothing; before refused connections were told apart, every attempt of the outage counted.
     unknown = outage.batch["cost_unknown_attempts"]
-    assert unknown <= BUDGET, f"{unknown} attempts of unknown cost; at most {BUDGET} calls were cut by the crash"
+    assert unknown <= 2 * BUDGET, f"{unknown} attempts of unknown cost; at most {2 * BUDGET} may have reached it"
