@@ -91,7 +91,12 @@ def _assert_result_files(svc: Services, batch: dict, results: list[dict]) -> Non
         assert (line["response"] is None) != (line["error"] is None), line
         if line["response"] is not None:
             assert line["response"]["status_code"] == result["error"]["status"], (line, result)
-            assert line["response"]["body"]["error"]["code"] == result["error"]["code"]
+            assert line["response"]["request_id"] == result["error"].get("request_id"), (line, result)
+            sent = result["error"].get("body")
+            if isinstance(sent, dict) and isinstance(sent.get("error"), dict):  # the backend's error, as it sent it
+                assert line["response"]["body"] == sent, (line, result)
+            else:
+                assert line["response"]["body"]["error"]["code"] == result["error"]["code"], (line, result)
         else:
             assert line["error"]["code"] == (result["error"] or {}).get("code", "batch_cancelled"), (line, result)
 
