@@ -503,6 +503,38 @@ def test_webhook_set_show_secret_once_list_deliveries_and_remove(page, stack):
         receiver.close()
 
 
+def test_a_webhook_read_answering_after_a_save_does_not_undo_it(page, stack):
+    """The page reads the webhook when it opens; when that read answers only after the user saved one, the page
+    keeps showing what was saved, not the "No webhook is set." the read found when it began."""
+    receiver = Receiver()
+    held = []
+
+    def handle(route, request) -> None:
+        if request.method == "GET" and urlparse(request.url).path == "/v1/batch_webhook" and not held:
+            held.append(route)  # answered below, after the save
+            return
+        route.continue_()
+
+    page.route("**/v1/batch_webhook", handle)
+    try:
+        sign_in(page, stack)
+        wait_for(lambda: held, 10, "the page's first read of the webhook")
+        section = page.locator("#webhook")
+        section.get_by_label("Webhook URL").fill(receiver.url)
+        with page.expect_response(lambda r: r.url.endswith("/v1/batch_webhook") and r.request.method == "PUT"):
+            section.get_by_role("button", name="Save webhook").click()
+        expect(page.locator("#webhook-current")).to_contain_text(receiver.url)
+        held[0].fulfill(status=404, content_type="application/json", body=json.dumps({"error": {
+            "message": "No batch webhook is set.", "type": "not_found_error", "param": None,
+            "code": "webhook_not_found"}}))
+        page.wait_for_timeout(300)
+        expect(page.locator("#webhook-current")).to_contain_text(receiver.url)
+        expect(page.locator("#webhook-remove")).to_be_visible()
+    finally:
+        stack["http"].delete("/v1/batch_webhook")
+        receiver.close()
+
+
 def test_webhook_section_follows_the_routes_contract(page, stack):
     """The Webhook section against the /v1/batch_webhook contract (api/schemas.py: WebhookObject,
     WebhookEventList), answered here by the browser (page.route), so that the page is checked whatever the

@@ -775,19 +775,24 @@
   // --- Webhook ------------------------------------------------------------------------------------------
 
   const events = {limit: 20, items: [], hasMore: false};
+  // Bumped by every save and removal: a read of the webhook begun before one answers after it with what was
+  // set before, and must not overwrite it (a slow first load once showed "No webhook is set." after a save).
+  let webhookChanges = 0;
 
   async function loadWebhook() {
     show($("webhook"), true);
     const box = $("webhook-alert");
+    const changes = webhookChanges;
     let current = null;
     try {
       current = await api("v1/batch_webhook");
     } catch (error) {
       if (error.status !== 404) {
-        if (apiKey()) showError(box, error, "webhook-read", "openai");
+        if (apiKey() && changes === webhookChanges) showError(box, error, "webhook-read", "openai");
         return;
       }
     }
+    if (changes !== webhookChanges) return;
     renderWebhook(current);
     loadEvents();
   }
@@ -818,6 +823,7 @@
     const rotate = $("webhook-rotate").checked;
     let answer;
     submit.disabled = true;
+    webhookChanges += 1;
     try {
       answer = await api("v1/batch_webhook", {method: "PUT", body: {url, rotate_secret: rotate}});
     } catch (error) {
@@ -862,6 +868,7 @@
                                      "new secret.", "Remove webhook");
     if (!sure) return;
     const box = $("webhook-alert");
+    webhookChanges += 1;
     try {
       await api("v1/batch_webhook", {method: "DELETE"});
     } catch (error) {
