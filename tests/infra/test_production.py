@@ -1,4 +1,4 @@
-"""Issue 15 (production-ready deployment), infrastructure parts: a deploy that fails loudly, monitoring an
+"""A production-ready deployment, infrastructure parts: a deploy that fails loudly, monitoring an
 on-call engineer can act on, a namespace per stage, the data bucket's versions, the cost guard and the
 optional custom domain. Assertions on the synthesized template (see conftest for the two deployments)."""
 
