@@ -153,8 +153,9 @@ def seed_results(svc, batch_id: str, completed: list[dict], failed: list[dict] |
         else:
             item = completed[i % len(completed)]
             totals["completed"] += 1
-            totals["in"] += item["response"]["body"]["usage"]["prompt_tokens"]
-            totals["out"] += item["response"]["body"]["usage"]["completion_tokens"]
+            usage = json.loads(item["response"]["body_text"])["usage"]  # stored as the backend sent it
+            totals["in"] += usage["prompt_tokens"]
+            totals["out"] += usage["completion_tokens"]
             totals["bytes"] += len(json.dumps(item["response"], separators=(",", ":")))
         pk, sk = request_key(batch_id, i)
         pending.append({"PutRequest": {"Item": serialize({
