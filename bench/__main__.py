@@ -1,6 +1,6 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
-Names, one per section of docs/benchmarks.md: throughput ingest export cost fairness yield file spread lanes
+Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness yield file spread lanes
 short (all ten by default: ~85 min on 2 cores). `--quick` runs small sizes (~5 minutes in all); each
 benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its ratios against its goal
 and the command that reproduces it; a summary of every goal line comes at the end. docs/benchmarks.md has the
