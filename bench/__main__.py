@@ -1,7 +1,10 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
-Names: throughput ingest export cost fairness yield file spread lanes short (all of them by default). `--quick` runs
-small sizes (a few minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
+Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness yield file spread lanes
+short (all ten by default: ~85 min on 2 cores). `--quick` runs small sizes (~5 minutes in all); each
+benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its ratios against its goal
+and the command that reproduces it; a summary of every goal line comes at the end. docs/benchmarks.md has the
+current figures and what bounds each one.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ BENCHMARKS = {
     "fairness": ("bench.fairness", ["--scale", "0.2", "--runs", "1"]),
     "yield": ("bench.interactive_yield", ["--cycles", "3"]),
     "file": ("bench.file_batch", ["--requests", "5000", "--runs", "1"]),
-    # issue 16: latency spread over requests; many small batches from many accounts (with the hot-item report)
+    # latency spread over requests; many small batches from many accounts (with the hot-item report)
     "spread": ("bench.throughput", ["--requests", "300", "--runs", "1"]),
     "lanes": ("bench.hot_items", ["--batches", "40", "--accounts", "20"]),
     # short calls (embeddings, small models) at one slot and at four, against a direct client

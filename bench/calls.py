@@ -18,7 +18,7 @@ entry is small); two writes (delete + put) when its index key changes. These are
 at 1x; beside them, in the same pass, what they would have been had every index projected ALL
 (`gsi_wru_all`), which is what the deployed projections save. Each call also keeps, per item it wrote,
 the item's key and the index partitions it wrote
-(`Call.keys`), for the hot-item report (bench/hot_items.py).
+(`Call.keys`), for the hot-item report (bench/hot_report.py).
 """
 
 from __future__ import annotations

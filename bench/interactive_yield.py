@@ -5,8 +5,8 @@ L=2 s, so a request already running finishes within 2 s.
 `--real` (the default): the load is real interactive chat completions through the API (`k` clients, each
 sending its next request as soon as the last answered), whose leases the budget counts; the backend's
 in-flight then holds both, so the batch's share is the backend's count less the interactive calls open.
-`--synthetic`: the load is the counter alone (`track_interactive(svc, model, +k)`), as before the
-interactive endpoints existed.
+`--synthetic`: the load is the counter alone (`track_interactive(svc, model, +k)`), with no calls through the
+API: how fast batch work gives way, apart from how fast the load itself is counted.
 
 A batch keeps the model busy at its budget; every 0.1 s a sampler reads the model's `in_flight` counter
 (MODEL#<id>/BUDGET: dispatched or running) and the simulated backend's `in_flight` (running). Each cycle:
@@ -14,7 +14,7 @@ interactive load on (at a random moment), held for a while, off, held again. To 
 `track_interactive` call until the sampled value stays at or below the floor for the rest of the hold;
 back: from the call that removes the load to the first sample at the budget.
 
-The goal's own terms ("running calls may finish; new ones must not start"): from the simulated backend's
+The measure that matters ("running calls may finish; new ones must not start"): from the simulated backend's
 timeline, where the interactive calls are tagged (`[[sim:tag:interactive]]`), the last batch call that
 started above the floor (with `floor` or more batch calls already running) after the load arrived. A call
 that started before it runs out its L, so "to the floor" is about L plus that time.
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{worst_down:.1f} s: ratio "
           f"{worst_down / GOAL_SECONDS:.2f} ({'met' if worst_down <= GOAL_SECONDS else 'NOT MET'}: a request "
           f"dispatched just before the load came still runs L after it starts)")
-    print(f"  new batch calls over the floor stop starting (the goal's terms: running calls may finish, new "
+    print(f"  new batch calls over the floor stop starting (running calls may finish, new "
           f"ones must not start): {summary(starts)}; worst {max(starts):.2f} s, ratio {max(starts) / GOAL_SECONDS:.2f} "
           f"({'met' if max(starts) <= GOAL_SECONDS else 'NOT MET'})")
     print(f"  reproduce: {command_line('bench.interactive_yield')}")

@@ -1,4 +1,4 @@
-"""Many lanes: many small batches from many accounts on one model, all waiting at once (issue 16). Default:
+"""Many lanes: many small batches from many accounts on one model, all waiting at once. Default:
 200 batches of 20 requests from 100 accounts (two each), C = 16, L = 1 s. Goals: throughput / (C/L) >= 0.9,
 every batch's completion time within 2x of the median (fairness), DynamoDB write units per request <= 4.
 
@@ -6,7 +6,7 @@ The batches are created while the model's budget is 0 (nothing runs), then the b
 starts: the measure is the scheduler's, not the create calls'. Completion times are the batches' own
 `completed_at` (whole seconds), from that moment. Write units are counted per call as AWS bills them
 (bench/calls.py) over the run, the polls of this benchmark left out; `--hot` also prints the hot-item report
-(bench/hot_items.py) of the same run.
+(bench/hot_report.py) of the same run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from batchinfer.layout import batch_key
 from batchinfer.service import accounts
 from bench.calls import LABEL, recording
 from bench.common import FINAL, MODEL, chat, command_line, local_stack, median
-from bench.hot_items import print_breakdown, print_report
+from bench.hot_report import print_breakdown, print_report
 
 GOAL_RATIO, GOAL_FAIRNESS, GOAL_WRU = 0.9, 2.0, 4.0
 

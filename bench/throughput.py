@@ -1,10 +1,10 @@
 """Throughput against the physical limit: requests/s divided by C/L, and wall time against a direct
 asyncio client (httpx, semaphore of C) sending the same requests to the same backend in the same run.
-Goals (issue 14): ratio >= 0.97 at L=2 s, >= 0.85 at L=0.25 s; wall / direct <= 1.03.
+Goals: ratio >= 0.97 at L=2 s, >= 0.85 at L=0.25 s; wall / direct <= 1.03.
 
 `--distribution lognormal --sigma 0.5` (or `long_tail`) spreads the latency around its mean L, per request
 (the simulated backend draws it from the body, so the direct client's requests take the same times). Goal
-(issue 16, 1,000 requests, C=16, mean L=1 s, sigma 0.5): the backend kept busy (busy time / (C x span))
+(1,000 requests, C=16, mean L=1 s, sigma 0.5): the backend kept busy (busy time / (C x span))
 >= 0.9, and that utilization as a ratio to the direct client's."""
 
 from __future__ import annotations
