@@ -1,0 +1,628 @@
+"""The slot pump: a worker invocation keeps a model's backend at its budget from slots it holds (a SlotLease)
+and work it claims ahead, refilling each slot the moment its call answers.
+
+The pump decides what runs when (how many slots to hold, how much to claim and when, when to give slots
+back, what may start); how one request runs (its checks, its call, its outcome, the writes that settle it)
+is the service's, handed in as `RunsRequests` by the worker's entry point (service.run_request), so this
+package stays below the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..catalog import Model
+from ..domain import Attempt, RequestState
+from ..layout import group_key
+from ..ledger import Settlement, give_back_slots, grow_slots, position_item, start_group_in_lease, take_slots
+from ..records import Batch
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed, Throttled
+from . import policy
+from .capacity import Draws, InteractiveMemory, backend_said_429, effective_budget, read_budget
+from .config import SchedulerConfig, scheduler_config
+from .dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
+
+
+class RunsRequests(Protocol):
+    """How the service runs claimed work, for the pump: each method is one step of running a request or a
+    group that the pump schedules but does not define. The synchronous ones run on the pump's threads."""
+
+    async def call(self, model: Model, batch: dict, body: dict, key: str | None) -> Attempt:
+        """One backend call for a group member (a batch's first attempt)."""
+
+    async def run_retry(self, retry: dict) -> Counter:
+        """A claimed retry, run alone on the single-request path (its checks, start, call, settle)."""
+
+    def key(self, model: Model) -> str | None:
+        """The model's backend key."""
+
+    def close_without_running(self, group: dict, batch: dict | None) -> Counter:
+        """Close a group that must not run now (its batch stopped, its owner lost access, ...): what happened
+        to its members, or an empty Counter when it may run."""
+
+    def bodies(self, group: dict) -> list[dict]:
+        """The group members' request bodies."""
+
+    def record(self, group: dict, position: list, model: Model, attempt: Attempt) -> dict | None:
+        """Write a member's outcome: its item, or None when the group's lease was recovered first."""
+
+    def hand_back_retry(self, retry: dict) -> None:
+        """A claimed retry that never started: waiting again, due at once."""
+
+    def close_group(self, group: dict, written: list[dict], handed_back: tuple[dict, ...]) -> None:
+        """Close a group whose members were all written or handed back (ConditionFailed: recovered)."""
+
+    def settle_batch(self, batch_id: str) -> None:
+        """Give a batch whose last claimed work is done its final status, if it has one now."""
+
+
+@dataclass
+class _GroupRun:
+    """A group the pump claimed: its members' outcomes as they are written, until every member is accounted
+    for (ran and written, or handed back) and the group closes."""
+
+    group: dict
+    batch: dict
+    left: int
+    written: list[dict] = field(default_factory=list)
+    handed_back: list[dict] = field(default_factory=list)
+    lost: bool = False  # a write lost its condition: the sweeper recovered the group first
+
+
+@dataclass
+class _Member:
+    """One claimed request waiting in the pump's queue for a slot: a group member, or a retry."""
+
+    run: _GroupRun | None = None
+    position: list | None = None
+    body: dict | None = None
+    retry: dict | None = None
+
+
+class SlotPump:
+    """Keeps a model's backend at its budget: a worker invocation holds some of the model's slots (a
+    SlotLease, taken from the budget once, within its cap and fenced by a token) and keeps exactly that many
+    backend calls in flight, from a small local queue of requests it has already claimed. When a call
+    answers, the next claimed request starts at once; its outcome is written beside it (one conditional
+    put per request, the group's close once all its members are written), not before the next call.
+
+    Invariants:
+    - calls in flight <= slots held <= what the budget granted: one runner per slot, and a runner starts a
+      call only while it holds its slot; slots go back only when their runner has stopped;
+    - work-conserving: claimed work never waits behind busy runners while the budget has free slots: the
+      lease grows into them (fenced on the lease and conditional on the cap, as a claim) and a runner starts
+      for each, so a long call holds one slot, never the requests queued behind it;
+    - ownership of work is the ledger's, as for every claim: each claimed request is run at most once per
+      claim and its outcome written exactly once, fenced by its group's token; a member that does not start
+      (the invocation ends, the budget shrinks, its batch stopped or its window closed) is handed back in its
+      group's close as waiting, due at once and never attempted, so it is claimed again like a retry;
+    - claims run ahead of the slots by about one claim's round trip of work (`ahead`), so fairness between
+      batches (the claims' round robin) and the interactive floor hold to within one claim;
+    - the budget is read every `poll_seconds` on a thread of its own (never behind a claim or a write): when
+      it has shrunk (interactive load, 429 back-off) below what is in flight, runners stop after their
+      current call and their slots go back, and the runners kept start no new call until the model is back
+      within its cap (bounded, see `_holding`); the lease changes (grow, give back) one at a time;
+    - a call starts only on a cap read less than `stale_cap_seconds` ago: when the poll is slow (a throttled
+      or stalled store), runners wait for its answer rather than start calls on what the budget said before
+      (the interactive load may have come meanwhile);
+    - a worker that dies holding slots leaves a SlotLease whose lease runs out: the sweeper gives its slots
+      back; its groups are recovered by their own leases, counting no budget slot (they held none).
+
+    Its knobs are SchedulerConfig's; its arithmetic is `policy`'s. `requests` runs what it claims.
+    """
+
+    def __init__(self, svc: Services, model: Model, deadline: float, requests: RunsRequests) -> None:
+        self.svc, self.model, self.deadline, self.requests = svc, model, deadline, requests
+        config = self.config
+        self.lease: dict | None = None
+        self.slots = 0  # runners (and slots) still held
+        self.queue: deque[_Member] = deque()
+        self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
+        self.release = 0  # runners that must stop and give their slot back (the budget shrank)
+        self.releasing = 0  # slots on their way back (the give-back not yet written)
+        self.done_claiming = False
+        self.drained = False  # the last claim found no work: what is queued is the end of it
+        self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
+        self.need = asyncio.Event()  # a runner took work: the claimer may claim more
+        self.writes: set[asyncio.Task] = set()
+        self.runners: set[asyncio.Task] = set()
+        self.outcome: Counter = Counter()
+        self.claim_seconds = config.first_claim_seconds  # moving averages: how long a claim and a call take
+        self.call_seconds = config.first_call_seconds
+        self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
+        self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
+        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
+        self.key: str | None = None
+        self.lease_lock = asyncio.Lock()  # one change of the lease at a time: each is fenced on the last
+        # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
+        # (nor those behind the rest of the process) for a thread of the shared pool.
+        self.claim_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-claim")
+        # The budget is polled on a thread and a clock of its own: a slow claim must not hold back the poll
+        # that stops runners when interactive load arrives.
+        self.poll_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-poll")
+        self.budget_item: dict | None = None  # as the last poll read it
+        self.cap_read_at = time.monotonic()  # when the read behind `budget_item` was sent
+        # The polls' own (the dispatcher's is read in the claim thread).
+        self.interactive = InteractiveMemory(config.interactive_window_seconds)
+        self.closing = False
+        self.stop_polling = asyncio.Event()
+        self.over_since: float | None = None  # when the last polls began to find the model over its cap
+        self.over_share = 0.0  # this lease's part of what was in flight then: it keeps that part of the cap
+        self.write_pool = ThreadPoolExecutor(8, thread_name_prefix="pump-write")
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return scheduler_config(self.svc.settings)
+
+    async def _claiming(self, fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of run_in_executor
+        return await self._in(self.claim_pool, fn, *args)
+
+    async def _writing(self, fn, *args):  # noqa: ANN001, ANN202
+        return await self._in(self.write_pool, fn, *args)
+
+    @staticmethod
+    async def _in(pool: ThreadPoolExecutor, fn, *args):  # noqa: ANN001, ANN205
+        # In the caller's context, as asyncio.to_thread runs it (loggers' and tracers' context go along).
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(context.run, fn, *args))
+
+    @property
+    def ahead(self) -> int:
+        """Requests claimed beyond the slots (`policy.ahead`)."""
+        return policy.ahead(self.slots, self.claim_seconds, self.call_seconds, self.config.ahead_seconds)
+
+    async def adopt(self, message: dict) -> Counter | None:
+        """Run a dispatched group (a queue message) in a lease made of the slots its members hold: None once
+        adopted (`run` goes on from it), or what happened instead (stale, closed without running)."""
+        svc = self.svc
+        group = await asyncio.to_thread(svc.table.get, *group_key(message["batch_id"], int(message["group"])))
+        if not group or group["state"] != RequestState.DISPATCHED.value or group["token"] != message["token"]:
+            return Counter(stale=1)
+        batch = await asyncio.to_thread(Batch.get, svc.table, message["batch_id"])
+        decided = await asyncio.to_thread(self.requests.close_without_running, group, batch)
+        if decided:
+            return decided
+        try:
+            running, self.lease = await asyncio.to_thread(start_group_in_lease, svc, group)
+        except ConditionFailed:  # the batch stopped (or its window closed) since the check
+            return await asyncio.to_thread(self.requests.close_without_running, group, None) or Counter(stale=1)
+        self.slots = len(running["positions"])
+        await self._queue_group(running, batch)
+        return None
+
+    async def run(self, most: int) -> Counter:
+        """Keep the lease's slots busy (taking up to `most` free ones first if none were adopted) until the
+        deadline or the work runs out, then give them back."""
+        svc, model = self.svc, self.model
+        if self.lease is None:
+            read_at = time.monotonic()
+            budget_item = await asyncio.to_thread(read_budget, svc, model)
+            level = self.interactive.level(model.id, budget_item)
+            # Interactive calls began or ended a moment ago: a new pump remembers none of that load yet, and
+            # between one client's call and its next the count dips for a moment (to 0 when calls end
+            # together). It watches over the memory's window before taking slots, as running pumps and the
+            # dispatcher go by what they saw over it. (A count that stood still for the window needs no watch.)
+            while not self.interactive.knows(model.id, budget_item, svc.now_ms()):
+                await asyncio.sleep(self.config.poll_seconds)
+                read_at = time.monotonic()
+                budget_item = await asyncio.to_thread(read_budget, svc, model)
+                level = self.interactive.level(model.id, budget_item)
+            cap = effective_budget(model, budget_item, self.config.interactive_yield_per_request, level)
+            # From the budget's roomiest shards, as many as it needs (a lease may hold slots of several).
+            in_flight = int((budget_item or {}).get("in_flight", 0))
+            parts = Draws(budget_item, cap).split(policy.slots_to_take(most, cap, in_flight))
+            k = sum(n for _, n in parts)
+            if k <= 0 or time.monotonic() >= self.deadline:
+                return self.outcome
+            try:
+                self.lease = await asyncio.to_thread(take_slots, svc, model.id, parts)
+            except (ConditionFailed, Throttled):
+                return self.outcome  # another claimant took them first
+            self.slots, self.budget_item, self.cap_read_at = k, budget_item, read_at
+        else:
+            # An adopted group was claimed in the budget as it stood then: look at it again before its first
+            # call starts, so a group that waited on the queue while interactive load came does not start over.
+            await self._poll_budget()
+        self.key = await asyncio.to_thread(self.requests.key, model)
+        poller = asyncio.create_task(self._poll_loop())
+        claimer = asyncio.create_task(self._claim_loop())
+        failure: BaseException | None = None
+        try:
+            self._add_runners(self.slots)
+            while self.runners:  # the lease may grow meanwhile, adding runners
+                done, _ = await asyncio.wait(self.runners, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self.runners.discard(task)
+                    if task.exception() is not None and failure is None:
+                        # The others finish their current call (recorded) and start no more; then it is raised.
+                        failure = task.exception()
+                        self.deadline = 0.0
+                        self.wake.set()
+            if failure is not None:
+                raise failure
+        finally:
+            self.done_claiming = True
+            self.need.set()
+            for problem in await asyncio.gather(claimer, return_exceptions=True):
+                if isinstance(problem, Exception):  # its claims stand; what it queued still runs or goes back
+                    log.error("the pump's claimer stopped: %r", problem)
+            self.closing = True  # no more growth; a grow already written added runners: they end too
+            self.stop_polling.set()
+            for problem in await asyncio.gather(poller, return_exceptions=True):
+                if isinstance(problem, Exception):
+                    log.error("the pump's budget poll stopped: %r", problem)
+            while self.runners:  # added by a grow the poll wrote as it stopped, or left by a failure
+                done, _ = await asyncio.wait(self.runners)
+                self.runners -= done
+                for task in done:
+                    if task.exception() is not None and task.exception() is not failure:
+                        log.error("a pump runner stopped: %r", task.exception())
+            while self.queue:  # claimed but never started: back to waiting, in their groups' close
+                self._hand_back(self.queue.popleft())
+            while self.writes:
+                await asyncio.gather(*list(self.writes), return_exceptions=True)
+            if self.lease is not None:
+                await self._give_back(self.slots)
+            self.claim_pool.shutdown(wait=False)
+            self.poll_pool.shutdown(wait=False)
+            self.write_pool.shutdown(wait=False)
+        return self.outcome
+
+    # --- Slots ---------------------------------------------------------------------------------------
+
+    def _add_runners(self, n: int) -> None:
+        for _ in range(n):
+            self.runners.add(asyncio.create_task(self._runner()))
+
+    async def _grow(self, budget_item: dict | None, cap: int) -> None:
+        """Every runner busy and claimed work waiting: take free slots of the budget for it."""
+        async with self.lease_lock:
+            if (self.lease is None or self.closing or self.release or self.releasing
+                    or time.monotonic() >= self.deadline):
+                return
+            waiting = len(self.queue) - (self.slots - self.busy)
+            in_flight = int((budget_item or {}).get("in_flight", 0))
+            # From whichever shards have room.
+            parts = Draws(budget_item, cap).split(policy.slots_to_take(waiting, cap, in_flight))
+            n = sum(m for _, m in parts)
+            if n <= 0:
+                return
+            try:
+                self.lease = await self._in(self.poll_pool, grow_slots, self.svc, self.lease, parts)
+            except (ConditionFailed, Throttled):
+                return  # taken by others meanwhile (or the lease was recovered): the next poll looks again
+            self.slots += n
+            self._add_runners(n)
+
+    async def _give_back(self, n: int) -> None:
+        async with self.lease_lock:
+            if n <= 0 or self.lease is None:
+                return
+            try:
+                self.lease = await asyncio.to_thread(give_back_slots, self.svc, self.lease, n)
+            except ConditionFailed:  # the sweeper recovered the lease (its slots went back then)
+                self.lease = None
+            except Throttled:
+                log.warning("could not give %d slots back now; the lease's recovery will", n)
+
+    async def _runner(self) -> None:
+        while True:
+            member = await self._next()
+            if member is None:
+                return
+            if member.retry is not None:  # a retry runs the single-request path (start, call, settle)
+                self._call_starts(member)
+                try:
+                    self.outcome.update(await self.requests.run_retry(member.retry))
+                finally:
+                    self._call_ended(member)
+                continue
+            run = member.run
+            assert run is not None and member.position is not None
+            if not self._may_start(run.batch):
+                self._hand_back(member)
+                continue
+            started = self._call_starts(member)
+            try:
+                attempt = await self.requests.call(self.model, run.batch, member.body or {}, self.key)
+            finally:
+                self._call_ended(member)
+            self.call_seconds = policy.moving_average(self.call_seconds, time.monotonic() - started,
+                                                      self.config.average_weight)
+            self._spawn(self._record(member, attempt))
+
+    @property
+    def busy(self) -> int:
+        """Calls in flight."""
+        return len(self.calls_started)
+
+    def _call_starts(self, member: _Member) -> float:
+        started = self.calls_started[id(member)] = time.monotonic()
+        return started
+
+    def _call_ended(self, member: _Member) -> None:
+        self.calls_started.pop(id(member), None)
+
+    def _calls_left(self, now: float) -> list[float]:
+        """Each call in flight's expected seconds left (negative once it is overdue)."""
+        return [started + self.call_seconds - now for started in self.calls_started.values()]
+
+    def _ending_soon(self) -> tuple[int, float]:
+        """How many calls in flight are expected to answer within the next claim's round trip (twice the
+        average claim, and a margin), and in how many seconds the next of the others will be."""
+        horizon = 2 * self.claim_seconds + self.config.soon_margin_seconds
+        return policy.ending_soon(self._calls_left(time.monotonic()), horizon)
+
+    async def _next(self) -> _Member | None:
+        """The next claimed request for a free slot, or None when this runner must stop (its slot goes back)."""
+        while True:
+            if self.release > 0:
+                # Counted as on its way back until the budget says so, lest the claimer see the budget still
+                # over its cap and stop one runner more.
+                self.release -= 1
+                self.releasing += 1
+                await self._give_back(1)
+                self.releasing -= 1
+                self.slots -= 1
+                return None
+            if time.monotonic() >= self.deadline:
+                return None
+            if self.queue and (self._holding() or self._cap_stale()):
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), self.config.poll_seconds)
+                except TimeoutError:
+                    pass
+                continue
+            if self.queue:
+                self.need.set()
+                return self.queue.popleft()
+            if self.done_claiming:
+                return None
+            self.wake.clear()
+            await self.wake.wait()
+
+    def _holding(self) -> bool:
+        """Over the cap (interactive load came, or the backend said 429): the slots this lease keeps start no
+        new call until the calls running above the cap have ended and their slots gone back ("running calls
+        may finish, new ones must not start"), whichever worker runs them. Bounded by the backend timeout, the
+        longest a running call can take: slots still held past it are a dead worker's (given back when the
+        sweeper recovers its lease), and must not stop the floor's own work until then."""
+        return (self.over_since is not None
+                and time.monotonic() - self.over_since < self.config.backend_timeout_seconds)
+
+    def _free_when_claimed(self, soon: int) -> int:
+        """What a claim made now should bring (`policy.free_when_claimed`)."""
+        idle = self.slots - self.release - self.releasing - self.busy
+        return policy.free_when_claimed(idle, soon, self.ahead, len(self.queue))
+
+    def _can_start_in_time(self) -> int:
+        """How many more requests the slots can start before the deadline, past what is queued
+        (`policy.can_start_in_time`)."""
+        now = time.monotonic()
+        return policy.can_start_in_time(self.slots - self.release, self.deadline - now, self._calls_left(now),
+                                        self.call_seconds, len(self.queue))
+
+    def _claim_at(self) -> int:
+        return policy.claim_at(self.ahead)
+
+    def _cap_stale(self) -> bool:
+        return time.monotonic() - self.cap_read_at > self.config.stale_cap_seconds
+
+    def _may_start(self, batch: dict) -> bool:
+        """A first attempt starts only while its batch runs and its window is open (the claim checked both;
+        a stop seen since, or the window closing, hands it back)."""
+        return not batch.get("stop") and self.svc.now() < batch["expires_at"]
+
+    # --- Claims --------------------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        idle_since: float | None = None
+        polled = 0.0
+        try:
+            while time.monotonic() < self.deadline and self.slots > 0:
+                config = self.config
+                if time.monotonic() - polled >= config.poll_seconds:  # not at every wake: on its own clock
+                    polled = time.monotonic()
+                    await self._claiming(self._refresh_stops)
+                # Claim for the slots that will be free when the claim lands (idle runners, and calls expected
+                # to answer by then) and `ahead` more, once half of `ahead` is missing. Just in time, not a round
+                # early: work claimed ahead runs before any batch that arrives after it, and a claim made a round
+                # early kept a new batch waiting a whole round of calls. Claims cost the same whatever their
+                # size (each makes a group, whose close costs the same): at least a batch's share of the slots
+                # (a round while one batch has work; while many do, the dispatcher gives each lane it serves
+                # a whole quantum, and a lane's last few requests with it, whatever this asks for).
+                floor = policy.claim_floor(self.slots - self.release, config.lane_quantum,
+                                           self.dispatcher.lanes.seen)
+                soon, next_soon = self._ending_soon()
+                want = self._free_when_claimed(soon)
+                most = self._can_start_in_time()
+                want = min(want, most)
+                got = 0
+                if policy.should_claim(want, self._claim_at(), len(self.queue)):
+                    started = time.monotonic()
+                    got = await self._claim(policy.claim_size(want, floor, most), self.budget_item, most)
+                    self.claim_seconds = policy.moving_average(self.claim_seconds, time.monotonic() - started,
+                                                               config.average_weight)
+                self.drained = want > 0 and not got
+                if got or self.queue or self.busy:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= config.idle_seconds:
+                    return  # no work for a while: the runners stop and the slots go back
+                if got:
+                    continue  # look again at once: the queue may still be short
+                # Wait for runners to take work, a call to come within a claim's round trip of its answer, or
+                # the next look for stopped batches.
+                self.need.clear()
+                until = min(polled + config.poll_seconds, time.monotonic() + next_soon)
+                while time.monotonic() < until:
+                    soon, next_soon = self._ending_soon()
+                    until = min(until, time.monotonic() + next_soon)
+                    short = min(self._free_when_claimed(soon), self._can_start_in_time())
+                    if policy.should_claim(short, self._claim_at(), len(self.queue), idle=idle_since is not None):
+                        break
+                    try:
+                        await asyncio.wait_for(self.need.wait(), max(0.0, until - time.monotonic()))
+                    except TimeoutError:
+                        break
+                    self.need.clear()
+        finally:
+            self.done_claiming = True
+            self.wake.set()
+
+    async def _poll_loop(self) -> None:
+        while not self.stop_polling.is_set():
+            try:
+                await asyncio.wait_for(self.stop_polling.wait(), self.config.poll_seconds)
+            except TimeoutError:
+                pass
+            if self.stop_polling.is_set():
+                return
+            try:
+                await self._poll_budget()
+            except Throttled:
+                log.warning("could not read %s's budget now; polling again", self.model.id)
+
+    async def _poll_budget(self) -> dict | None:
+        """Read the budget; when it has shrunk, stop runners after their current call, this lease's share of
+        the excess (other holders give back theirs), counting those already told to stop; when it has room
+        and claimed work waits behind busy runners, grow into it."""
+        svc, model = self.svc, self.model
+        read_at = time.monotonic()
+        budget_item = await self._in(self.poll_pool, read_budget, svc, model, False)
+        stale = self._cap_stale()
+        self.budget_item, self.cap_read_at = budget_item, read_at
+        cap = effective_budget(model, budget_item, self.config.interactive_yield_per_request,
+                               self.interactive.level(model.id, budget_item))
+        in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
+        mine = self.slots - self.releasing
+        if stale:
+            self.wake.set()  # runners held for a fresh cap: here it is
+        if in_flight > cap and self.over_since is None:
+            self.over_since = time.monotonic()
+            self.over_share = mine / in_flight
+        elif in_flight <= cap and self.over_since is not None:
+            self.over_since = None
+            self.wake.set()
+        if in_flight > cap and mine > 0:
+            # Its share of the excess, never below its part of the cap as things stood when the model went over
+            # (`policy.give_back`). Those it keeps start nothing until the model is within its cap
+            # (`_holding`); once it is, the lease grows back into it.
+            self.release = max(self.release, policy.give_back(in_flight, cap, mine, self.over_share))
+            self.wake.set()
+        elif in_flight < cap:
+            await self._grow(budget_item, cap)
+        return budget_item
+
+    async def _claim(self, want: int, budget_item: dict | None, most: int) -> int:
+        """Claim about `want` requests (never more than `most`) in the lease's slots and queue them; returns
+        how many were queued."""
+        try:
+            units = await self._claiming(self.dispatcher.claim, self.model, want, self.lease, budget_item, most)
+        except (ConditionFailed, Throttled):
+            return 0
+        queued = 0
+        for unit in units:
+            if "positions" not in unit:
+                self._enqueue([_Member(retry=unit)])
+                queued += 1
+                continue
+            batch = self.dispatcher.batches_seen.get(unit["batch_id"])
+            decided = await self._claiming(self.requests.close_without_running, unit, batch)
+            if decided:  # its batch stopped or its owner lost access: closed without running
+                self.outcome.update(decided)
+                continue
+            queued += await self._queue_group(unit, batch)
+        return queued
+
+    async def _queue_group(self, group: dict, batch: dict | None) -> int:
+        if batch is None:
+            batch = await self._claiming(Batch.get, self.svc.table, group["batch_id"])
+        bodies = await self._claiming(self.requests.bodies, group)
+        shared = self.batches.setdefault(group["batch_id"], dict(batch or {}))
+        run = _GroupRun(group=group, batch=shared, left=len(group["positions"]))
+        self._enqueue([_Member(run=run, position=position, body=body)
+                       for position, body in zip(group["positions"], bodies, strict=True)])
+        return len(group["positions"])
+
+    def _enqueue(self, members: list[_Member]) -> None:
+        """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
+        or retries alone) can leave idle runners asleep beside it until the deadline."""
+        self.queue.extend(members)
+        self.wake.set()
+
+    def _refresh_stops(self) -> None:
+        """Look again, at most every half second, whether a batch with queued requests was stopped."""
+        now = time.monotonic()
+        for batch_id in {m.run.batch["id"] for m in self.queue if m.run is not None}:
+            if now - self.looked_at.get(batch_id, 0.0) < self.config.stop_look_seconds:
+                continue
+            self.looked_at[batch_id] = now
+            current = Batch.get(self.svc.table, batch_id) or {"deleting": True}
+            if current.get("stop") or current.get("deleting"):
+                self.batches[batch_id]["stop"] = current.get("stop") or "deleting"
+
+    # --- Outcomes ------------------------------------------------------------------------------------
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self.writes.add(task)
+        task.add_done_callback(self.writes.discard)
+
+    async def _record(self, member: _Member, attempt: Attempt) -> None:
+        svc, run = self.svc, member.run
+        assert run is not None and member.position is not None
+        item = await self._writing(self.requests.record, run.group, member.position, self.model, attempt)
+        if item is not None:
+            run.written.append(item)
+        else:
+            run.lost = True  # the sweeper recovered this group first
+        if attempt.status_code == 429:
+            await self._writing(backend_said_429, svc, self.model)
+        await self._member_done(run)
+
+    def _hand_back(self, member: _Member) -> None:
+        if member.retry is not None:  # a retry never started: waiting again (rare: at the end)
+            self._spawn(self._writing(self.requests.hand_back_retry, member.retry))
+            return
+        run = member.run
+        assert run is not None and member.position is not None
+        item = position_item(self.svc, run.group, member.position,
+                             Settlement(to=RequestState.WAITING, retry_at=self.svc.now()), attempt=0)
+        run.handed_back.append(item)
+        self._spawn(self._member_done(run))
+
+    async def _member_done(self, run: _GroupRun) -> None:
+        run.left -= 1
+        if run.left > 0:
+            return
+        if run.lost:
+            self.outcome["lease_lost"] += len(run.group["positions"])
+            return
+        try:
+            await self._writing(self.requests.close_group, run.group, run.written, tuple(run.handed_back))
+        except ConditionFailed:  # recovered meanwhile: the sweeper counted these outcomes from their items
+            self.outcome["lease_lost"] += len(run.group["positions"])
+            return
+        self.outcome.update(item["state"] for item in run.written)
+        if run.handed_back:
+            self.outcome["handed_back"] += len(run.handed_back)
+        if self.drained and not any(m.run is not None and m.run.batch is run.batch for m in self.queue):
+            # Its last claimed work is done and nothing of it is left to claim: give it its final status now
+            # rather than at the sweeper's next pass (a minute on AWS). Fenced like every settle.
+            await self._writing(self.requests.settle_batch, run.group["batch_id"])
+
+
