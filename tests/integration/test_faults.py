@@ -32,7 +32,7 @@ from batchinfer.records import group_shards, lease_shards
 from batchinfer.scheduling import dispatcher as claim_pass
 from batchinfer.scheduling import lanes
 from batchinfer.scheduling import pump as slot_pump
-from batchinfer.scheduling.config import SchedulerConfig, scheduler_config
+from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts, batches, lifecycle, run_request
 from batchinfer.service.accounts import authenticate
@@ -1885,7 +1885,8 @@ def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
     def interactive_load_arrives() -> None:
         time.sleep(1.0)
         track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
-        time.sleep(0.3 + 2 * SchedulerConfig().poll_seconds + 0.2)  # running calls may finish; then no new ones
+        # Running calls may finish; then no new ones.
+        time.sleep(0.3 + 2 * scheduler_config(svc.settings).poll_seconds + 0.2)
         for _ in range(10):
             seen.append(sim_stats(sim_control)["in_flight"])
             time.sleep(0.1)
@@ -1917,10 +1918,10 @@ def test_a_new_dispatcher_claims_nothing_in_a_dip_of_interactive_load_until_it_h
     new = Dispatcher(svc)
     assert new.dispatch_model(model) == 0  # the count reads 0, but it moved a moment ago
     track_interactive(svc, GLM, 6)  # the next calls
-    time.sleep(SchedulerConfig().interactive_window_seconds + 0.05)
+    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)
     assert new.dispatch_model(model) == 2  # it has watched for the window: the floor
     track_interactive(svc, GLM, -6)
-    time.sleep(SchedulerConfig().interactive_window_seconds + 0.05)  # the load has gone and stayed gone
+    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)  # the load has gone and stayed gone
     assert Dispatcher(svc).dispatch_model(model) == 6  # a new one takes the rest of the budget at once
 
     assert budget_in_flight(svc) == 8
@@ -2015,7 +2016,8 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
 
     # After a poll's time (and the poll's own read), no batch call starts while the floor's worth or more of
     # other batch calls still run; and batch work goes on at the floor once the long calls have ended.
-    after = [a for a, _ in calls if arrived[0] + 2 * SchedulerConfig().poll_seconds + 0.3 < a < arrived[0] + 5.0]
+    poll = scheduler_config(svc.settings).poll_seconds
+    after = [a for a, _ in calls if arrived[0] + 2 * poll + 0.3 < a < arrived[0] + 5.0]
     over = [(round(a - arrived[0], 2), sum(1 for a2, b2 in calls if a2 < a < b2)) for a in after]
     assert after and all(running < 2 for _, running in over), over
     # The floor's 2 slots stay busy once the long calls are gone (0.5 s calls: ~8 starts in 2 s; 1 slot: ~4).
@@ -2073,8 +2075,8 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
 
     # The last poll answered before the stall began; from a second after it (stale_cap_seconds, and a
     # runner's wait), until the stalled poll answers, no call starts.
-    assert SchedulerConfig().stale_cap_seconds <= 1.0
-    quiet_from = marks["stalled"] - 0.3 + 1.0 + SchedulerConfig().poll_seconds + 0.1
+    assert scheduler_config(svc.settings).stale_cap_seconds <= 1.0
+    quiet_from = marks["stalled"] - 0.3 + 1.0 + scheduler_config(svc.settings).poll_seconds + 0.1
     assert not [round(a - marks["stalled"], 2) for a in starts if quiet_from < a < marks["released"]]
     assert [a for a in starts if a > marks["released"]], "the pump went on once the poll answered"
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
@@ -2125,7 +2127,7 @@ def test_new_pump_does_not_take_a_dip_between_interactive_calls_for_room(svc, si
     def next_calls_arrive() -> None:
         time.sleep(0.1)
         track_interactive(svc, GLM, 6)  # ...and the clients' next ones are counted a moment later
-        time.sleep(SchedulerConfig().interactive_window_seconds + 2.0)
+        time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 2.0)
         track_interactive(svc, GLM, -6)
 
     load = threading.Thread(target=next_calls_arrive)
