@@ -15,6 +15,8 @@ from ..settings import Settings
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """Every knob of the dispatcher, the lanes, the slot pump and the budget, with its default and why."""
+
     # --- Lanes: how batches share a model's slots -------------------------------------------------------
 
     # Slots a lane is given per turn while more lanes wait than there are free slots. Each group pays a claim
