@@ -30,7 +30,7 @@ import time
 import httpx
 
 from batchinfer.layout import model_budget_key
-from batchinfer.service.capacity import track_interactive
+from batchinfer.scheduling.capacity import track_interactive
 from bench.common import chat, command_line, create, local_stack, median, wait
 from bench.ingest import spread
 

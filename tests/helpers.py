@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from batchinfer.runtime import Services, build_services
+from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts
-from batchinfer.service.dispatch import Dispatcher
 from batchinfer.service.sweep import sweep_once
 from batchinfer.settings import Settings
 from batchinfer.storage import bootstrap

@@ -15,7 +15,8 @@ from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState
 from batchinfer.layout import account_key, batch_key, file_key, file_object, requests_object
 from batchinfer.records import Budget
 from batchinfer.runtime import Services
-from batchinfer.service import batches, capacity, message_batches
+from batchinfer.scheduling import capacity
+from batchinfer.service import batches, message_batches
 from batchinfer.service import results as results_module
 from batchinfer.service.accounts import Principal
 

@@ -5,7 +5,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from batchinfer.catalog import METRIC_REQUESTS_DISPATCHED
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
-from batchinfer.service.dispatch import Dispatcher
+from batchinfer.scheduling.dispatcher import Dispatcher
 
 # A pass that starts just before the loop ends must finish (and the metrics flush) inside the invocation.
 STOP_BEFORE_TIMEOUT_SECONDS = 10

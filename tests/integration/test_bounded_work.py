@@ -326,7 +326,7 @@ def test_a_file_is_checked_only_when_the_run_has_time_for_the_whole_step(api, sv
 
 def test_lease_recovery_and_webhook_relays_stop_at_the_deadline_and_the_next_run_goes_on(api, svc, ticks):
     from batchinfer.records import WebhookEvent
-    from batchinfer.service.dispatch import Dispatcher
+    from batchinfer.scheduling.dispatcher import Dispatcher
 
     settings(svc, lease_seconds=60)
     account, key = new_key(svc)

@@ -5,6 +5,7 @@ checker (tests/invariants.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import threading
@@ -28,11 +29,15 @@ from batchinfer.layout import (
 from batchinfer.ledger import queue_message
 from batchinfer.providers import openai_compat
 from batchinfer.records import group_shards, lease_shards
-from batchinfer.service import accounts, batches, dispatch, lifecycle, work
+from batchinfer.scheduling import dispatcher as claim_pass
+from batchinfer.scheduling import lanes
+from batchinfer.scheduling import pump as slot_pump
+from batchinfer.scheduling.config import scheduler_config
+from batchinfer.scheduling.dispatcher import Dispatcher
+from batchinfer.service import accounts, batches, lifecycle, run_request
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.dispatch import Dispatcher
+from batchinfer.service.run_request import process, process_and_pull
 from batchinfer.service.sweep import sweep_once
-from batchinfer.service.work import process, process_and_pull
 from batchinfer.storage.dynamo import ConditionFailed
 from local.lambda_runtime import invoke, sqs_event
 from local.servers import free_port
@@ -366,7 +371,7 @@ def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, m
     requests = [chat_request("dies", "the worker dies after this answer"), chat_request("fine", "all good")]
     batch_id = submit(svc, who, requests)
 
-    real_record = work.record_position
+    real_record = run_request.record_position
     died = []
 
     def dying_record(svc_, item):
@@ -375,7 +380,7 @@ def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, m
             raise RuntimeError("worker process died")  # the backend answered; the outcome is never written
         return real_record(svc_, item)
 
-    monkeypatch.setattr(work, "record_position", dying_record)
+    monkeypatch.setattr(run_request, "record_position", dying_record)
     assert Dispatcher(svc).pass_once() == 2
     messages = receive(svc, GLM)
     assert len(messages) == 1  # both requests in one group
@@ -481,7 +486,8 @@ def test_a_batch_that_arrives_takes_freed_slots_until_it_holds_as_many_as_the_ot
     """Batch A holds 8 slots when B arrives: the next claim of 8 gives all of them to B (8 and 8), not half
     (12 and 4, which leaves B a round of calls behind); a lane with less work takes what it has, the rest
     going to the others in turn; every request still ends once."""
-    monkeypatch.setattr(dispatch, "LANE_QUANTUM", 4)  # so three lanes are all read by a claim of 12
+    monkeypatch.setattr(lanes, "scheduler_config",  # so three lanes are all read by a claim of 12
+                        lambda settings: dataclasses.replace(scheduler_config(settings), lane_quantum=4))
     set_budgets(svc, {GLM: 32})
     who = authenticate(svc, new_key(svc, tier="internal")[1])
     a = submit(svc, who, [chat_request(f"a-{i}", f"older {i}") for i in range(40)])
@@ -521,7 +527,7 @@ def test_a_claim_reads_the_lanes_it_serves_not_every_batchs_and_new_dispatchers_
         return items, last
 
     monkeypatch.setattr(svc.table, "query", counting)
-    firsts = {Dispatcher(svc)._lanes_in_turn(GLM, 3)[0][0]["batch_id"] for _ in range(20)}
+    firsts = {Dispatcher(svc).lanes.in_turn(GLM, 3)[0][0]["batch_id"] for _ in range(20)}
     assert len(firsts) >= 3, firsts
     lane_items_read.clear()
     dispatcher = Dispatcher(svc)
@@ -549,7 +555,7 @@ def test_worker_dying_after_recording_every_outcome_counts_them_once(svc, sim_co
     def dying_close(*args, **kwargs):
         raise RuntimeError("worker process died")
 
-    monkeypatch.setattr(work, "close_group", dying_close)
+    monkeypatch.setattr(run_request, "close_group", dying_close)
     assert Dispatcher(svc).pass_once() == 3
     report = run_messages(svc, GLM, receive(svc, GLM))
     assert report["failed"]
@@ -614,8 +620,8 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
             return units
         return call
 
-    monkeypatch.setattr(dispatch, "claim_from_lane", watched(dispatch.claim_from_lane))
-    monkeypatch.setattr(dispatch, "claim_retry", watched(dispatch.claim_retry))
+    monkeypatch.setattr(lanes, "claim_from_lane", watched(lanes.claim_from_lane))
+    monkeypatch.setattr(claim_pass, "claim_retry", watched(claim_pass.claim_retry))
     stop = threading.Event()
     errors: list[BaseException] = []
     peaks: Counter = Counter()
@@ -1372,7 +1378,7 @@ def test_revocation_racing_a_cancel_does_not_count_a_cancelled_request_as_failed
     batch_id = submit(svc, who, [chat_request(f"rc-{i}", f"race {i}") for i in range(3)])
     assert Dispatcher(svc).pass_once() == 1
     accounts.revoke_key(svc, key)
-    real_key_problem = work.key_problem
+    real_key_problem = run_request.key_problem
     cancelled = []
 
     def key_problem_after_cancel(*args, **kwargs):
@@ -1380,7 +1386,7 @@ def test_revocation_racing_a_cancel_does_not_count_a_cancelled_request_as_failed
             cancelled.append(batches.cancel_batch(svc, who, batch_id)["status"])
         return real_key_problem(*args, **kwargs)
 
-    monkeypatch.setattr(work, "key_problem", key_problem_after_cancel)
+    monkeypatch.setattr(run_request, "key_problem", key_problem_after_cancel)
     final = pump(svc, batch_id)
 
     assert cancelled == ["cancelling"]
@@ -1476,7 +1482,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
     entries = [message_entry("dies", "the worker dies after this answer"), message_entry("bad", "x", model="nope"),
                message_entry("fine", "all good")]
     batch_id = submit_messages(svc, who, entries, version="2023-06-01")
-    real_record = work.record_position
+    real_record = run_request.record_position
     died = []
 
     def dying_record(svc_, item):
@@ -1485,7 +1491,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
             raise RuntimeError("worker process died")
         return real_record(svc_, item)
 
-    monkeypatch.setattr(work, "record_position", dying_record)
+    monkeypatch.setattr(run_request, "record_position", dying_record)
     assert Dispatcher(svc).pass_once() == 2  # the rejected request joins no lane
     report = run_messages(svc, GLM, receive(svc, GLM))
     assert died == ["completed"] and report["failed"]
@@ -1550,7 +1556,7 @@ def test_message_batch_window_closing_expires_unstarted_requests(svc, sim_contro
     assert sim_stats(sim_control)["total_requests"] == 2
 
 
-# --- The slot pump: a worker holding slots and claims ahead (service.work.SlotPump) ------------------------
+# --- The slot pump: a worker holding slots and claims ahead (scheduling.pump.SlotPump) ---------------------
 
 def budget_in_flight(svc, model: str = GLM) -> int:
     return int((svc.table.get(*model_budget_key(model)) or {}).get("in_flight", 0))
@@ -1564,7 +1570,7 @@ def slot_leases(svc, model: str = GLM) -> list[dict]:
 def run_pump(svc, slots: int, seconds: float = 30.0) -> Counter:
     """One worker invocation's pump on GLM, as process_and_pull runs it after its message."""
     deadline = time.monotonic() + seconds
-    return asyncio.run(work.SlotPump(svc, svc.catalog.get(GLM), deadline).run(slots))
+    return asyncio.run(run_request.slot_pump(svc, svc.catalog.get(GLM), deadline).run(slots))
 
 
 def test_pump_runs_a_batch_within_its_slots_and_gives_them_back(svc, sim_control):
@@ -1596,13 +1602,13 @@ def test_a_pump_with_few_slots_claims_whole_quanta_and_leaves_no_lane_a_stub(svc
     requests = {b: [chat_request(f"s{b}-{i}", f"stub {b} {i}") for i in range(20)] for b in range(3)}
     batch_ids = {submit(svc, who, rs): b for b, rs in requests.items()}
     sizes = []
-    real_claim = dispatch.claim_from_lane
+    real_claim = lanes.claim_from_lane
 
     def claim_from_lane(svc, batch, model_id, positions, *args, **kwargs):
         sizes.append((batch["id"], len(positions)))
         return real_claim(svc, batch, model_id, positions, *args, **kwargs)
 
-    monkeypatch.setattr(dispatch, "claim_from_lane", claim_from_lane)
+    monkeypatch.setattr(lanes, "claim_from_lane", claim_from_lane)
     outcome = run_pump(svc, slots=2)
 
     assert outcome["completed"] == 60, outcome
@@ -1669,7 +1675,7 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
     requests = [chat_request(f"d-{i}", f"dies pumping {i}") for i in range(12)]
     batch_id = submit(svc, who, requests)
     calls = []
-    real_attempt = work._attempt
+    real_attempt = run_request._attempt
 
     async def attempt_then_die(*args, **kwargs):
         calls.append(1)
@@ -1677,16 +1683,17 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
             raise SystemExit("worker process died")
         return await real_attempt(*args, **kwargs)
 
-    monkeypatch.setattr(work, "_attempt", attempt_then_die)
-    for name in ("close_group", "give_back_slots", "record_position"):
-        real = getattr(work, name)
+    monkeypatch.setattr(run_request, "_attempt", attempt_then_die)
+    for module, name in ((run_request, "close_group"), (slot_pump, "give_back_slots"),
+                         (run_request, "record_position")):
+        real = getattr(module, name)
 
         def dead(*args, real=real, **kwargs):
             if len(calls) > 3:
                 raise SystemExit("worker process died")
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(work, name, dead)
+        monkeypatch.setattr(module, name, dead)
     with pytest.raises(BaseException):  # noqa: B017 - whatever the dying process raised
         run_pump(svc, slots=4)
     monkeypatch.undo()
@@ -1716,14 +1723,14 @@ def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_s
     batch_id = submit(svc, who, requests)
     leases: list[dict] = []
     for name in ("take_slots", "grow_slots"):
-        real = getattr(work, name)
+        real = getattr(slot_pump, name)
 
         def watched(*args, real=real, **kwargs):
             lease = real(*args, **kwargs)
             leases.append(lease)
             return lease
 
-        monkeypatch.setattr(work, name, watched)
+        monkeypatch.setattr(slot_pump, name, watched)
     peaks: Counter = Counter()
     stop = threading.Event()
 
@@ -1760,7 +1767,7 @@ def test_slots_of_a_sharded_budget_held_by_dead_processes_go_back_to_their_own_s
     shard it came from, once, and leaves no shard below zero."""
     from batchinfer.ledger import take_slots
     from batchinfer.records import InteractiveLease
-    from batchinfer.service.capacity import Draws
+    from batchinfer.scheduling.capacity import Draws
 
     configure(svc, budget_shard_slots=2, lease_seconds=60)
     set_budgets(svc, {GLM: 8})
@@ -1806,7 +1813,7 @@ def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_cont
     who = authenticate(svc, key)
     requests = [chat_request(f"h-{i}", f"hand back {i}") for i in range(8)]
     batch_id = submit(svc, who, requests)
-    real_attempt = work._attempt
+    real_attempt = run_request._attempt
     recovered = []
 
     async def attempt(model, batch, body, *args, **kwargs):
@@ -1817,7 +1824,7 @@ def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_cont
             await asyncio.to_thread(_recover_group, svc, groups[0])
         return await real_attempt(model, batch, body, *args, **kwargs)
 
-    monkeypatch.setattr(work, "_attempt", attempt)
+    monkeypatch.setattr(run_request, "_attempt", attempt)
     outcome = run_pump(svc, slots=2, seconds=5)
     monkeypatch.undo()
 
@@ -1835,7 +1842,7 @@ def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypat
     who = authenticate(svc, key)
     requests = [chat_request(f"w-{i}", f"window {i}") for i in range(20)]
     batch_id = submit(svc, who, requests)
-    real_attempt = work._attempt
+    real_attempt = run_request._attempt
     after_close = []
 
     async def attempt(*args, **kwargs):
@@ -1845,7 +1852,7 @@ def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypat
         svc.clock.advance(601) if not svc.clock.offset else None  # the window closes after the first answer
         return answer
 
-    monkeypatch.setattr(work, "_attempt", attempt)
+    monkeypatch.setattr(run_request, "_attempt", attempt)
     outcome = run_pump(svc, slots=2, seconds=5)
     monkeypatch.undo()
 
@@ -1870,7 +1877,7 @@ def floor_of_two(svc, sim_control, latency: float, n: int, word: str) -> tuple:
 
 
 def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
-    from batchinfer.service.capacity import track_interactive
+    from batchinfer.scheduling.capacity import track_interactive
 
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=60, word="shrink")
     seen: list[int] = []
@@ -1878,7 +1885,8 @@ def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
     def interactive_load_arrives() -> None:
         time.sleep(1.0)
         track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
-        time.sleep(0.3 + 2 * work.SlotPump.POLL_SECONDS + 0.2)  # running calls may finish; then no new ones
+        # Running calls may finish; then no new ones.
+        time.sleep(0.3 + 2 * scheduler_config(svc.settings).poll_seconds + 0.2)
         for _ in range(10):
             seen.append(sim_stats(sim_control)["in_flight"])
             time.sleep(0.1)
@@ -1901,7 +1909,7 @@ def test_a_new_dispatcher_claims_nothing_in_a_dip_of_interactive_load_until_it_h
     together). A dispatcher new to the model (each scheduled invocation is) remembers none of the load: while
     the count moved within the last second it claims nothing until it has watched it that long; a count that
     has stood still that long is taken as it is, at once."""
-    from batchinfer.service.capacity import InteractiveMemory, track_interactive
+    from batchinfer.scheduling.capacity import track_interactive
 
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=20, word="dip")
     model = svc.catalog.get(GLM)
@@ -1910,10 +1918,10 @@ def test_a_new_dispatcher_claims_nothing_in_a_dip_of_interactive_load_until_it_h
     new = Dispatcher(svc)
     assert new.dispatch_model(model) == 0  # the count reads 0, but it moved a moment ago
     track_interactive(svc, GLM, 6)  # the next calls
-    time.sleep(InteractiveMemory.WINDOW_SECONDS + 0.05)
+    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)
     assert new.dispatch_model(model) == 2  # it has watched for the window: the floor
     track_interactive(svc, GLM, -6)
-    time.sleep(InteractiveMemory.WINDOW_SECONDS + 0.05)  # the load has gone and stayed gone
+    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)  # the load has gone and stayed gone
     assert Dispatcher(svc).dispatch_model(model) == 6  # a new one takes the rest of the budget at once
 
     assert budget_in_flight(svc) == 8
@@ -1932,7 +1940,7 @@ def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, si
     requests = [chat_request("slow", "slow [[sim:tag:slow]]")] + [chat_request(f"q-{i}", f"quick {i}")
                                                                    for i in range(6)]
     batch_id = submit(svc, who, requests)
-    real_attempt = work._attempt
+    real_attempt = run_request._attempt
     calls: list[tuple[str, float, float]] = []
 
     async def attempt(model, batch, body, *args, **kwargs):
@@ -1943,7 +1951,7 @@ def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, si
         calls.append((body["messages"][0]["content"], started, time.monotonic()))
         return answer
 
-    monkeypatch.setattr(work, "_attempt", attempt)
+    monkeypatch.setattr(run_request, "_attempt", attempt)
     outcome = run_pump(svc, slots=1, seconds=20)
     monkeypatch.undo()
 
@@ -1966,10 +1974,10 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
     go on at the floor: those wait until the long calls have ended rather than start beside them."""
     import contextvars
 
-    from batchinfer.service.capacity import track_interactive
+    from batchinfer.scheduling.capacity import track_interactive
 
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.5, n=150, word="floor")
-    real_attempt = work._attempt
+    real_attempt = run_request._attempt
     worker: contextvars.ContextVar[str] = contextvars.ContextVar("worker")
     calls: list[tuple[float, float]] = []
 
@@ -1995,11 +2003,11 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
 
         async def one(name: str, slots: int) -> None:
             worker.set(name)
-            await work.SlotPump(svc, svc.catalog.get(GLM), deadline).run(slots)
+            await run_request.slot_pump(svc, svc.catalog.get(GLM), deadline).run(slots)
 
         await asyncio.gather(one("long", 2), one("short", 6))
 
-    monkeypatch.setattr(work, "_attempt", attempt)
+    monkeypatch.setattr(run_request, "_attempt", attempt)
     load = threading.Thread(target=interactive_load_arrives)
     load.start()
     asyncio.run(two_workers())
@@ -2008,7 +2016,8 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
 
     # After a poll's time (and the poll's own read), no batch call starts while the floor's worth or more of
     # other batch calls still run; and batch work goes on at the floor once the long calls have ended.
-    after = [a for a, _ in calls if arrived[0] + 2 * work.SlotPump.POLL_SECONDS + 0.3 < a < arrived[0] + 5.0]
+    poll = scheduler_config(svc.settings).poll_seconds
+    after = [a for a, _ in calls if arrived[0] + 2 * poll + 0.3 < a < arrived[0] + 5.0]
     over = [(round(a - arrived[0], 2), sum(1 for a2, b2 in calls if a2 < a < b2)) for a in after]
     assert after and all(running < 2 for _, running in over), over
     # The floor's 2 slots stay busy once the long calls are gone (0.5 s calls: ~8 starts in 2 s; 1 slot: ~4).
@@ -2021,21 +2030,21 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
 
 def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc, sim_control, monkeypatch):
     """The budget poll stalls (a throttled or stalled store) just as interactive load comes: runners stop
-    starting calls once the cap they know is STALE_CAP_SECONDS old, rather than go on at the old budget, and
+    starting calls once the cap they know is stale_cap_seconds old, rather than go on at the old budget, and
     go on once a poll answers (at the floor); every request still ends once."""
-    from batchinfer.service.capacity import track_interactive
+    from batchinfer.scheduling.capacity import track_interactive
 
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=200, word="stall")
     stall = threading.Event()
     released = threading.Event()
-    real_read = work.read_budget
+    real_read = slot_pump.read_budget
 
     def stalling_read(*args, **kwargs):
         if stall.is_set() and threading.current_thread().name.startswith("pump-poll"):
             released.wait(10)
         return real_read(*args, **kwargs)
 
-    real_attempt = work._attempt
+    real_attempt = run_request._attempt
     starts: list[float] = []
 
     async def attempt(*args, **kwargs):
@@ -2056,18 +2065,18 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
         time.sleep(1.5)
         track_interactive(svc, GLM, -6)
 
-    monkeypatch.setattr(work, "read_budget", stalling_read)
-    monkeypatch.setattr(work, "_attempt", attempt)
+    monkeypatch.setattr(slot_pump, "read_budget", stalling_read)
+    monkeypatch.setattr(run_request, "_attempt", attempt)
     load = threading.Thread(target=load_arrives_while_the_poll_stalls)
     load.start()
     run_pump(svc, slots=8, seconds=6)
     load.join()
     monkeypatch.undo()
 
-    # The last poll answered before the stall began; from a second after it (STALE_CAP_SECONDS, and a
+    # The last poll answered before the stall began; from a second after it (stale_cap_seconds, and a
     # runner's wait), until the stalled poll answers, no call starts.
-    assert work.SlotPump.STALE_CAP_SECONDS <= 1.0
-    quiet_from = marks["stalled"] - 0.3 + 1.0 + work.SlotPump.POLL_SECONDS + 0.1
+    assert scheduler_config(svc.settings).stale_cap_seconds <= 1.0
+    quiet_from = marks["stalled"] - 0.3 + 1.0 + scheduler_config(svc.settings).poll_seconds + 0.1
     assert not [round(a - marks["stalled"], 2) for a in starts if quiet_from < a < marks["released"]]
     assert [a for a in starts if a > marks["released"]], "the pump went on once the poll answered"
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
@@ -2079,7 +2088,7 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
 def test_retry_delivered_after_the_budget_shrank_does_not_start_over_it(svc, sim_control):
     """A retry dispatched within the cap and delivered once interactive load has come waits again (its slot
     given back) instead of starting over the floor; it runs once the load goes, exactly once."""
-    from batchinfer.service.capacity import track_interactive
+    from batchinfer.scheduling.capacity import track_interactive
 
     _, key = new_key(svc)
     who = authenticate(svc, key)
@@ -2109,7 +2118,7 @@ def test_retry_delivered_after_the_budget_shrank_does_not_start_over_it(svc, sim
 def test_new_pump_does_not_take_a_dip_between_interactive_calls_for_room(svc, sim_control):
     """Interactive clients send back to back: their count dips to 0 for a moment when calls end together. A
     pump that starts then watches the count over the memory's window before taking slots."""
-    from batchinfer.service.capacity import InteractiveMemory, track_interactive
+    from batchinfer.scheduling.capacity import track_interactive
 
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=24, word="dip")
     track_interactive(svc, GLM, 6)
@@ -2118,7 +2127,7 @@ def test_new_pump_does_not_take_a_dip_between_interactive_calls_for_room(svc, si
     def next_calls_arrive() -> None:
         time.sleep(0.1)
         track_interactive(svc, GLM, 6)  # ...and the clients' next ones are counted a moment later
-        time.sleep(InteractiveMemory.WINDOW_SECONDS + 2.0)
+        time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 2.0)
         track_interactive(svc, GLM, -6)
 
     load = threading.Thread(target=next_calls_arrive)

@@ -337,7 +337,7 @@ def test_cancel_then_delete(messages, svc):
 
 
 def test_cancel_while_running_is_canceling_until_it_finishes(messages, svc):
-    from batchinfer.service.dispatch import Dispatcher
+    from batchinfer.scheduling.dispatcher import Dispatcher
 
     batch = messages.created([entry(f"r{i}") for i in range(3)])
     Dispatcher(svc).pass_once()  # its requests are dispatched (they hold slots) but have not run

@@ -4,7 +4,7 @@ overdue item it found was, from what it queries and reads anyway. On a frozen cl
 from __future__ import annotations
 
 from batchinfer.records import WebhookEvent
-from batchinfer.service.dispatch import Dispatcher
+from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.sweep import Overdue, sweep_once
 from tests.helpers import chat_request, new_key
 from tests.integration.test_api import settings

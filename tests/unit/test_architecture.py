@@ -22,6 +22,8 @@ LAYERS = [
     {"batchinfer.storage", "batchinfer.providers"},
     {"batchinfer.runtime"},
     {"batchinfer.records", "batchinfer.ledger"},
+    # The scheduler decides what runs when; the service hands it what runs one request (never imported up).
+    {"batchinfer.scheduling"},
     {"batchinfer.service"},
     {"batchinfer.api", "batchinfer.cli"},
 ]
@@ -95,6 +97,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_core_package_has_no_import_circle():
     graph = _graph()
     assert "batchinfer.service.lifecycle" in graph  # the walk found the package
+    assert "batchinfer.scheduling.pump" in graph
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
@@ -125,3 +128,7 @@ def test_only_storage_touches_boto3_and_only_providers_touch_httpx():
         if "httpx" in modules and not name.startswith((f"{PACKAGE}.providers", f"{PACKAGE}.cli.api_client")):
             offenders.append(f"{name} imports httpx")
     assert offenders == []
+
+
+def test_the_scheduler_sits_between_the_ledger_and_the_service():
+    assert _layer("batchinfer.ledger") < _layer("batchinfer.scheduling.pump") < _layer("batchinfer.service.run_request")

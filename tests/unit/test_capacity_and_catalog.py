@@ -3,7 +3,7 @@
 import pytest
 
 from batchinfer.catalog import Model, load_catalog
-from batchinfer.service.capacity import effective_budget
+from batchinfer.scheduling.capacity import effective_budget
 from batchinfer.settings import DEFAULT_MODELS_FILE, Settings
 
 MODEL = Model(id="m", batch_budget=16, batch_floor=2, backend={"base_url": "http://127.0.0.1:1/v1"})
@@ -61,17 +61,17 @@ def test_settings_defaults_match_the_spec():
 def test_interactive_memory_gives_way_at_once_and_takes_room_back_after_its_window(monkeypatch):
     """Back-to-back interactive calls dip the count for milliseconds between them; batch work must not take
     those dips as room (it would run for a whole request)."""
-    from batchinfer.service import capacity
+    from batchinfer.scheduling import capacity
 
     clock = [100.0]
     monkeypatch.setattr(capacity.time, "monotonic", lambda: clock[0])
-    memory = capacity.InteractiveMemory()
+    memory = capacity.InteractiveMemory(window_seconds=2.0)
     assert memory.level("m", {"interactive": 0}) == 0
     assert memory.level("m", {"interactive": 16}) == 16  # load arrives: at once
     clock[0] += 0.3
     assert memory.level("m", {"interactive": 15}) == 16  # a dip between two calls: ignored
     clock[0] += 0.5
     assert memory.level("m", {"interactive": 16}) == 16
-    clock[0] += capacity.InteractiveMemory.WINDOW_SECONDS + 0.1
+    clock[0] += memory.window_seconds + 0.1
     assert memory.level("m", {}) == 0  # gone for the whole window: the room comes back
     assert memory.level("other", {"interactive": 3}) == 3  # per model

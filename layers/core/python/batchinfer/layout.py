@@ -92,7 +92,7 @@ def budget_share(cap: int, shard: int, shards: int) -> int:
 
 
 def slot_lease_key(model_id: str, lease_id: str) -> tuple[str, str]:
-    """A slot lease: some of a model's batch slots, held by one worker invocation (service.work's pump)."""
+    """A slot lease: some of a model's batch slots, held by one worker invocation (scheduling.pump)."""
     return f"MODEL#{model_id}", f"SLOTS#{lease_id}"
 
 

@@ -50,7 +50,7 @@ class Position:
 class Draw:
     """Where a take of the model's batch slots comes from: one shard of its budget, within the shard's share
     of the cap (`cap`), fenced on the shard's interactive count as the taker read it (`interactive_seen`);
-    `room`: how many it had free then (service.capacity.Draws picks them)."""
+    `room`: how many it had free then (scheduling.capacity.Draws picks them)."""
 
     shard: int
     cap: int

@@ -754,7 +754,7 @@ def _held_of(stored: dict) -> dict[int, int]:
 
 class SlotLease:
     """Some of a model's batch slots, taken from its budget once and held by one worker invocation, which
-    keeps that many backend calls in flight from requests it claimed (`service.work.SlotPump`). Groups and
+    keeps that many backend calls in flight from requests it claimed (`scheduling.pump.SlotPump`). Groups and
     retries claimed under a lease take no budget slots of their own, and give none back when they end: the
     lease's slots go back when it is released, or when the sweeper recovers it once its lease runs out (the
     worker died). Every change is fenced by the lease's token and its slot count. `shards`: how many of its

@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     dispatcher_loop_seconds: float = 55.0  # how long one scheduled dispatcher invocation keeps refilling
     dispatcher_idle_sleep_seconds: float = 0.25
     # A worker keeps the slots of the group it was sent (a slot lease) and refills each one from work it
-    # claims ahead (service.work.SlotPump); off: a worker runs its message's group and stops.
+    # claims ahead (scheduling.pump.SlotPump); off: a worker runs its message's group and stops.
     worker_pull: bool = True
     worker_pull_limit: int = Field(default=50, ge=1, le=1000)  # free slots a retry's worker takes for its pump
     interactive_yield_per_request: int = 1  # batch slots given up per interactive request in flight

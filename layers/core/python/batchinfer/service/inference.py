@@ -1,5 +1,5 @@
 """One execution path: how a request runs on its model's backend and what it costs, the same for an
-interactive call (`service.interactive`) and a batch request (`service.work`). Only what surrounds it
+interactive call (`service.interactive`) and a batch request (`service.run_request`). Only what surrounds it
 differs: pacing, retries and where the outcome is kept."""
 
 from __future__ import annotations

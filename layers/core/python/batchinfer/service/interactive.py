@@ -25,11 +25,11 @@ from ..errors import ApiError
 from ..records import InteractiveLease, Usage
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
 from ..runtime import Services
+from ..scheduling.capacity import interactive_shard
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import BackendKeyNotSet
 from . import inference
 from .accounts import Principal, may_use_model, quota_used_up
-from .capacity import interactive_shard
 from .message_batches import ParamsError, params_model
 from .validation import non_finite
 

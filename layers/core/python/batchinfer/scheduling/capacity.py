@@ -1,9 +1,11 @@
-"""How many batch requests a model may have in flight right now.
+"""How many batch requests a model may have in flight right now, and where a take of its slots comes from.
 
 Three things shape it: the catalog's batch budget; interactive traffic on the model (the interactive
 endpoints add to `interactive` while their requests run, and batch work gives way down to the model's
 floor); and the backend itself: 429s halve the adaptive cap, and it probes back up one slot per quiet
-second (additive increase, multiplicative decrease, as TCP does).
+second (additive increase, multiplicative decrease, as TCP does). The budget is split into shards (one
+DynamoDB item each); `Draws` says which shards a take comes from. The arithmetic is `policy`'s; this module
+reads and writes the budget.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from ..ledger import Draw
 from ..records import Budget
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
-
-PROBE_AFTER_SECONDS = 2  # no 429 for this long: the adaptive cap may grow again, one slot a second
+from . import policy
+from .config import scheduler_config
 
 
 def budget_shards(svc: Services, model: Model) -> int:
@@ -51,14 +53,8 @@ class Draws:
 
     def split(self, k: int) -> list[tuple[Draw, int]]:
         """Up to k slots from the roomiest shards, as few shards as will do: (the shard's draw, how many)."""
-        parts = []
-        for draw in sorted((self.of(shard) for shard in range(len(self.held))),
-                           key=lambda draw: (-draw.room, random.random())):
-            if k <= 0 or draw.room <= 0:
-                break
-            parts.append((draw, min(k, draw.room)))
-            k -= parts[-1][1]
-        return parts
+        draws = [self.of(shard) for shard in range(len(self.held))]
+        return [(draws[shard], n) for shard, n in policy.split_take([draw.room for draw in draws], k)]
 
     def took(self, shard: int, k: int) -> None:
         self.held[shard] += k
@@ -74,29 +70,28 @@ def effective_budget(model: Model, budget_item: dict | None, yield_per_request: 
     """The batch requests the model may have in flight now. `interactive`: the interactive load to make way
     for (default: the count on the budget item; a caller with an InteractiveMemory passes its level)."""
     item = budget_item or {}
-    floor = min(model.batch_floor, model.batch_budget)
     interactive = int(item.get("interactive", 0)) if interactive is None else interactive
-    cap = model.batch_budget - interactive * yield_per_request
-    if "adaptive_cap" in item:
-        cap = min(cap, int(item["adaptive_cap"]))
-    return max(floor, cap)
+    adaptive_cap = int(item["adaptive_cap"]) if "adaptive_cap" in item else None
+    return policy.effective_cap(model.batch_budget, model.batch_floor, interactive, yield_per_request, adaptive_cap)
+
+
+def over_cap(svc: Services, model_id: str) -> bool:
+    """Whether the model has more batch slots taken than it may have now."""
+    model = svc.catalog.lookup(model_id)
+    if model is None:
+        return False  # gone from the catalog: the request's own checks fail it
+    budget = read_budget(svc, model, consistent=False)
+    cap = effective_budget(model, budget, scheduler_config(svc.settings).interactive_yield_per_request)
+    return int((budget or {}).get("in_flight", 0)) > cap
 
 
 class InteractiveMemory:
-    """The highest interactive count a caller saw on each model over the last WINDOW_SECONDS. Interactive
-    clients send back to back: between one call's end and the next one's start the count dips, and a
-    dispatcher reading it then would start batch work that runs for a whole request. Batch work gives way at
-    once and takes the room back once the load has stayed lower for the window.
+    """The highest interactive count a caller saw on each model over the last `window_seconds`
+    (SchedulerConfig.interactive_window_seconds, which says why): batch work gives way to interactive load at
+    once and takes the room back once the load has stayed lower for the window."""
 
-    The window must outlast a client's turn-around (its answer back, its next call through the API and its
-    lease begun), not just a few milliseconds: on the local stack under load that took up to ~1 s, and with a
-    1 s window batch calls started over the floor in one cycle of 20 (the pumps' polls had seen 9 of 16
-    calls counted for a whole second). 2 s: none did in two runs of 20; load that has gone gives its room
-    back ~1 s later than with 1 s (docs/benchmarks.md §6)."""
-
-    WINDOW_SECONDS = 2.0
-
-    def __init__(self) -> None:
+    def __init__(self, window_seconds: float) -> None:
+        self.window_seconds = window_seconds
         self.seen: dict[str, deque[tuple[float, int]]] = {}
         self.watching_since: dict[str, float] = {}
 
@@ -105,7 +100,7 @@ class InteractiveMemory:
         self.watching_since.setdefault(model_id, now)
         seen = self.seen.setdefault(model_id, deque())
         seen.append((now, int((budget_item or {}).get("interactive", 0))))
-        while seen and seen[0][0] < now - self.WINDOW_SECONDS:
+        while seen and seen[0][0] < now - self.window_seconds:
             seen.popleft()
         return max(n for _, n in seen)
 
@@ -115,9 +110,9 @@ class InteractiveMemory:
         A reader that cannot tell yet (a new dispatcher invocation) may be looking at a dip between one
         client's call and its next, and must not start batch work on it."""
         since = self.watching_since.get(model_id)
-        if since is not None and time.monotonic() - since >= self.WINDOW_SECONDS:
+        if since is not None and time.monotonic() - since >= self.window_seconds:
             return True
-        return now_ms - int((budget_item or {}).get("interactive_at", 0)) >= self.WINDOW_SECONDS * 1000
+        return now_ms - int((budget_item or {}).get("interactive_at", 0)) >= self.window_seconds * 1000
 
 
 def track_interactive(svc: Services, model_id: str, delta: int) -> None:
@@ -128,11 +123,17 @@ def track_interactive(svc: Services, model_id: str, delta: int) -> None:
 def backend_throttled(svc: Services, model: Model, in_flight: int) -> None:
     """The backend answered 429: halve the adaptive cap (not below the floor), at most once a second."""
     now = svc.now()
-    cap = max(min(model.batch_floor, model.batch_budget), in_flight // 2)
+    cap = policy.backed_off_cap(model.batch_budget, model.batch_floor, in_flight)
     try:
         Budget.back_off(svc.table, model.id, cap, now)
     except ConditionFailed:
         pass  # another worker already backed off this second
+
+
+def backend_said_429(svc: Services, model: Model) -> None:
+    """The backend is past its capacity: batch work on it backs off."""
+    budget = read_budget(svc, model, consistent=False)
+    backend_throttled(svc, model, int((budget or {}).get("in_flight", 1)))
 
 
 def probe_up(svc: Services, model: Model, budget_item: dict | None) -> None:
@@ -141,10 +142,11 @@ def probe_up(svc: Services, model: Model, budget_item: dict | None) -> None:
     if "adaptive_cap" not in item:
         return
     now = svc.now()
-    if now - int(item.get("throttled_at", 0)) < PROBE_AFTER_SECONDS or now <= int(item.get("probed_at", 0)):
+    probe_after = scheduler_config(svc.settings).probe_after_seconds
+    if not policy.may_probe(now, int(item.get("throttled_at", 0)), int(item.get("probed_at", 0)), probe_after):
         return
     try:
-        grown = int(item["adaptive_cap"]) + 1
-        Budget.probe(svc.table, model.id, item["adaptive_cap"], None if grown >= model.batch_budget else grown, now)
+        grown = policy.probed_cap(int(item["adaptive_cap"]), model.batch_budget)
+        Budget.probe(svc.table, model.id, item["adaptive_cap"], grown, now)
     except ConditionFailed:
         pass

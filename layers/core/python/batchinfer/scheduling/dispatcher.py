@@ -1,0 +1,139 @@
+"""The dispatcher: the claim pass. Due requests of a model, within its budget and its accounts' tier limits:
+retries first, then batches in turn (`lanes`); sent to the model's queue, or run in a worker's slot lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from ..catalog import Model
+from ..domain import RequestState
+from ..ledger import claim_retry, queue_message
+from ..records import Request
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed, Throttled
+from .capacity import Draws, InteractiveMemory, effective_budget, probe_up, read_budget
+from .config import SchedulerConfig, scheduler_config
+from .lanes import AccountSlots, ClaimScope, Lanes
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Keeps a little state between passes inside one invocation: whose turn it is, lane positions
+    (`lanes`), the interactive load seen lately."""
+
+    def __init__(self, svc: Services, runs_what_it_claims: bool = False) -> None:
+        self.svc = svc
+        # A worker pulling work runs it at once: its groups are claimed already running (one transaction
+        # fewer per group; the claim is fenced against a stopped batch as a start is).
+        self.runs_what_it_claims = runs_what_it_claims
+        self.lanes = Lanes(svc)
+        self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
+        # The interactive load seen lately, per model.
+        self.interactive = InteractiveMemory(self.config.interactive_window_seconds)
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return scheduler_config(self.svc.settings)
+
+    def run(self, seconds: float) -> int:
+        """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
+        deadline = time.monotonic() + seconds
+        sent = 0
+        while True:
+            n = self.pass_once()
+            sent += n
+            if time.monotonic() >= deadline:
+                return sent
+            if n == 0:
+                time.sleep(self.config.idle_sleep_seconds)
+
+    def pass_once(self) -> int:
+        sent = 0
+        for model in self.svc.catalog.runnable:
+            try:
+                sent += self.dispatch_model(model)
+            except Throttled:
+                log.warning("throttled while dispatching %s", model.id)
+        return sent
+
+    def dispatch_model(self, model: Model) -> int:
+        """Claim what the model has room for and send it to the model's queue."""
+        dispatched = self.claim(model)
+        if dispatched:
+            try:
+                failed = self.svc.queues.send(model.id, [queue_message(r) for r in dispatched])
+            except Exception:  # the claims stand; their leases run out and the sweeper puts them back
+                log.exception("could not send %d messages for %s", len(dispatched), model.id)
+                failed = dispatched
+            if failed:
+                log.warning("SQS refused %d messages for %s; the lease recovers them", len(failed), model.id)
+        return sum(len(unit.get("positions", [unit])) for unit in dispatched)
+
+    def claim(self, model: Model, limit: int | None = None, slot_lease: dict | None = None,
+              budget_item: dict | None = None, most: int | None = None) -> list[dict]:
+        """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
+        retries first, then batches in turn. Returns what was dispatched (not yet sent): retried requests,
+        and groups of first attempts. With `slot_lease` (and the `budget_item` its holder just read), they
+        run in the lease's slots: about `limit` of them, whatever the budget has free (while many lanes
+        wait, a whole quantum for each lane served: its holder queues what its slots cannot run yet), and
+        never more than `most` (what its holder can start in time), if given."""
+        svc = self.svc
+        self.batches_seen = {}
+        if slot_lease is None:
+            budget_item = read_budget(svc, model)
+            probe_up(svc, model, budget_item)
+        level = self.interactive.level(model.id, budget_item)
+        if slot_lease is None and not self.interactive.knows(model.id, budget_item, svc.now_ms()):
+            return []  # interactive load moved a moment ago and this dispatcher is new: it watches first
+        cap = effective_budget(model, budget_item, self.config.interactive_yield_per_request, level)
+        # The budget's shards as this claim read them (without a lease), the lease its work runs in (if any),
+        # the most it may take in that lease.
+        scope = ClaimScope(draws=Draws(budget_item, cap), slot_lease=slot_lease,
+                           most=math.inf if most is None else most, running=self.runs_what_it_claims,
+                           batches_seen=self.batches_seen)
+        free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
+        if limit is not None:
+            free = min(free, limit)
+        if free <= 0:
+            return []
+        accounts = AccountSlots(svc)  # read once per pass
+        dispatched: list[dict] = []
+
+        # Requests waiting for a retry go first: they have already waited their turn. The model's
+        # `waiting` count says whether there are any, so an idle retry set costs no index query.
+        waiting: list[dict] = []
+        if int((budget_item or {}).get("waiting", 0)) > 0:
+            waiting = Request.due_retries(svc.table, model.id, svc.now(), limit=free)
+        for stale in waiting:
+            if free <= 0:
+                break
+            req = svc.table.get(stale["pk"], stale["sk"])
+            if not req or req.get("state") != RequestState.WAITING.value or accounts.free(req["account_id"]) <= 0:
+                continue
+            one = None if slot_lease else scope.draws.split(1)  # a slot of the roomiest shard
+            if one == []:
+                break
+            draw = one[0][0] if one else None
+            try:
+                dispatched.append(claim_retry(svc, req, draw, accounts.cap(req["account_id"]), slot_lease=slot_lease))
+                if draw is not None:
+                    scope.draws.took(draw.shard, 1)
+            except ConditionFailed:
+                # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
+                continue
+            except Throttled:
+                free = 0  # DynamoDB is busy: stop claiming this pass, but send what was claimed
+                break
+            free -= 1
+            accounts.took(req["account_id"], 1)
+
+        if free > 0:
+            try:
+                dispatched += self.lanes.serve(model, free, accounts, scope)
+            except Throttled:
+                log.warning("throttled while claiming for %s", model.id)
+        return dispatched

@@ -1,0 +1,261 @@
+"""Lanes: how batches take turns at a model's free slots.
+
+Each batch has a lane per model (records.Lane), ordered in a ring. A claim reads only the lanes it can
+serve, from the one after the lane served last (the ring cursor), and shares its free slots among them: a
+quantum per lane in turn while more lanes wait than the slots give each a quantum, otherwise a slot at a time
+to the batches holding fewest (the water-fill, `policy.water_fill`). Claiming a lane's requests (the ledger's
+`claim_from_lane`) happens here too, with the reads of the batch's index it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..catalog import Model
+from ..layout import INDEX_CHUNK, index_object, lane_created_at, lane_object, lane_turn_at
+from ..ledger import Position, claim_from_lane
+from ..records import Account, Batch, Lane
+from ..runtime import Services
+from ..storage.dynamo import ConditionFailed, Throttled
+from . import policy
+from .capacity import Draws
+from .config import SchedulerConfig, scheduler_config
+
+
+class AccountSlots:
+    """Each account's free slots under its tier's limit, read once per claim (at the first lane or retry of
+    the account it meets) and counted down as the claim takes them."""
+
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+        self.left: dict[str, int] = {}  # account id -> free account slots
+        self.limits: dict[str, int] = {}  # account id -> its tier's limit
+
+    def free(self, account_id: str) -> int:
+        if account_id not in self.left:
+            account = Account.get(self.svc.table, account_id) or {}
+            limit = self.svc.settings.tier_limits.get(account.get("tier", "free"), 0)
+            self.limits[account_id] = limit
+            self.left[account_id] = limit - int(account.get("in_flight", 0))
+        return self.left[account_id]
+
+    def cap(self, account_id: str) -> int:
+        """The account's tier limit (the condition its claims are written under)."""
+        self.free(account_id)
+        return self.limits[account_id]
+
+    def took(self, account_id: str, n: int) -> None:
+        self.left[account_id] -= n
+
+
+@dataclass
+class ClaimScope:
+    """What one claim works within: the budget's shards as it read them (`draws`, without a lease), the
+    SlotLease its work runs in (if any), the most it may take in that lease, whether its groups are claimed
+    already running, and the batches it read (for a worker to reuse)."""
+
+    draws: Draws
+    slot_lease: dict | None = None
+    most: float = float("inf")
+    running: bool = False
+    batches_seen: dict[str, dict] = field(default_factory=dict)
+
+
+class Lanes:
+    """The ring of a dispatcher's models' lanes, and what it remembers between claims: whose turn it is, and
+    the lanes' positions and index chunks it has read."""
+
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+        # Whose turn it is, per model; a random start so that many short-lived dispatchers (workers pulling
+        # their next request) do not all favour the first lane.
+        self.turn: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
+        self.last_served: dict[str, str] = {}  # per model, the sort key of the lane served last
+        self.seen = 0  # how many batches had work for the model at the last claim (of those it read)
+        self._lane_positions: dict[tuple[str, str], list[int]] = {}
+        self._chunks: dict[tuple[str, int], list] = {}
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return scheduler_config(self.svc.settings)
+
+    def in_turn(self, model_id: str, want: int) -> tuple[list[dict], bool]:
+        """Up to `want` lanes, in turn from the one after the last served (True with them when they are all
+        the model's lanes)."""
+        table = self.svc.table
+        after = self.last_served.get(model_id)
+        if after is None:
+            lanes, complete = Lane.in_turn(table, model_id, None, want)
+            if complete or not lanes:
+                start = self.turn[model_id] % len(lanes) if lanes else 0
+                return lanes[start:] + lanes[:start], complete
+            # A new dispatcher (a worker pulling its next work) starts at a random place in the ring, so
+            # that many short-lived ones do not all favour the oldest batches.
+            newest = Lane.newest(table, model_id) or lanes[-1]
+            kind = random.choice((lanes[0], newest))["batch_id"].split("_")[0]  # ids are <kind>_<hex>
+            after = lane_turn_at(random.randint(lane_created_at(lanes[0]["sk"]), lane_created_at(newest["sk"])),
+                                 f"{kind}_{random.randrange(1 << 16):04x}")
+        return Lane.in_turn(table, model_id, after, want)
+
+    def serve(self, model: Model, free: int, accounts: AccountSlots, scope: ClaimScope) -> list[dict]:
+        """Claim up to `free` first attempts from the model's lanes, batches taking turns; the next claim
+        starts after the last lane served. Only the lanes this claim can serve are read (one more than its
+        quanta), so a claim costs the same over 2 batches or 10,000."""
+        quantum = self.config.lane_quantum
+        lanes, complete = self.in_turn(model.id, policy.lanes_to_read(free, quantum))
+        self.seen = len(lanes)
+        if not lanes:
+            return []
+        if policy.by_quanta(complete, free, quantum, len(lanes)):
+            return self._by_quanta(model, lanes, complete, free, accounts, scope)
+        return self._water_fill(model, lanes, free, accounts, scope)
+
+    def _water_fill(self, model: Model, lanes: list[dict], free: int, accounts: AccountSlots,
+                    scope: ClaimScope) -> list[dict]:
+        """Few lanes, all read: fill up the batches holding the fewest slots first (each batch's `in_flight`),
+        so that a batch that just arrived takes the freed slots until it holds as many as the others, rather
+        than half of each claim's (which left it a whole round of calls behind); ties go in turn."""
+        batches = {lane["batch_id"]: self._batch(lane["batch_id"], scope) for lane in lanes}
+        for lane in lanes:
+            if left_behind(batches[lane["batch_id"]], model.id):
+                Lane.discard(self.svc.table, lane)  # so it takes no more turns
+        wants = [policy.LaneWant(key=lane["sk"], account=lane["account_id"],
+                                 held=int((batches[lane["batch_id"]] or {}).get("in_flight", 0)),
+                                 room=self._room(batches[lane["batch_id"]], model.id)) for lane in lanes]
+        # Accounts are read only for the lanes that could take work, as they are met.
+        room = {want.account: accounts.free(want.account) for want in wants if want.room > 0}
+        shares, given_last = policy.water_fill(wants, free, room)
+        if given_last is not None:  # by the lane's key, not its place: lanes come and go between claims
+            self.last_served[model.id] = given_last
+        out: list[dict] = []
+        for lane in lanes:
+            if k := shares.get(lane["sk"], 0):
+                accounts.took(lane["account_id"], k)
+        for lane in lanes:
+            if k := shares.get(lane["sk"], 0):
+                try:
+                    out += self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope,
+                                       batch=batches[lane["batch_id"]])
+                except Throttled:
+                    break  # DynamoDB is busy: send what was claimed, try the rest next pass
+        return out
+
+    def _by_quanta(self, model: Model, lanes: list[dict], complete: bool, free: int, accounts: AccountSlots,
+                   scope: ClaimScope) -> list[dict]:
+        """Fewer free slots than a quantum for every lane: lanes in turn take a quantum each, claimed one
+        lane after another, so what a short lane cannot take goes to the next, read a page at a time."""
+        config = self.config
+        out: list[dict] = []
+        seen: set[str] = set()
+        # The most this claim takes: the free slots, or in a lease what its holder can start in time (a
+        # pump's claim gives each lane it serves a whole quantum, even past what it asked for: it queues
+        # the rest, and a remainder would be a small group of its own, which pays a whole claim and close,
+        # and, as its own pump's first lease, kept making small groups).
+        budget = scope.most if scope.slot_lease else free
+        for _ in range(config.quanta_pages):
+            for lane in lanes:
+                if lane["sk"] in seen:
+                    return out  # round the ring once
+                seen.add(lane["sk"])
+                # Every lane looked at has had its turn, served or not (its account full): the next claim
+                # starts after it.
+                self.last_served[model.id] = lane["sk"]
+                k, most = policy.lane_quantum(config.lane_quantum, accounts.free(lane["account_id"]), budget)
+                if k <= 0:
+                    continue
+                try:
+                    claimed = self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope, most=most)
+                except Throttled:
+                    return out  # DynamoDB is busy: send what was claimed, try the rest next pass
+                n = sum(len(unit.get("positions", [unit])) for unit in claimed)
+                out += claimed
+                free -= n
+                budget -= n
+                accounts.took(lane["account_id"], n)
+                if free <= 0 or budget <= 0:
+                    return out
+            if complete:
+                return out
+            lanes, complete = Lane.in_turn(self.svc.table, model.id, lanes[-1]["sk"],
+                                           policy.lanes_to_read(free, config.lane_quantum))
+        return out
+
+    def _claim(self, model: Model, lane: dict, k: int, account_cap: int, scope: ClaimScope,
+               batch: dict | None = None, most: float = 0) -> list[dict]:
+        """Claim about `k` of the lane's requests. `batch`: the lane's batch if this claim has just read it.
+        `most`: how many it may take to leave no stub behind (`policy.lane_take`); none past `k` when 0."""
+        svc = self.svc
+        if batch is None:
+            batch = self._batch(lane["batch_id"], scope)
+        if left_behind(batch, model.id):  # remove it so it takes no more turns
+            Lane.discard(svc.table, lane)
+            return []
+        # Nothing once the window has closed (the sweeper expires the batch).
+        config = self.config
+        k = policy.lane_take(k, self._room(batch, model.id), most, config.lane_quantum, config.claim_max)
+        # Without a lease the slots come from the budget's shards, the roomiest first, as many as they have free.
+        parts = None if scope.slot_lease else scope.draws.split(k)
+        if parts is not None:
+            k = sum(n for _, n in parts)
+        if k <= 0:
+            return []
+        lane_next = int(batch["lanes"][model.id]["next"])
+        positions = self._positions(batch, model.id, lane_next, k)
+        if parts is not None and len(positions) < k:
+            parts = scope.draws.split(len(positions))
+        try:
+            claimed = claim_from_lane(svc, batch, model.id, positions, lane_next, parts, account_cap,
+                                      running=scope.running, slot_lease=scope.slot_lease)
+        except ConditionFailed:
+            return []  # another dispatcher advanced the lane or took the slots; next pass
+        for draw, n in parts or []:
+            scope.draws.took(draw.shard, n)
+        return claimed
+
+    def _batch(self, batch_id: str, scope: ClaimScope) -> dict | None:
+        batch = Batch.get(self.svc.table, batch_id)
+        if batch is not None:
+            scope.batches_seen[batch["id"]] = batch
+        return batch
+
+    def _room(self, batch: dict | None, model_id: str) -> int:
+        """How many of the batch's requests on the model a claim could dispatch now."""
+        if left_behind(batch, model_id):
+            return 0
+        if self.svc.now() >= batch["expires_at"]:
+            return 0
+        state = batch["lanes"][model_id]
+        return policy.lane_room(int(state["total"]), int(state["next"]))
+
+    def _positions(self, batch: dict, model_id: str, lane_next: int, k: int) -> list[Position]:
+        if len(batch["lanes"]) == 1 and not batch.get("rejected"):  # its one lane is simply 0..n-1
+            indexes = list(range(lane_next, lane_next + k))
+        else:
+            cache_key = (batch["id"], model_id)
+            if cache_key not in self._lane_positions:
+                raw = self.svc.blobs.get(lane_object(batch["id"], model_id)) or b"[]"
+                self._lane_positions[cache_key] = json.loads(raw)
+            indexes = self._lane_positions[cache_key][lane_next:lane_next + k]
+        positions = []
+        for index in indexes:
+            entry = self._index_entry(batch["id"], index)
+            positions.append(Position(index=index, custom_id=entry[0], offset=entry[2], length=entry[3]))
+        return positions
+
+    def _index_entry(self, batch_id: str, index: int) -> list:
+        chunk = index // INDEX_CHUNK
+        key = (batch_id, chunk)
+        if key not in self._chunks:  # lanes are read in order: one S3 read per 5,000 requests
+            if len(self._chunks) >= 16:
+                self._chunks.pop(next(iter(self._chunks)))
+            self._chunks[key] = json.loads(self.svc.blobs.get(index_object(batch_id, chunk)) or b"[]")
+        return self._chunks[key][index - chunk * INDEX_CHUNK]
+
+
+def left_behind(batch: dict | None, model_id: str) -> bool:
+    """A lane whose batch stopped or was deleted."""
+    return (batch is None or bool(batch.get("stop")) or bool(batch.get("deleting"))
+            or model_id not in batch.get("lanes", {}))

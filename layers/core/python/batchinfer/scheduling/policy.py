@@ -1,0 +1,212 @@
+"""The scheduler's arithmetic, as pure functions: no clock, no store, no randomness but what is passed in.
+
+What the dispatcher, the lanes and the slot pump decide (how much to claim and when, how far ahead, what
+can start before a deadline, how many slots to give back, how lanes share free slots, how the budget's
+shards share a take, what a model's cap is) is computed here from numbers they read; they do the reading
+and the writing. tests/unit/test_scheduling_policy.py holds these functions to their invariants.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+_SHORTEST_CALL = 1e-3  # seconds: a moving average of call times is never taken as 0
+
+
+# --- The model's cap -------------------------------------------------------------------------------------
+
+def effective_cap(budget: int, floor: int, interactive: int, yield_per_request: int,
+                  adaptive_cap: int | None = None) -> int:
+    """The batch requests a model may have in flight: its budget less what interactive load takes
+    (`yield_per_request` slots per interactive call), within the adaptive cap the backend's 429s set, and
+    never below the floor (itself never above the budget)."""
+    cap = budget - interactive * yield_per_request
+    if adaptive_cap is not None:
+        cap = min(cap, adaptive_cap)
+    return max(min(floor, budget), cap)
+
+
+def backed_off_cap(budget: int, floor: int, in_flight: int) -> int:
+    """The adaptive cap after a 429: half of what was in flight (multiplicative decrease), not below the
+    floor."""
+    return max(min(floor, budget), in_flight // 2)
+
+
+def may_probe(now: int, throttled_at: int, probed_at: int, probe_after: int) -> bool:
+    """Whether the adaptive cap may grow now: no 429 for `probe_after` seconds, and not grown this second."""
+    return now - throttled_at >= probe_after and now > probed_at
+
+
+def probed_cap(adaptive_cap: int, budget: int) -> int | None:
+    """The adaptive cap one slot up (additive increase); None once that reaches the budget (no cap then)."""
+    grown = adaptive_cap + 1
+    return None if grown >= budget else grown
+
+
+def split_take(rooms: Sequence[int], k: int, tiebreak: Callable[[], float] = random.random) -> list[tuple[int, int]]:
+    """Up to k slots from the budget's shards, the roomiest first and as few shards as will do: (shard, how
+    many). Ties go at random (`tiebreak`), so that takers that read together spread out rather than race for
+    one shard."""
+    parts: list[tuple[int, int]] = []
+    for shard in sorted(range(len(rooms)), key=lambda s: (-rooms[s], tiebreak())):
+        if k <= 0 or rooms[shard] <= 0:
+            break
+        parts.append((shard, min(k, rooms[shard])))
+        k -= parts[-1][1]
+    return parts
+
+
+# --- Lanes: how batches share free slots ------------------------------------------------------------------
+
+def lanes_to_read(free: int, quantum: int) -> int:
+    """How many lanes a claim of `free` slots reads: one per quantum it can give, and one more (a short lane
+    leaves its quantum to the next)."""
+    return -(-free // quantum) + 1
+
+
+def by_quanta(complete: bool, free: int, quantum: int, lanes: int) -> bool:
+    """Whether free slots go a quantum per lane in turn (more lanes than the free slots give each a quantum,
+    or not all lanes read), rather than a slot at a time to the batches holding fewest (`water_fill`)."""
+    return not complete or free < quantum * lanes
+
+
+@dataclass(frozen=True)
+class LaneWant:
+    """A lane as the water-fill sees it: its key, its account, the slots its batch holds, the requests it
+    could dispatch now."""
+
+    key: Hashable
+    account: Hashable
+    held: int
+    room: int
+
+
+def water_fill(lanes: Sequence[LaneWant], free: int, account_room: dict) -> tuple[dict, Hashable | None]:
+    """Share `free` slots a slot at a time, each to the lane whose batch then holds the fewest (ties in the
+    lanes' order: their turn), so that a batch that just arrived takes the freed slots until it holds as
+    many as the others rather than half of each claim's. A lane takes no more than its room, an account no
+    more than its `account_room`. Returns each lane's share (lanes given none left out) and the key of the
+    lane given the last slot (the next claim's turn starts after it), None when none was given."""
+    shares: dict = {}
+    accounts = dict(account_room)
+    given_last = None
+    while free > 0:
+        ready = [lane for lane in lanes
+                 if lane.room > shares.get(lane.key, 0) and accounts.get(lane.account, 0) > 0]
+        if not ready:
+            break
+        lane = min(ready, key=lambda lane: lane.held + shares.get(lane.key, 0))  # the first in turn on ties
+        shares[lane.key] = shares.get(lane.key, 0) + 1
+        accounts[lane.account] -= 1
+        free -= 1
+        given_last = lane.key
+    return shares, given_last
+
+
+def lane_quantum(quantum: int, account_free: int, budget: float) -> tuple[int, int | float]:
+    """A lane's turn while slots go a quantum at a time: (how many to ask of it, the most it may be given),
+    within its account's free slots and what the claim may still take (`budget`)."""
+    most = min(account_free, budget)
+    return min(quantum, most), most
+
+
+def lane_take(k: int, room: int, most: int | float, quantum: int, claim_max: int) -> int:
+    """How many of a lane's `room` requests to claim when `k` are asked: all of them when at most half a
+    quantum would be left (the lane's last group would pay a claim and a close for a stub), if `most` allows;
+    never more than the lane has, nor than one claim may take (`claim_max`)."""
+    if 0 < room - k <= quantum // 2:
+        k = max(k, min(room, most))
+    return int(min(k, room, claim_max))
+
+
+def lane_room(total: int, dispatched: int) -> int:
+    """A lane's requests not yet dispatched."""
+    return max(0, total - dispatched)
+
+
+# --- The slot pump: how much to claim, how far ahead, when to give slots back ------------------------------
+
+def ahead(slots: int, claim_seconds: float, call_seconds: float, ahead_seconds: float) -> int:
+    """Requests claimed beyond the slots: what the slots use up while a claim is on its way, twice (the next
+    claim starts when half of it is gone). Bounded in time, not in slots: calls shorter than a claim
+    (embeddings, small models) need many queued per slot, or each slot idles through every claim; and at
+    most `ahead_seconds` of work queued keeps fairness between batches within that."""
+    during_claim = slots * claim_seconds / max(call_seconds, _SHORTEST_CALL)
+    most = max(2 * slots, math.ceil(slots * ahead_seconds / max(call_seconds, _SHORTEST_CALL)))
+    return max(2, min(most, 2 * math.ceil(during_claim) + 2))
+
+
+def claim_at(ahead_: int) -> int:
+    """How many must be missing from the queue before a claim is made: half of `ahead`."""
+    return max(1, -(-ahead_ // 2))
+
+
+def ending_soon(seconds_left: Iterable[float], horizon: float) -> tuple[int, float]:
+    """Of the calls in flight (each one's expected seconds left), how many answer within `horizon` (the next
+    claim's round trip), and in how many seconds the next of the others comes within it (inf if none)."""
+    soon, next_in = 0, math.inf
+    for left in seconds_left:
+        if left <= horizon:
+            soon += 1
+        else:
+            next_in = min(next_in, left - horizon)
+    return soon, next_in
+
+
+def free_when_claimed(idle: int, soon: int, ahead_: int, queued: int) -> int:
+    """What a claim made now should bring: the runners idle, those whose calls answer by the time it lands,
+    and `ahead` more, less what is queued."""
+    return idle + soon + ahead_ - queued
+
+
+def can_start_in_time(open_slots: int, seconds_to_deadline: float, calls_left: Iterable[float],
+                      call_seconds: float, queued: int) -> int:
+    """How many more requests the open slots can start before the deadline, past what is queued: their time
+    left less what the calls in flight (each one's expected seconds left) still take of it, in calls. Work
+    claimed beyond it would be handed back at the end (each one then waits as a retry, claimed and written
+    alone)."""
+    left = open_slots * seconds_to_deadline - sum(max(0.0, call) for call in calls_left)
+    return math.floor(max(0.0, left) / max(call_seconds, _SHORTEST_CALL)) - queued
+
+
+def claim_floor(open_slots: int, quantum: int, lanes_seen: int) -> int:
+    """The smallest claim worth making: claims cost the same whatever their size (each makes a group, whose
+    close costs the same), so at least a batch's share of the slots (a round while one batch has work; while
+    many do, the dispatcher gives each lane it serves a whole quantum whatever this asks for)."""
+    return max(1, min(quantum, open_slots), open_slots // max(1, lanes_seen))
+
+
+def should_claim(want: int, at: int, queued: int, idle: bool = False) -> bool:
+    """Claim now: `at` or more are missing, or some are and nothing is queued (runners would idle), unless
+    the pump is `idle` (nothing claimed last time: it waits for `at`)."""
+    return want >= at or (want > 0 and queued == 0 and not idle)
+
+
+def claim_size(want: int, floor: int, most: int) -> int:
+    """How many to ask a claim for: what is wanted, at least the floor, never more than can start in time."""
+    return min(max(want, floor), most)
+
+
+def give_back(in_flight: int, cap: int, mine: int, over_share: float) -> int:
+    """How many of its `mine` slots a lease gives back when the model holds `in_flight` over its `cap`: its
+    share of the excess (every holder gives back its own), but never below its part of the cap as things
+    stood when the model went over (`over_share`): the slots other leases are giving back still count in
+    `in_flight` until their calls end, and a lease that read them as held would give the floor's slots back
+    too. 0 when the model is within its cap."""
+    if in_flight <= cap or mine <= 0:
+        return 0
+    share = math.ceil((in_flight - cap) * mine / in_flight)
+    keep = math.floor(cap * over_share)
+    return max(0, min(share, mine - keep))
+
+
+def slots_to_take(wanted: int, cap: int, in_flight: int) -> int:
+    """How many free slots of the budget to take for `wanted` more (a new lease, or a lease growing)."""
+    return min(wanted, cap - in_flight)
+
+
+def moving_average(average: float, sample: float, weight: float) -> float:
+    return average + weight * (sample - average)

@@ -1,0 +1,327 @@
+"""The scheduler's arithmetic (batchinfer.scheduling.policy) on its own: no store, no clock. Each function
+against a table of cases, and its invariants against generated ones: never above the cap, the budget or
+what is free; every lane with work served when there is room; slots given back in proportion."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchinfer.scheduling import policy
+from batchinfer.scheduling.config import SchedulerConfig, scheduler_config
+from batchinfer.scheduling.policy import LaneWant
+from batchinfer.settings import Settings
+
+settings.register_profile("scheduling", deadline=None, max_examples=200)
+settings.load_profile("scheduling")
+
+small = st.integers(min_value=0, max_value=64)
+seconds = st.floats(min_value=0.0, max_value=30.0, allow_nan=False)
+positive_seconds = st.floats(min_value=1e-3, max_value=30.0, allow_nan=False)
+
+
+# --- The model's cap --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("budget", "floor", "interactive", "adaptive", "cap"), [
+    (16, 2, 0, None, 16), (16, 2, 5, None, 11), (16, 2, 100, None, 2), (16, 2, 0, 6, 6), (16, 2, 0, 1, 2),
+    (16, 2, 8, 12, 8), (4, 8, 10, None, 4),  # a floor above the budget is the budget
+])
+def test_effective_cap(budget, floor, interactive, adaptive, cap):
+    assert policy.effective_cap(budget, floor, interactive, 1, adaptive) == cap
+
+
+@given(budget=small, floor=small, interactive=small, more=small, yield_per_request=st.integers(0, 4),
+       adaptive=st.none() | small)
+def test_the_cap_stays_within_floor_and_budget_and_gives_way_to_interactive_load(budget, floor, interactive, more,
+                                                                                 yield_per_request, adaptive):
+    cap = policy.effective_cap(budget, floor, interactive, yield_per_request, adaptive)
+    assert min(floor, budget) <= cap <= budget
+    assert policy.effective_cap(budget, floor, interactive + more, yield_per_request, adaptive) <= cap
+
+
+@pytest.mark.parametrize(("budget", "floor", "in_flight", "cap"), [(16, 2, 10, 5), (16, 2, 3, 2), (16, 0, 1, 0)])
+def test_backed_off_cap_halves_what_was_in_flight_down_to_the_floor(budget, floor, in_flight, cap):
+    assert policy.backed_off_cap(budget, floor, in_flight) == cap
+
+
+@pytest.mark.parametrize(("now", "throttled_at", "probed_at", "may"), [
+    (10, 8, 9, True), (10, 9, 0, False), (10, 0, 10, False), (10, 0, 11, False)])
+def test_may_probe_after_a_quiet_spell_once_a_second(now, throttled_at, probed_at, may):
+    assert policy.may_probe(now, throttled_at, probed_at, probe_after=2) is may
+
+
+@pytest.mark.parametrize(("adaptive", "budget", "grown"), [(6, 16, 7), (14, 16, 15), (15, 16, None), (20, 16, None)])
+def test_probed_cap_grows_one_slot_until_the_budget(adaptive, budget, grown):
+    assert policy.probed_cap(adaptive, budget) == grown
+
+
+@pytest.mark.parametrize(("rooms", "k", "parts"), [
+    ([2, 0, 3], 4, [(2, 3), (0, 1)]), ([2, 0, 3], 0, []), ([0, 0], 5, []), ([4], 2, [(0, 2)]),
+    ([1, 1, 1], 5, [(0, 1), (1, 1), (2, 1)]),  # ties in the tiebreak's order (here: constant, so by shard)
+])
+def test_split_take_takes_from_the_roomiest_shards_first(rooms, k, parts):
+    assert policy.split_take(rooms, k, tiebreak=lambda: 0.0) == parts
+
+
+@given(rooms=st.lists(st.integers(-2, 40), max_size=8), k=st.integers(-2, 200), seed=st.randoms())
+def test_a_take_never_passes_a_shards_room_and_takes_all_it_can(rooms, k, seed):
+    parts = policy.split_take(rooms, k, tiebreak=seed.random)
+    shards = [shard for shard, _ in parts]
+    assert len(shards) == len(set(shards))
+    assert all(0 < n <= rooms[shard] for shard, n in parts)
+    assert sum(n for _, n in parts) == max(0, min(k, sum(r for r in rooms if r > 0)))
+
+
+# --- Lanes ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("free", "quantum", "lanes"), [(8, 8, 2), (9, 8, 3), (1, 8, 2), (16, 4, 5)])
+def test_lanes_to_read_one_per_quantum_and_one_more(free, quantum, lanes):
+    assert policy.lanes_to_read(free, quantum) == lanes
+
+
+@pytest.mark.parametrize(("complete", "free", "lanes", "quanta"), [
+    (True, 16, 2, False), (True, 15, 2, True), (False, 100, 2, True), (True, 8, 1, False)])
+def test_by_quanta_while_the_free_slots_cannot_give_every_lane_a_quantum(complete, free, lanes, quanta):
+    assert policy.by_quanta(complete, free, 8, lanes) is quanta
+
+
+def lanes_of(*rows: tuple) -> list[LaneWant]:
+    return [LaneWant(key=key, account=account, held=held, room=room) for key, account, held, room in rows]
+
+
+@pytest.mark.parametrize(("lanes", "free", "accounts", "shares", "last"), [
+    # A batch that arrives takes the freed slots until it holds as many as the others.
+    (lanes_of(("a", "x", 8, 40), ("b", "x", 0, 20)), 8, {"x": 64}, {"b": 8}, "b"),
+    # A short lane takes what it has; the rest goes to the others in turn, the fewest held first.
+    (lanes_of(("a", "x", 8, 40), ("b", "x", 8, 20), ("c", "x", 0, 3)), 12, {"x": 64}, {"c": 3, "a": 5, "b": 4}, "a"),
+    # An account's free slots bound its lanes together.
+    (lanes_of(("a", "x", 0, 10), ("b", "x", 0, 10), ("c", "y", 0, 10)), 10, {"x": 3, "y": 64},
+     {"a": 2, "b": 1, "c": 7}, "c"),
+    # Nothing to give.
+    (lanes_of(("a", "x", 0, 0)), 5, {"x": 64}, {}, None),
+    (lanes_of(("a", "x", 0, 5)), 5, {"x": 0}, {}, None),
+])
+def test_water_fill(lanes, free, accounts, shares, last):
+    assert policy.water_fill(lanes, free, accounts) == (shares, last)
+
+
+lane_rows = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 30)), min_size=1, max_size=8)
+
+
+@given(rows=lane_rows, free=st.integers(0, 120), account_rooms=st.lists(st.integers(0, 40), min_size=4, max_size=4))
+def test_water_fill_shares_only_what_is_free_and_fills_the_fewest_first(rows, free, account_rooms):
+    lanes = [LaneWant(key=i, account=account, held=held, room=room) for i, (account, held, room) in enumerate(rows)]
+    accounts = dict(enumerate(account_rooms))
+    shares, last = policy.water_fill(lanes, free, accounts)
+    given_ = sum(shares.values())
+    assert given_ <= free
+    assert all(0 < shares[lane.key] <= lane.room for lane in lanes if lane.key in shares)
+    for account, room in accounts.items():
+        assert sum(shares.get(lane.key, 0) for lane in lanes if lane.account == account) <= room
+    assert (last is None) == (given_ == 0)
+    # Work-conserving: what is left free has no lane to go to.
+    left = {a: room - sum(shares.get(lane.key, 0) for lane in lanes if lane.account == a)
+            for a, room in accounts.items()}
+    still_ready = [lane for lane in lanes if lane.room > shares.get(lane.key, 0) and left[lane.account] > 0]
+    assert given_ == free or not still_ready
+    # The fewest first: a lane given slots never ends more than one above a lane that could still take one.
+    for lane in lanes:
+        if shares.get(lane.key):
+            for other in still_ready:
+                assert lane.held + shares[lane.key] - 1 <= other.held + shares.get(other.key, 0)
+
+
+@given(rows=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 30)), min_size=1, max_size=8),
+       extra=st.integers(0, 40))
+def test_water_fill_starves_no_lane_when_there_is_room(rows, extra):
+    """Enough free slots to lift every lane to the most any holds, and one more each: every lane with work
+    (and an account with room) gets a share."""
+    lanes = [LaneWant(key=i, account=i, held=held, room=room) for i, (held, room) in enumerate(rows)]
+    top = max(lane.held for lane in lanes)
+    free = sum(top - lane.held + 1 for lane in lanes) + extra
+    shares, _ = policy.water_fill(lanes, free, {lane.account: 1000 for lane in lanes})
+    assert all(shares.get(lane.key, 0) >= 1 for lane in lanes)
+
+
+@pytest.mark.parametrize(("account_free", "budget", "k", "most"), [
+    (64, 100, 8, 64), (3, 100, 3, 3), (64, 5, 5, 5), (0, 100, 0, 0), (64, math.inf, 8, 64)])
+def test_lane_quantum(account_free, budget, k, most):
+    assert policy.lane_quantum(8, account_free, budget) == (k, most)
+
+
+@pytest.mark.parametrize(("k", "room", "most", "take"), [
+    (8, 12, 12, 12),  # 4 left would be a stub: take them too
+    (8, 13, 13, 8),  # 5 left is a group worth claiming later
+    (8, 12, 8, 8),  # the stub, but the claim may not take it
+    (8, 12, 0, 8),  # no `most`: none past k
+    (8, 5, 0, 5),  # all the lane has
+    (300, 1000, 0, 250),  # at most a claim's worth
+    (8, 0, 8, 0),
+])
+def test_lane_take(k, room, most, take):
+    assert policy.lane_take(k, room, most, quantum=8, claim_max=250) == take
+
+
+@given(k=st.integers(0, 300), room=st.integers(0, 300), most=st.integers(0, 300), quantum=st.integers(1, 32),
+       claim_max=st.integers(1, 300))
+def test_a_lane_take_stays_within_the_lane_and_the_claim_and_leaves_no_stub_it_could_take(k, room, most, quantum,
+                                                                                          claim_max):
+    take = policy.lane_take(k, room, most, quantum, claim_max)
+    assert min(k, room, claim_max) <= take <= min(room, claim_max)
+    assert take <= max(k, most)
+    if 0 < room - k <= quantum // 2 and most >= room and claim_max >= room:
+        assert take == room
+
+
+@pytest.mark.parametrize(("total", "dispatched", "room"), [(10, 4, 6), (10, 10, 0), (10, 12, 0)])
+def test_lane_room(total, dispatched, room):
+    assert policy.lane_room(total, dispatched) == room
+
+
+# --- The slot pump ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("slots", "claim_seconds", "call_seconds", "ahead"), [
+    (4, 0.05, 1.0, 4),  # calls much longer than a claim: a little more than twice a claim's worth
+    (4, 0.1, 0.01, 82),  # calls shorter than a claim: many queued per slot
+    (2, 0.5, 0.01, 200),  # bounded by a second of work
+    (0, 0.05, 1.0, 2),
+    (1, 0.002, 0.0, 6),  # a call average of 0 is taken as a millisecond
+])
+def test_ahead(slots, claim_seconds, call_seconds, ahead):
+    assert policy.ahead(slots, claim_seconds, call_seconds, ahead_seconds=1.0) == ahead
+
+
+@given(slots=small, claim_seconds=seconds, call_seconds=seconds, ahead_seconds=seconds)
+def test_work_claimed_ahead_stays_within_its_bound_in_time(slots, claim_seconds, call_seconds, ahead_seconds):
+    ahead = policy.ahead(slots, claim_seconds, call_seconds, ahead_seconds)
+    bound = max(2 * slots, math.ceil(slots * ahead_seconds / max(call_seconds, 1e-3)))
+    assert 2 <= ahead <= max(2, bound)
+    assert 1 <= policy.claim_at(ahead) <= ahead
+
+
+@pytest.mark.parametrize(("ahead", "at"), [(4, 2), (5, 3), (2, 1), (1, 1), (0, 1)])
+def test_claim_at_half_of_ahead(ahead, at):
+    assert policy.claim_at(ahead) == at
+
+
+@pytest.mark.parametrize(("left", "horizon", "soon", "next_in"), [
+    ([0.05, 0.5, -1.0], 0.15, 2, 0.35), ([], 0.1, 0, math.inf), ([2.0, 1.0], 0.5, 0, 0.5)])
+def test_ending_soon(left, horizon, soon, next_in):
+    assert policy.ending_soon(left, horizon) == (soon, pytest.approx(next_in))
+
+
+@given(left=st.lists(st.floats(-5, 5, allow_nan=False), max_size=10), horizon=seconds)
+def test_ending_soon_counts_each_call_once(left, horizon):
+    soon, next_in = policy.ending_soon(left, horizon)
+    assert soon == sum(1 for seconds_left in left if seconds_left <= horizon)
+    assert next_in >= 0 and (next_in == math.inf) == (soon == len(left))
+
+
+@pytest.mark.parametrize(("idle", "soon", "ahead", "queued", "want"), [(2, 1, 4, 3, 4), (0, 0, 2, 5, -3)])
+def test_free_when_claimed(idle, soon, ahead, queued, want):
+    assert policy.free_when_claimed(idle, soon, ahead, queued) == want
+
+
+@pytest.mark.parametrize(("open_slots", "to_deadline", "calls_left", "call_seconds", "queued", "most"), [
+    (2, 1.5, [], 0.5, 0, 6),  # two slots, 1.5 s, calls of 0.5 s
+    (2, 1.5, [0.5, 0.5], 0.5, 0, 4),  # the calls in flight take their part of it
+    (2, 1.5, [0.5, -3.0], 0.5, 1, 4),  # an overdue call takes none; one queued is one fewer
+    (2, -1.0, [], 0.5, 2, -2),  # the deadline has passed: what is queued is already too much
+    (0, 10.0, [], 0.5, 0, 0),
+])
+def test_can_start_in_time(open_slots, to_deadline, calls_left, call_seconds, queued, most):
+    assert policy.can_start_in_time(open_slots, to_deadline, calls_left, call_seconds, queued) == most
+
+
+@given(open_slots=small, to_deadline=st.floats(-10, 60, allow_nan=False),
+       calls_left=st.lists(st.floats(-5, 5, allow_nan=False), max_size=8), call_seconds=positive_seconds,
+       queued=small)
+def test_a_pump_never_plans_more_calls_than_its_slots_can_start_before_the_deadline(open_slots, to_deadline,
+                                                                                     calls_left, call_seconds,
+                                                                                     queued):
+    most = policy.can_start_in_time(open_slots, to_deadline, calls_left, call_seconds, queued)
+    assert 0 <= most + queued <= max(0.0, open_slots * to_deadline) / call_seconds + 1e-9
+
+
+@pytest.mark.parametrize(("open_slots", "lanes_seen", "floor"), [(16, 1, 16), (16, 4, 8), (2, 3, 2), (0, 0, 1),
+                                                                   (40, 2, 20)])
+def test_claim_floor(open_slots, lanes_seen, floor):
+    assert policy.claim_floor(open_slots, 8, lanes_seen) == floor
+
+
+@pytest.mark.parametrize(("want", "at", "queued", "idle", "claim"), [
+    (4, 2, 5, False, True), (1, 2, 0, False, True), (1, 2, 0, True, False), (0, 1, 0, False, False),
+    (1, 2, 3, False, False)])
+def test_should_claim(want, at, queued, idle, claim):
+    assert policy.should_claim(want, at, queued, idle) is claim
+
+
+@pytest.mark.parametrize(("want", "floor", "most", "size"), [(3, 8, 10, 8), (12, 8, 10, 10), (3, 8, 2, 2)])
+def test_claim_size(want, floor, most, size):
+    assert policy.claim_size(want, floor, most) == size
+
+
+@given(want=st.integers(-10, 100), floor=st.integers(1, 64), most=st.integers(-10, 100))
+def test_a_claim_never_asks_past_what_can_start_in_time(want, floor, most):
+    size = policy.claim_size(want, floor, most)
+    assert size <= most
+    assert size >= min(want, most)
+
+
+@pytest.mark.parametrize(("in_flight", "cap", "mine", "over_share", "back"), [
+    (10, 2, 8, 0.8, 7), (10, 2, 2, 0.2, 2), (10, 10, 5, 0.5, 0), (10, 8, 6, 0.6, 2),
+    (10, 2, 3, 0.8, 2),  # it keeps its part of the cap as things stood when the model went over (1 of 2)
+    (10, 2, 0, 0.0, 0)])
+def test_give_back(in_flight, cap, mine, over_share, back):
+    assert policy.give_back(in_flight, cap, mine, over_share) == back
+
+
+@given(data=st.data(), leases=st.lists(st.integers(1, 32), min_size=1, max_size=6), cap=st.integers(0, 100))
+def test_leases_give_back_the_excess_between_them_and_keep_their_part_of_the_cap(data, leases, cap):
+    in_flight = sum(leases)
+    backs = [policy.give_back(in_flight, cap, mine, mine / in_flight) for mine in leases]
+    assert all(0 <= back <= mine for back, mine in zip(backs, leases, strict=True))
+    if in_flight <= cap:
+        assert backs == [0] * len(leases)
+        return
+    kept = in_flight - sum(backs)
+    assert kept <= cap  # the model is back within its cap once these slots are back
+    assert kept > cap - len(leases)  # and each lease gave back less than one slot more than its share
+    # A lease that finds the model over its cap again later never gives back below its part of the first cap.
+    mine = data.draw(st.integers(0, leases[0]))
+    back = policy.give_back(in_flight, cap, mine, leases[0] / in_flight)
+    assert mine - back >= min(mine, math.floor(cap * (leases[0] / in_flight)))
+
+
+@given(wanted=st.integers(0, 100), cap=st.integers(0, 100), in_flight=st.integers(0, 100))
+def test_slots_taken_never_pass_the_cap(wanted, cap, in_flight):
+    take = max(0, policy.slots_to_take(wanted, cap, in_flight))
+    assert take <= wanted
+    assert in_flight + take <= max(cap, in_flight)
+
+
+def test_moving_average_moves_a_fifth_of_the_way():
+    assert policy.moving_average(1.0, 2.0, 0.2) == pytest.approx(1.2)
+
+
+# --- The config ------------------------------------------------------------------------------------------
+
+def test_the_config_is_frozen_and_takes_what_comes_from_the_settings():
+    config = SchedulerConfig.from_settings(Settings(interactive_yield_per_request=3, backend_timeout_seconds=7.0,
+                                                    dispatcher_idle_sleep_seconds=0.5))
+    assert (config.interactive_yield_per_request, config.backend_timeout_seconds, config.idle_sleep_seconds) == (
+        3, 7.0, 0.5)
+    assert config.lane_quantum == SchedulerConfig().lane_quantum == 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.lane_quantum = 4  # type: ignore[misc]
+
+
+def test_the_config_follows_the_settings_object_it_is_read_from():
+    first, second = Settings(interactive_yield_per_request=2), Settings(interactive_yield_per_request=5)
+    assert scheduler_config(first) is scheduler_config(first)
+    assert scheduler_config(second).interactive_yield_per_request == 5
+    assert scheduler_config(first).interactive_yield_per_request == 2
