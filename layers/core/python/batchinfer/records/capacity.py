@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..layout import interactive_lease_key, lease_due, model_budget_key, slot_lease_key
 from ..storage.dynamo import Table
 from .expressions import Op, _add_op
+from .shapes import GroupItem
 
 
 class Budget:
@@ -117,7 +118,7 @@ def lease_shards(lease: dict) -> dict[int, int]:
     return {0: int(lease["slots"])} if held is None else _held_of(held)
 
 
-def group_shards(group: dict) -> dict[int, int]:
+def group_shards(group: GroupItem) -> dict[int, int]:
     """The budget shards a group's members' own slots came from, and how many of each (none in a SlotLease;
     a group from before the shards: all of shard 0)."""
     if group.get("slot_lease"):

@@ -164,7 +164,7 @@ class Request:
                            filter_expression="#state = :w", consistent=True)  # type: ignore[return-value]
 
     @staticmethod
-    def drop_waiting(t: Table, req: dict) -> list[Op]:
+    def drop_waiting(t: Table, req: RequestItem) -> list[Op]:
         """Delete a request waiting for a retry (its batch is being purged), with its place in the model's
         `waiting` count; fenced on its state and token, so it goes, and the count moves, once."""
         return [t.op_delete(req["pk"], req["sk"], condition="#state = :w AND #token = :t",
