@@ -101,7 +101,7 @@ class DataAccess:
 _READ_OBJECTS = ("s3:GetObject",)
 _WRITE_OBJECTS = ("s3:PutObject", "s3:AbortMultipartUpload")
 _DELETE_OBJECTS = ("s3:DeleteObject",)
-# Transactions: every op kind the storage layer builds (records.py: op_put/op_update/op_delete/op_check).
+# Transactions: every op kind the storage layer builds (records: op_put/op_update/op_delete/op_check).
 _TRANSACT = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:ConditionCheckItem")
 DATA_ACCESS: dict[str, DataAccess] = {
     # Routes: create (transactions), list (by_owner), get, cancel (settle), delete (purge: delete_many, S3

@@ -1,4 +1,9 @@
-"""Errors a caller sees, with the HTTP status they answer with."""
+"""Errors a caller sees, with the HTTP status they answer with.
+
+`ApiError` takes any status (an answer relayed from a backend keeps the backend's); each subclass names one
+status by what it means, as the OpenAI and Anthropic SDKs name theirs, and takes the rest as `ApiError` does.
+The envelopes catch `ApiError`, so every subclass renders the same way.
+"""
 
 from __future__ import annotations
 
@@ -23,3 +28,79 @@ class ApiError(Exception):
 
     def openai(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _FixedStatus(ApiError):
+    """An `ApiError` whose class fixes its status (`STATUS`)."""
+
+    STATUS: int
+
+    def __init__(self, message: str, code: str | None = None, param: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(self.STATUS, message, code=code, param=param, retry_after=retry_after)
+
+
+class InvalidRequest(_FixedStatus):
+    """400: the request is malformed, or asks for what cannot be done."""
+
+    STATUS = 400
+
+
+class AuthenticationFailed(_FixedStatus):
+    """401: no API key, or one that is unknown, revoked or expired."""
+
+    STATUS = 401
+
+
+class PermissionDenied(_FixedStatus):
+    """403: the caller is known but may not do this."""
+
+    STATUS = 403
+
+
+class NotFound(_FixedStatus):
+    """404: no such object (or none the caller may see)."""
+
+    STATUS = 404
+
+
+class Conflict(_FixedStatus):
+    """409: the object's state does not allow it now (or another change won)."""
+
+    STATUS = 409
+
+
+class Gone(_FixedStatus):
+    """410: it existed and was deleted."""
+
+    STATUS = 410
+
+
+class PayloadTooLarge(_FixedStatus):
+    """413: a body, file or part over its limit."""
+
+    STATUS = 413
+
+
+class RateLimited(_FixedStatus):
+    """429: a limit or quota is used up, or the backend is busy (`retry_after` says when to try again)."""
+
+    STATUS = 429
+
+
+class InternalError(_FixedStatus):
+    """500: the service failed at something that should not fail."""
+
+    STATUS = 500
+
+
+class ServiceUnavailable(_FixedStatus):
+    """503: the backend cannot be reached or used now."""
+
+    STATUS = 503
+
+
+class GatewayTimeout(_FixedStatus):
+    """504: the backend did not answer in time."""
+
+    STATUS = 504

@@ -20,10 +20,13 @@ from .layout import group_key, request_key, retry_due
 from .records import (
     Account,
     Batch,
+    BatchItem,
     Budget,
     Group,
+    GroupItem,
     Lane,
     Request,
+    RequestItem,
     SlotLease,
     Usage,
     group_shards,
@@ -143,7 +146,7 @@ class Moves:
         return [op for op in ops if op is not None]
 
 
-def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = None) -> None:
+def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | None = None) -> None:
     """Move a request from its current state (and token) to `outcome.to`, with every counter it moves."""
     now = svc.now()
     if outcome.to is RequestState.UNSTARTED:
@@ -158,7 +161,7 @@ def settle(svc: Services, req: dict, outcome: Settlement, stop: Stop | None = No
                                        {int(req.get("budget_shard", 0)): 1}))
 
 
-def start(svc: Services, req: dict) -> dict:
+def start(svc: Services, req: RequestItem) -> RequestItem:
     """dispatched -> running: the worker is about to call the backend. Returns the new request.
 
     Fenced against its batch stopping: a request that has not started by the time its batch is cancelled,
@@ -186,9 +189,9 @@ def _take_ops(svc: Services, model_id: str, account_id: str, parts: list[tuple[D
         Account.take(svc.table, account_id, sum(n for _, n in parts), account_cap)]
 
 
-def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[Position], lane_next: int,
+def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: list[Position], lane_next: int,
                     parts: list[tuple[Draw, int]] | None, account_cap: int, running: bool = False,
-                    slot_lease: dict | None = None) -> list[dict]:
+                    slot_lease: dict | None = None) -> list[GroupItem]:
     """Dispatch the lane's next positions as groups: take their slots, advance the lane, create the groups.
 
     A group is one lease over up to GROUP_MAX requests: one item, one queue message, one start and one
@@ -231,7 +234,7 @@ def claim_from_lane(svc: Services, batch: dict, model_id: str, positions: list[P
     return groups
 
 
-def _items_ttl(svc: Services, batch: dict) -> int:
+def _items_ttl(svc: Services, batch: BatchItem) -> int:
     """When DynamoDB may delete the batch's request items on its own (TTL deletes cost nothing). The batch
     and its results go from the API when its retention ends (the sweeper's purge); a batch ends at most
     about an hour after its window closes (retries of requests that had started), so a day after the
@@ -239,12 +242,12 @@ def _items_ttl(svc: Services, batch: dict) -> int:
     return int(batch["expires_at"]) + svc.settings.batch_retention_seconds + 86400
 
 
-def start_group(svc: Services, group: dict) -> dict:
+def start_group(svc: Services, group: GroupItem) -> GroupItem:
     """dispatched -> running for a whole group, fenced against its batch stopping (see `start`)."""
     return _start_group(svc, group, None)
 
 
-def start_group_in_lease(svc: Services, group: dict) -> tuple[dict, dict]:
+def start_group_in_lease(svc: Services, group: GroupItem) -> tuple[GroupItem, dict]:
     """Start a group and turn the budget slots its members hold into a SlotLease, in one transaction: the
     worker that runs it keeps those slots busy after its members end. Returns (the group, the lease)."""
     now = svc.now()
@@ -253,7 +256,7 @@ def start_group_in_lease(svc: Services, group: dict) -> tuple[dict, dict]:
     return _start_group(svc, group, lease), lease
 
 
-def _start_group(svc: Services, group: dict, lease: dict | None) -> dict:
+def _start_group(svc: Services, group: GroupItem, lease: dict | None) -> GroupItem:
     now = svc.now()
     running = {**group, "state": RequestState.RUNNING.value, "due_at": now + svc.settings.lease_seconds,
                "started_at": now, "token": new_token()}
@@ -267,8 +270,8 @@ def _start_group(svc: Services, group: dict, lease: dict | None) -> dict:
     return running
 
 
-def position_item(svc: Services, group: dict, position: list, outcome: Settlement, attempt: int,
-                  stop: Stop | None = None, token: str | None = None) -> dict:
+def position_item(svc: Services, group: GroupItem, position: list, outcome: Settlement, attempt: int,
+                  stop: Stop | None = None, token: str | None = None) -> RequestItem:
     """The request item a group member's outcome creates. `tally` keeps what the outcome adds to the
     counters, so that a group whose worker died after writing it is counted from its items, once."""
     index, custom_id, offset, length = position
@@ -292,19 +295,20 @@ def position_item(svc: Services, group: dict, position: list, outcome: Settlemen
     return item
 
 
-def tallied(item: dict) -> tuple[Settlement, Stop | None]:
+def tallied(item: RequestItem) -> tuple[Settlement, Stop | None]:
     """The outcome a group member's item recorded (see `position_item`)."""
     tally = item["tally"]
     stop = Stop(tally["stop"]) if tally.get("stop") else None
     return Settlement(to=RequestState(tally["to"]), **{k: tally[k] for k in TALLIED if k in tally}), stop
 
 
-def record_position(svc: Services, item: dict) -> None:
+def record_position(svc: Services, item: RequestItem) -> None:
     """Write one group member's outcome. Raises ConditionFailed if the group's lease was recovered first."""
     Request.put_outcome(svc.table, item)
 
 
-def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict, ...] = ()) -> None:
+def close_group(svc: Services, group: GroupItem, written: list[RequestItem],
+                new: tuple[RequestItem, ...] = ()) -> None:
     """End a group: give its slots back and add its members' outcomes to the counters, in one transaction
     fenced by the group's token. `written`: members' request items already stored; `new`: members' items
     this same transaction writes."""
@@ -317,8 +321,8 @@ def close_group(svc: Services, group: dict, written: list[dict], new: tuple[dict
     t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"], group_shards(group)))
 
 
-def claim_retry(svc: Services, req: dict, draw: Draw | None, account_cap: int,
-                slot_lease: dict | None = None) -> dict:
+def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap: int,
+                slot_lease: dict | None = None) -> RequestItem:
     """waiting -> dispatched: a request whose wait is over takes a slot again (from `draw`'s shard), or runs
     in `slot_lease`'s."""
     now = svc.now()
@@ -382,7 +386,7 @@ def give_back_slots(svc: Services, lease: dict, n: int) -> dict | None:
     return {**lease, "slots": left, "shards": shards_map({k: m - parts.get(k, 0) for k, m in held.items()})}
 
 
-def queue_message(unit: dict) -> dict:
+def queue_message(unit: GroupItem | RequestItem) -> dict:
     """The queue message for a dispatched group, or for one request dispatched again for a retry."""
     if "positions" in unit:
         return {"batch_id": unit["batch_id"], "group": unit["first"], "token": unit["token"], "model": unit["model"]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Depends, Request
 
-from ..errors import ApiError
+from ..errors import AuthenticationFailed, NotFound
 from ..runtime import Services
 from ..service.accounts import AuthError, Principal, authenticate
 
@@ -27,11 +27,11 @@ def key_holder(request: Request, svc: Services = Depends(services_of)) -> Princi
     try:
         return authenticate(svc, api_key_of(request))
     except AuthError as error:
-        raise ApiError(401, str(error), code="invalid_api_key") from None
+        raise AuthenticationFailed(str(error), code="invalid_api_key") from None
 
 
 def caller(request: Request, svc: Services = Depends(services_of)) -> Principal:
     """The authenticated caller; every batch route depends on it (batches switched off: 404 for all)."""
     if not svc.settings.batches_enabled:
-        raise ApiError(404, "Batch inference is unavailable at the moment.", code="batches_unavailable")
+        raise NotFound("Batch inference is unavailable at the moment.", code="batches_unavailable")
     return key_holder(request, svc)

@@ -9,7 +9,7 @@ from fastapi import Request
 from python_multipart.multipart import DEFAULT_MAX_HEADER_SIZE
 from starlette.datastructures import FormData, UploadFile
 
-from ..errors import ApiError
+from ..errors import ApiError, InvalidRequest
 from ..service.files import MAX_FILENAME_CHARS
 
 
@@ -27,8 +27,8 @@ _FILENAME_HEADER = re.compile(rb"(?im)^content-disposition:[^\r\n]*filename")
 
 def _filename_too_long(name: str, length: int | None = None) -> ApiError:
     has = f" (it has {length})" if length is not None else ""
-    return ApiError(400, f"The '{name}' part's filename is too long{has}: a filename may have at most "
-                         f"{MAX_FILENAME_CHARS} characters.", param=name)
+    return InvalidRequest(f"The '{name}' part's filename is too long{has}: a filename may have at most "
+                          f"{MAX_FILENAME_CHARS} characters.", param=name)
 
 
 def _header_too_long(raw: bytes) -> bool:
@@ -43,17 +43,17 @@ def _header_too_long(raw: bytes) -> bool:
 async def form_with_file(request: Request, name: str, hint: str, max_fields: int) -> tuple[FormData, UploadFile]:
     """The multipart form and its file part `name`. `hint`: how to send it, for the 400 when it is not."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise ApiError(400, hint, param=name)
+        raise InvalidRequest(hint, param=name)
     raw = await request.body()  # in memory already (a Lambda event); kept to say what a refused one held
     try:
         form = await request.form(max_files=1, max_fields=max_fields)
     except Exception as error:  # a malformed multipart body is the caller's mistake, not a 500
         if _header_too_long(raw):
             raise _filename_too_long(name) from None
-        raise ApiError(400, f"The multipart body could not be read: {error}", param=name) from None
+        raise InvalidRequest(f"The multipart body could not be read: {error}", param=name) from None
     part = form.get(name)
     if not isinstance(part, UploadFile):
-        raise ApiError(400, f"The request has no '{name}' part. {hint}", param=name)
+        raise InvalidRequest(f"The request has no '{name}' part. {hint}", param=name)
     if part.filename and len(part.filename) > MAX_FILENAME_CHARS:
         raise _filename_too_long(name, len(part.filename))
     return form, part

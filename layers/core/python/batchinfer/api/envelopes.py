@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import Scope
 
-from ..errors import ApiError
+from ..errors import ApiError, InternalError, InvalidRequest
 
 SCOPE_KEY = "batchinfer.envelope"
 FINAL_STATUSES = (410, 413)  # answers a retry cannot change
@@ -127,8 +127,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "body", "path"))
-        return render(_envelope(request), ApiError(400, f"{where}: {first.get('msg', 'invalid')}",
-                                                   param=where or None))
+        return render(_envelope(request), InvalidRequest(f"{where}: {first.get('msg', 'invalid')}",
+                                                         param=where or None))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -138,4 +138,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         # Still a 500, but in the envelope the SDKs parse rather than Starlette's plain text.
-        return render(_envelope(request), ApiError(500, "The server had an error while processing your request."))
+        return render(_envelope(request), InternalError("The server had an error while processing your request."))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..domain import BATCH_IDS, FINAL_BATCH, parse_result_id
-from ..errors import ApiError
+from ..errors import Conflict, InvalidRequest, NotFound
 from ..records import Batch, BatchItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
@@ -51,33 +51,33 @@ def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[Val
     file's lines are checked after it answers (`intake.validate_file_batch`), before anything runs."""
     files.check_enabled(svc, param="input_file_id")
     if payload.get("requests") is not None:
-        raise ApiError(400, "Give either requests (an inline batch) or input_file_id (a batch from a file), "
-                            "not both.", param="requests")
+        raise InvalidRequest("Give either requests (an inline batch) or input_file_id (a batch from a file), "
+                             "not both.", param="requests")
     endpoint = payload.get("endpoint")
     problem = endpoint_problem(allowed_endpoints(svc), endpoint, name="endpoint")
     if problem:
-        raise ApiError(400, problem, param="endpoint")
+        raise InvalidRequest(problem, param="endpoint")
     if payload.get("completion_window") != "24h":
-        raise ApiError(400, f"completion_window must be '24h', not {payload.get('completion_window')!r}.",
-                       param="completion_window")
+        raise InvalidRequest(f"completion_window must be '24h', not {payload.get('completion_window')!r}.",
+                             param="completion_window")
     metadata = validate_metadata(payload.get("metadata"))
     extra: dict = {}
     expires_after = payload.get("output_expires_after")
     if expires_after is not None:
         if not isinstance(expires_after, dict):
-            raise ApiError(400, "output_expires_after must be an object {anchor, seconds}.",
-                           param="output_expires_after")
+            raise InvalidRequest("output_expires_after must be an object {anchor, seconds}.",
+                                 param="output_expires_after")
         extra["output_expires_after"] = files.expires_after_seconds(
             expires_after.get("anchor"), expires_after.get("seconds"), "output_expires_after")
     file_id = payload["input_file_id"]
     item = files.stored_file(svc, principal.account_id, file_id) if isinstance(file_id, str) else None
     if item is None:
-        raise ApiError(400, f"Invalid 'input_file_id': file '{file_id}' not found.", code="file_not_found",
-                       param="input_file_id")
+        raise InvalidRequest(f"Invalid 'input_file_id': file '{file_id}' not found.", code="file_not_found",
+                             param="input_file_id")
     if item["purpose"] != files.UPLOAD:
-        raise ApiError(400, f"Invalid 'input_file_id': file '{file_id}' has purpose '{item['purpose']}'; a batch "
-                            "needs a file uploaded with purpose 'batch'.", code="invalid_file_purpose",
-                       param="input_file_id")
+        raise InvalidRequest(f"Invalid 'input_file_id': file '{file_id}' has purpose '{item['purpose']}'; a batch "
+                             "needs a file uploaded with purpose 'batch'.", code="invalid_file_purpose",
+                             param="input_file_id")
     extra.update({"input_file_id": file_id, "awaiting_validation": True})
     # A file batch's window is always the 24 hours its completion_window says.
     return ValidatedBatch(endpoint=endpoint, requests=[], metadata=metadata, window_seconds=24 * 3600), extra
@@ -123,26 +123,26 @@ def usage_object(item: BatchItem) -> dict:
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     item = Batch.get(svc.table, batch_id) if BATCH_IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise ApiError(404, f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
+        raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
     return item
 
 
 def list_batches(svc: Services, principal: Principal, limit: int, after: str | None) -> dict:
     if not 1 <= limit <= 100:
-        raise ApiError(400, "limit must be between 1 and 100.", param="limit")
+        raise InvalidRequest("limit must be between 1 and 100.", param="limit")
     return owner_page(svc, principal, Batch, ids=BATCH_IDS, noun="batch", after=after, limit=limit,
                       newest_first=True, visible=lambda b: not b.get("deleting"), shown=batch_object)
 
 
 def results_page(svc: Services, principal: Principal, batch_id: str, limit: int, after: str | None) -> dict:
     if not 1 <= limit <= 1000:
-        raise ApiError(400, "limit must be between 1 and 1000.", param="limit")
+        raise InvalidRequest("limit must be between 1 and 1000.", param="limit")
     batch = owned_batch(svc, principal, batch_id)
     start = 0
     if after is not None:
         index = parse_result_id(after)
         if index is None:
-            raise ApiError(400, f"after must be a result ID such as 'batch_req_42', not '{after}'.", param="after")
+            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not '{after}'.", param="after")
         start = index + 1
     end = min(batch["total"], start + limit)
     data = list(results.iter_results(svc, batch, start, end))
@@ -153,7 +153,7 @@ def results_page(svc: Services, principal: Principal, batch_id: str, limit: int,
 def _finished_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     batch = owned_batch(svc, principal, batch_id)
     if batch["status"] not in FINAL_BATCH:
-        raise ApiError(409, NOT_FINISHED, code="batch_not_finished")
+        raise Conflict(NOT_FINISHED, code="batch_not_finished")
     return batch
 
 
@@ -177,9 +177,9 @@ def delete_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
     """Answers at once: the batch reads as not found from then on, and the sweeper removes what it holds."""
     batch = owned_batch(svc, principal, batch_id)
     if batch.get("in_flight", 0) > 0:
-        raise ApiError(409, BATCH_RUNNING, code="batch_running")
+        raise Conflict(BATCH_RUNNING, code="batch_running")
     try:
         lifecycle.delete(svc, batch)
     except ConditionFailed:
-        raise ApiError(409, BATCH_RUNNING, code="batch_running") from None
+        raise Conflict(BATCH_RUNNING, code="batch_running") from None
     return {"id": batch_id, "object": "batch.deleted", "deleted": True}

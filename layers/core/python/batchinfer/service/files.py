@@ -11,7 +11,7 @@ import hashlib
 import time
 
 from ..domain import FILE_IDS, new_file_id
-from ..errors import ApiError
+from ..errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge, RateLimited
 from ..layout import file_object
 from ..records import Account, File, FileItem
 from ..runtime import Services
@@ -28,21 +28,21 @@ NOT_ENABLED = "File batches are not enabled."
 
 def check_enabled(svc: Services, param: str | None = None) -> None:
     if not svc.settings.file_batches_enabled:
-        raise ApiError(400, NOT_ENABLED, code="file_batches_disabled", param=param)
+        raise InvalidRequest(NOT_ENABLED, code="file_batches_disabled", param=param)
 
 
 def expires_after_seconds(anchor: object, seconds: object, param: str) -> int:
     """The seconds of an `expires_after` / `output_expires_after` ({anchor: created_at, seconds})."""
     if anchor != "created_at":
-        raise ApiError(400, f"{param}[anchor] must be 'created_at'.", param=f"{param}[anchor]")
+        raise InvalidRequest(f"{param}[anchor] must be 'created_at'.", param=f"{param}[anchor]")
     try:
         value = int(str(seconds).strip())
     except ValueError:
         value = -1
     low, high = EXPIRES_AFTER_SECONDS
     if not low <= value <= high:
-        raise ApiError(400, f"{param}[seconds] must be a whole number of seconds from {low} to {high}.",
-                       param=f"{param}[seconds]")
+        raise InvalidRequest(f"{param}[seconds] must be a whole number of seconds from {low} to {high}.",
+                             param=f"{param}[seconds]")
     return value
 
 
@@ -54,7 +54,7 @@ def file_object_of(item: FileItem) -> dict:
 
 
 def _not_found(file_id: str) -> ApiError:
-    return ApiError(404, f"No such File object: {file_id}", code="file_not_found", param="file_id")
+    return NotFound(f"No such File object: {file_id}", code="file_not_found", param="file_id")
 
 
 def stored_file(svc: Services, account_id: str, file_id: str) -> FileItem | None:
@@ -86,9 +86,9 @@ def check_storage(svc: Services, account_id: str, size: int, param: str = "file"
     limit = svc.settings.max_stored_file_bytes
     stored = _stored_upload_bytes(svc, account_id)
     if stored + size > limit:
-        raise ApiError(413, f"This upload would take your stored files past the limit of {limit} bytes ({stored} "
-                            "bytes stored now); delete files you no longer need.", code="file_storage_exceeded",
-                       param=param)
+        raise PayloadTooLarge(f"This upload would take your stored files past the limit of {limit} bytes ({stored} "
+                              "bytes stored now); delete files you no longer need.", code="file_storage_exceeded",
+                              param=param)
 
 
 def admit_upload(svc: Services, principal: Principal, *, purpose: object, size: int, param: str = "file") -> None:
@@ -99,19 +99,19 @@ def admit_upload(svc: Services, principal: Principal, *, purpose: object, size: 
     s = svc.settings
     check_enabled(svc)
     if purpose != UPLOAD:
-        raise ApiError(400, f"purpose must be 'batch', not {purpose!r}: only batch input files can be uploaded.",
-                       param="purpose")
+        raise InvalidRequest(f"purpose must be 'batch', not {purpose!r}: only batch input files can be uploaded.",
+                             param="purpose")
     if size > s.max_file_bytes:
-        raise ApiError(413, f"The file is {size} bytes, larger than the limit of {s.max_file_bytes} bytes.",
-                       param=param)
+        raise PayloadTooLarge(f"The file is {size} bytes, larger than the limit of {s.max_file_bytes} bytes.",
+                              param=param)
     check_storage(svc, principal.account_id, size, param)
     now = svc.now()
     try:
         Account.count_upload(svc.table, principal.account_id, now // 3600, s.max_uploads_per_hour)
     except ConditionFailed:
-        raise ApiError(429, f"You have uploaded {s.max_uploads_per_hour} files this hour, the most allowed; try "
-                            "again next hour.", code="too_many_uploads",
-                       retry_after=3600 - now % 3600) from None
+        raise RateLimited(f"You have uploaded {s.max_uploads_per_hour} files this hour, the most allowed; try "
+                          "again next hour.", code="too_many_uploads",
+                          retry_after=3600 - now % 3600) from None
 
 
 def upload_record(svc: Services, principal: Principal, *, file_id: str, filename: str, size: int, sha256: str,
@@ -128,9 +128,9 @@ def too_large_for_one_request(svc: Services, size: int | None) -> ApiError:
     """The 413 for a file past what one request carries through API Gateway + Lambda: use the Uploads API."""
     limit, part = svc.settings.max_direct_upload_bytes, svc.settings.max_upload_part_bytes
     said = f"The file is {size} bytes; one" if size is not None else "One"
-    return ApiError(413, f"{said} request carries at most {limit} bytes here. Send larger files in parts with the "
-                         "Uploads API: client.uploads.upload_file_chunked(file=..., mime_type='application/jsonl', "
-                         f"purpose='batch', part_size={part}).", param="file", code="file_too_large_for_one_request")
+    return PayloadTooLarge(f"{said} request carries at most {limit} bytes here. Send larger files in parts with the "
+                           "Uploads API: client.uploads.upload_file_chunked(file=..., mime_type='application/jsonl', "
+                           f"purpose='batch', part_size={part}).", param="file", code="file_too_large_for_one_request")
 
 
 def upload(svc: Services, principal: Principal, *, filename: str, purpose: object, data: bytes,
@@ -161,9 +161,9 @@ def register_result_file(svc: Services, *, file_id: str, account_id: str, batch_
 def list_files(svc: Services, principal: Principal, *, after: str | None, limit: int, order: str,
                purpose: str | None) -> dict:
     if not 1 <= limit <= 10000:
-        raise ApiError(400, "limit must be between 1 and 10000.", param="limit")
+        raise InvalidRequest("limit must be between 1 and 10000.", param="limit")
     if order not in ("asc", "desc"):
-        raise ApiError(400, f"order must be 'asc' or 'desc', not '{order}'.", param="order")
+        raise InvalidRequest(f"order must be 'asc' or 'desc', not '{order}'.", param="order")
     now = svc.now()
     return owner_page(svc, principal, File, ids=FILE_IDS, noun="file", after=after, limit=limit,
                       newest_first=order == "desc", shown=file_object_of,

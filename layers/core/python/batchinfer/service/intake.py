@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..domain import new_batch_id
-from ..errors import ApiError
+from ..errors import Conflict, Gone, InvalidRequest, PayloadTooLarge, PermissionDenied, RateLimited
 from ..layout import (
     INDEX_CHUNK,
     batch_prefix,
@@ -49,8 +49,8 @@ def check_idempotency_key(key: str | None) -> None:
     if key is None:
         return
     if not 1 <= len(key) <= 255 or not all(0x20 <= ord(c) <= 0x7E for c in key):
-        raise ApiError(400, "The Idempotency-Key header must be 1-255 printable ASCII characters.",
-                       param="Idempotency-Key")
+        raise InvalidRequest("The Idempotency-Key header must be 1-255 printable ASCII characters.",
+                             param="Idempotency-Key")
 
 
 def body_hash(payload: object) -> str:
@@ -64,11 +64,11 @@ def parse_json_body(raw: bytes) -> object:
     try:
         payload = json.loads(raw) if raw.strip() else None
     except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "The body is not valid JSON.") from None
+        raise InvalidRequest("The body is not valid JSON.") from None
     except RecursionError:
-        raise ApiError(400, "The body is nested too deeply.") from None
+        raise InvalidRequest("The body is nested too deeply.") from None
     if holds_unpaired_surrogate(raw, payload):
-        raise ApiError(400, UNPAIRED_SURROGATE)
+        raise InvalidRequest(UNPAIRED_SURROGATE)
     return payload
 
 
@@ -78,13 +78,13 @@ def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str |
     batch an earlier call with the same key and body created (a replay), if any. `api`: part of what a replay
     must match, so one key cannot answer for two kinds of batch."""
     if len(raw) > svc.settings.max_body_bytes:
-        raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
     check_idempotency_key(idem_key)
     payload = parse_json_body(raw)
     try:
         digest = body_hash(payload if api is None else {"api": api, "body": payload})
     except RecursionError:
-        raise ApiError(400, "The body is nested too deeply.") from None
+        raise InvalidRequest("The body is nested too deeply.") from None
     claim = IdempotencyClaim(idem_key, digest) if idem_key else None
     return payload, claim, replay(svc, principal, claim) if claim else None
 
@@ -95,11 +95,11 @@ def replay(svc: Services, principal: Principal, claim: IdempotencyClaim) -> Batc
     if record is None or (record.get("ttl") and record["ttl"] <= svc.now()):
         return None
     if record["body_hash"] != claim.body_hash:
-        raise ApiError(409, "This Idempotency-Key was already used for a different request.",
+        raise Conflict("This Idempotency-Key was already used for a different request.",
                        code="idempotency_key_reused")
     batch = Batch.get(svc.table, record["batch_id"])
     if record.get("deleted") or batch is None or batch.get("deleting"):
-        raise ApiError(410, "The batch this Idempotency-Key created has been deleted.", code="batch_deleted")
+        raise Gone("The batch this Idempotency-Key created has been deleted.", code="batch_deleted")
     return batch
 
 
@@ -107,9 +107,9 @@ def admit(svc: Services, principal: Principal) -> None:
     """Whether the account may create a batch at all right now."""
     account = principal.account
     if not account.get("batch_access"):
-        raise ApiError(403, "Your account may not create batches.", code="batch_access_denied")
+        raise PermissionDenied("Your account may not create batches.", code="batch_access_denied")
     if quota_used_up(svc, account):
-        raise ApiError(429, "Your daily quota is used up; it renews at 00:00 UTC.", code="quota_exceeded")
+        raise RateLimited("Your daily quota is used up; it renews at 00:00 UTC.", code="quota_exceeded")
 
 
 def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
@@ -127,10 +127,10 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
                 return existing, False
         current = Account.get(svc.table, principal.account_id) or {}
         if current.get("unfinished_batches", 0) >= limits.max_unfinished_batches:
-            raise ApiError(429, f"You already have {limits.max_unfinished_batches} unfinished batches, the most "
-                                "allowed. Wait for one to finish.", code="too_many_batches") from None
-        raise ApiError(429, f"This batch would take your unfinished batch requests past the limit of "
-                            f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
+            raise RateLimited(f"You already have {limits.max_unfinished_batches} unfinished batches, the most "
+                              "allowed. Wait for one to finish.", code="too_many_batches") from None
+        raise RateLimited(f"This batch would take your unfinished batch requests past the limit of "
+                          f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
 
 
 def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest]

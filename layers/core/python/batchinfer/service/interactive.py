@@ -21,7 +21,7 @@ import anyio
 
 from ..catalog import MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, Relay, new_token, next_utc_midnight
-from ..errors import ApiError
+from ..errors import ApiError, GatewayTimeout, InvalidRequest, NotFound, RateLimited, ServiceUnavailable
 from ..records import InteractiveLease, Usage
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
 from ..runtime import Services
@@ -63,25 +63,25 @@ def route(svc: Services, account: dict, name: object, endpoint: str) -> Model:
     (`Catalog.route`)."""
     model = svc.catalog.lookup(name) if isinstance(name, str) and name else None
     if model is None or not may_use_model(account, model.id):
-        raise ApiError(404, f"The model '{name}' does not exist or you do not have access to it.",
+        raise NotFound(f"The model '{name}' does not exist or you do not have access to it.",
                        code="model_not_found", param="model")
     if model.auto:
         chosen = svc.catalog.route(model, endpoint, lambda m: may_use_model(account, m.id))
         if chosen is None:
-            raise ApiError(400, f"The auto model '{name}' has no model for {endpoint} that this key may use.",
-                           code="unsupported_endpoint", param="model")
+            raise InvalidRequest(f"The auto model '{name}' has no model for {endpoint} that this key may use.",
+                                 code="unsupported_endpoint", param="model")
         return chosen
     if not model.serves(endpoint):
-        raise ApiError(400, f"The model '{name}' does not serve {endpoint}.", code="unsupported_endpoint",
-                       param="model")
+        raise InvalidRequest(f"The model '{name}' does not serve {endpoint}.", code="unsupported_endpoint",
+                             param="model")
     return model
 
 
 def _check_quota(svc: Services, account: dict) -> None:
     if quota_used_up(svc, account):
         now = svc.now()
-        raise ApiError(429, "Your daily quota is used up; it renews at 00:00 UTC.", code="quota_exceeded",
-                       retry_after=max(1, next_utc_midnight(now) - now))
+        raise RateLimited("Your daily quota is used up; it renews at 00:00 UTC.", code="quota_exceeded",
+                          retry_after=max(1, next_utc_midnight(now) - now))
 
 
 # --- Running -----------------------------------------------------------------------------------------------
@@ -92,8 +92,8 @@ async def _begin(svc: Services, principal: Principal, model: Model) -> tuple[str
     try:
         key = await asyncio.to_thread(inference.backend_key, svc, model)
     except BackendKeyNotSet:
-        raise ApiError(503, f"The model '{model.id}' is not available: its backend API key has not been set.",
-                       code="service_unavailable") from None
+        raise ServiceUnavailable(f"The model '{model.id}' is not available: its backend API key has not been set.",
+                                 code="service_unavailable") from None
     lease = (new_token(), interactive_shard(svc, model))
     now = svc.now()
     timeout = int(svc.settings.backend_timeout_seconds)
@@ -170,13 +170,13 @@ def _refusal(attempt: Attempt) -> ApiError:
     answered (a 5xx as 502, it is not this service's fault), 503 when no connection to it could be made, 504
     when it did not answer in time."""
     if attempt.status_code is None and not attempt.sent:
-        return ApiError(503, attempt.message or "Could not connect to the backend.", code="service_unavailable")
+        return ServiceUnavailable(attempt.message or "Could not connect to the backend.", code="service_unavailable")
     if attempt.status_code is None:
-        return ApiError(504, attempt.message or "The backend did not answer in time.", code="timeout")
+        return GatewayTimeout(attempt.message or "The backend did not answer in time.", code="timeout")
     status = attempt.status_code
     if status == 429:
-        return ApiError(429, attempt.message or "The backend is busy.", code="rate_limited",
-                        retry_after=max(1, round(attempt.retry_after or 1)))
+        return RateLimited(attempt.message or "The backend is busy.", code="rate_limited",
+                           retry_after=max(1, round(attempt.retry_after or 1)))
     if status >= 500 or status < 400:
         return ApiError(503 if status == 503 else 502, attempt.message or f"The backend answered HTTP {status}.",
                         code="upstream_error")
@@ -185,27 +185,27 @@ def _refusal(attempt: Attempt) -> ApiError:
 
 def _check_stream(svc: Services, endpoint: str) -> None:
     if not svc.settings.interactive_streaming_enabled:
-        raise ApiError(400, NO_STREAM, code="stream_unsupported", param="stream")
+        raise InvalidRequest(NO_STREAM, code="stream_unsupported", param="stream")
     if endpoint not in STREAMED_ENDPOINTS:
-        raise ApiError(400, f"stream: {endpoint} answers are not streamed here (chat completions and messages "
-                            "are); send stream false (or leave it out).", code="stream_unsupported", param="stream")
+        raise InvalidRequest(f"stream: {endpoint} answers are not streamed here (chat completions and messages "
+                             "are); send stream false (or leave it out).", code="stream_unsupported", param="stream")
 
 
 async def serve_openai(svc: Services, principal: Principal, endpoint: str, payload: object) -> Served | Streamed:
     """A chat completion, embedding or (stateless) response, checked as a batch request's body is."""
     if not isinstance(payload, dict):
-        raise ApiError(400, "The body must be a JSON object.")
+        raise InvalidRequest("The body must be a JSON object.")
     streams = payload.get("stream") is True
     if streams:
         _check_stream(svc, endpoint)
     if non_finite(payload):
-        raise ApiError(400, "The body holds NaN or Infinity, which is not valid JSON.")
+        raise InvalidRequest("The body holds NaN or Infinity, which is not valid JSON.")
     if endpoint == RESPONSES and payload.get("store") is True:
-        raise ApiError(400, "store: responses are not stored here; send store false (or leave it out).",
-                       param="store")
+        raise InvalidRequest("store: responses are not stored here; send store false (or leave it out).",
+                             param="store")
     problem = body_problem(endpoint, payload)
     if problem:
-        raise ApiError(400, problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
+        raise InvalidRequest(problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
     model = route(svc, principal.account, payload.get("model"), endpoint)
     _check_quota(svc, principal.account)
     if streams:
@@ -222,7 +222,7 @@ async def serve_messages(svc: Services, principal: Principal, payload: object, v
     streams = False
     if isinstance(payload, dict) and "stream" in payload:
         if payload["stream"] is not None and not isinstance(payload["stream"], bool):
-            raise ApiError(400, "stream: expected a boolean.", param="stream")
+            raise InvalidRequest("stream: expected a boolean.", param="stream")
         streams = payload["stream"] is True
         if streams:
             _check_stream(svc, MESSAGES_ENDPOINT)
@@ -263,6 +263,6 @@ def one_model(svc: Services, principal: Principal, model_id: str) -> dict:
     model = svc.catalog.lookup(model_id)
     if model is None or model.id != model_id or not may_use_model(principal.account, model.id) or (
             not model.auto and model.backend is None):
-        raise ApiError(404, f"The model '{model_id}' does not exist or you do not have access to it.",
+        raise NotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
                        code="model_not_found", param="model")
     return model_object(model)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from ..catalog import MESSAGES_ENDPOINT
 from ..domain import FINAL_BATCH, MESSAGE_BATCH_IDS, BatchStatus, Stop, new_message_batch_id
-from ..errors import ApiError
+from ..errors import InvalidRequest, NotFound, PermissionDenied
 from ..layout import OWNER_MESSAGE_BATCH_PREFIX
 from ..messages_to_chat import refused_everywhere, untranslatable
 from ..records import Batch, BatchItem
@@ -58,15 +58,15 @@ NOT_ENDED = ("Message Batch '{id}' has not ended yet (processing_status '{status
 def check_headers(version: str | None, beta: str | None) -> str:
     """The request's `anthropic-version`, once it is one this service serves; `anthropic-beta` is refused."""
     if beta is not None:
-        raise ApiError(400, f"anthropic-beta: beta features are not available here (got '{beta}'). Remove the "
-                            "header (use client.messages.batches, not client.beta.messages.batches).",
-                       param="anthropic-beta")
+        raise InvalidRequest(f"anthropic-beta: beta features are not available here (got '{beta}'). Remove the "
+                             "header (use client.messages.batches, not client.beta.messages.batches).",
+                             param="anthropic-beta")
     if version is None:
-        raise ApiError(400, "anthropic-version: header is required (one of " + ", ".join(VERSIONS) + ").",
-                       param="anthropic-version")
+        raise InvalidRequest("anthropic-version: header is required (one of " + ", ".join(VERSIONS) + ").",
+                             param="anthropic-version")
     if version not in VERSIONS:
-        raise ApiError(400, f"anthropic-version: '{version}' is not a version this service serves; use one of "
-                            + ", ".join(VERSIONS) + ".", param="anthropic-version")
+        raise InvalidRequest(f"anthropic-version: '{version}' is not a version this service serves; use one of "
+                             + ", ".join(VERSIONS) + ".", param="anthropic-version")
     return version
 
 
@@ -77,7 +77,7 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
     """Create a Message Batch. Returns (batch item, created): created is False for a replay."""
     limits = svc.settings
     if not limits.message_batches_enabled:
-        raise ApiError(403, "Message Batches are not enabled.", code="message_batches_disabled")
+        raise PermissionDenied("Message Batches are not enabled.", code="message_batches_disabled")
     payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, api=API)
     if existing:
         return existing, False
@@ -94,36 +94,36 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
     """The batch's shape, checked at once (any fault refuses it), then each request's params on its own."""
     limits = svc.settings
     if not isinstance(payload, dict):
-        raise ApiError(400, "The body must be a JSON object with a 'requests' array.")
+        raise InvalidRequest("The body must be a JSON object with a 'requests' array.")
     extra = sorted(set(payload) - {"requests"})
     if extra:
-        raise ApiError(400, f"{extra[0]}: Extra inputs are not permitted.", param=extra[0])
+        raise InvalidRequest(f"{extra[0]}: Extra inputs are not permitted.", param=extra[0])
     requests = payload.get("requests")
     if not isinstance(requests, list) or not requests:
-        raise ApiError(400, "requests: must be a non-empty array of {custom_id, params}.", param="requests")
+        raise InvalidRequest("requests: must be a non-empty array of {custom_id, params}.", param="requests")
     if len(requests) > limits.max_requests_per_batch:
-        raise ApiError(400, f"requests: the batch holds {len(requests)} requests; at most "
-                            f"{limits.max_requests_per_batch} are allowed. Split it into several batches.",
-                       param="requests")
+        raise InvalidRequest(f"requests: the batch holds {len(requests)} requests; at most "
+                             f"{limits.max_requests_per_batch} are allowed. Split it into several batches.",
+                             param="requests")
     seen: set[str] = set()
     for i, req in enumerate(requests):
         where = f"requests[{i}]"
         if not isinstance(req, dict):
-            raise ApiError(400, f"{where}: must be an object {{custom_id, params}}.", param=where)
+            raise InvalidRequest(f"{where}: must be an object {{custom_id, params}}.", param=where)
         custom_id = req.get("custom_id")
         named = f"{where} (custom_id '{custom_id}')" if isinstance(custom_id, str) else where
         extra = sorted(set(req) - {"custom_id", "params"})
         if extra:
-            raise ApiError(400, f"{named}.{extra[0]}: Extra inputs are not permitted.", param=f"{where}.{extra[0]}")
+            raise InvalidRequest(f"{named}.{extra[0]}: Extra inputs are not permitted.", param=f"{where}.{extra[0]}")
         if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
-            raise ApiError(400, f"{named}.custom_id: must be 1-64 letters, digits, '_' or '-'.",
-                           param=f"{where}.custom_id")
+            raise InvalidRequest(f"{named}.custom_id: must be 1-64 letters, digits, '_' or '-'.",
+                                 param=f"{where}.custom_id")
         if custom_id in seen:
-            raise ApiError(400, f"{named}.custom_id: '{custom_id}' is used more than once; each custom_id must be "
-                                "unique within the batch.", param=f"{where}.custom_id")
+            raise InvalidRequest(f"{named}.custom_id: '{custom_id}' is used more than once; each custom_id must be "
+                                 "unique within the batch.", param=f"{where}.custom_id")
         seen.add(custom_id)
         if "params" not in req:
-            raise ApiError(400, f"{named}.params: Field required.", param=f"{where}.params")
+            raise InvalidRequest(f"{named}.params: Field required.", param=f"{where}.params")
     checked = [_checked(svc, account, req["custom_id"], req["params"], version) for req in requests]
     return ValidatedBatch(endpoint=MESSAGES_ENDPOINT, requests=checked, metadata=None,
                           status=BatchStatus.IN_PROGRESS, window_seconds=WINDOW_SECONDS)
@@ -265,7 +265,7 @@ def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
     item = Batch.get(svc.table, batch_id) if MESSAGE_BATCH_IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise ApiError(404, f"No Message Batch found with id '{batch_id}'.", code="batch_not_found")
+        raise NotFound(f"No Message Batch found with id '{batch_id}'.", code="batch_not_found")
     return item
 
 
@@ -274,16 +274,16 @@ def list_page(svc: Services, principal: Principal, limit: int, after_id: str | N
     """One page of the account's Message Batches, newest first: after `after_id` (older ones) or before
     `before_id` (newer ones, the page nearest to it), as the SDK pages with first_id and last_id."""
     if not 1 <= limit <= 1000:
-        raise ApiError(400, "limit: must be between 1 and 1000.", param="limit")
+        raise InvalidRequest("limit: must be between 1 and 1000.", param="limit")
     if after_id and before_id:
-        raise ApiError(400, "Give after_id or before_id, not both.", param="before_id")
+        raise InvalidRequest("Give after_id or before_id, not both.", param="before_id")
     anchor_id = after_id or before_id
     start = None
     if anchor_id:
         name = "after_id" if after_id else "before_id"
         anchor = Batch.get(svc.table, anchor_id) if MESSAGE_BATCH_IDS.names(anchor_id) else None
         if anchor is None or anchor.get("account_id") != principal.account_id:
-            raise ApiError(400, f"{name}: no Message Batch found with id '{anchor_id}'.", param=name)
+            raise InvalidRequest(f"{name}: no Message Batch found with id '{anchor_id}'.", param=name)
         start = Batch.owner_cursor(anchor)
     newest_first = before_id is None
     items, has_more = collect_owned(
@@ -301,7 +301,7 @@ def _ended_batch(svc: Services, principal: Principal, batch_id: str, what: str) 
     item = owned(svc, principal, batch_id)
     if not ended(item):
         processing = message_batch_object(item, "")["processing_status"]
-        raise ApiError(400, NOT_ENDED.format(id=batch_id, status=processing, what=what))
+        raise InvalidRequest(NOT_ENDED.format(id=batch_id, status=processing, what=what))
     return item
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error
 from ..jsontext import parse_object, to_json
 from ..layout import INDEX_CHUNK, index_object
-from ..records import BatchItem, Group, Request
+from ..records import BatchItem, Group, Request, RequestItem
 from ..runtime import Services
 
 EXPORT_PAGE = 1000  # results read and written per step of an export: memory stays flat
@@ -29,7 +29,7 @@ def index_entries(svc: Services, batch_id: str, start: int, end: int) -> list[li
     return entries
 
 
-def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: dict | None) -> dict:
+def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: RequestItem | None) -> dict:
     stop = Stop(batch["stop"]) if batch.get("stop") else None
     custom_id = entry[0]
     if stored is None and len(entry) > 4:  # rejected at intake: its error is in its index entry
@@ -56,7 +56,7 @@ def shown_error(error: dict | None) -> dict | None:
     return {**shown, **{k: v for k, v in error.items() if k not in shown and k != "body_text"}}
 
 
-def stored_response(svc: Services, stored: dict) -> dict | None:
+def stored_response(svc: Services, stored: RequestItem) -> dict | None:
     """A completed request's response, {status_code, request_id, body}, its body the text the backend sent
     (a `Text`): in the item (`body_text`), or in S3 (`response_object`) when large."""
     response = stored.get("response")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..domain import FINAL_BATCH, RequestState, Stop
 from ..layout import due_lateness, is_lease_due, request_key
 from ..ledger import Settlement, close_group, give_back_slots, position_item, settle
-from ..records import Batch, InteractiveLease, Request
+from ..records import Batch, GroupItem, InteractiveLease, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from . import webhooks
@@ -45,7 +45,7 @@ def _out_of_time(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
-def _recover_group(svc: Services, group: dict) -> None:
+def _recover_group(svc: Services, group: GroupItem) -> None:
     """A group whose lease ran out. Members whose outcome was written are counted from their items; the
     others wait to run again, alone. If the group had started, those may have run: their cost is unknown
     and they used up an attempt."""

@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Iterator
 
 from ..domain import UPLOAD_IDS, new_file_id, new_upload_id
-from ..errors import ApiError
+from ..errors import ApiError, InternalError, InvalidRequest, NotFound, PayloadTooLarge
 from ..layout import file_object, upload_part_object, upload_parts_prefix
 from ..records import File, Upload, UploadItem
 from ..runtime import Services
@@ -58,22 +58,22 @@ def part_too_large(limit: int, size: int | None) -> ApiError:
     (else only the request's declared length was)."""
     what = (f"The part is {size} bytes, larger than the limit of {limit} bytes a part." if size is not None
             else f"The request is larger than a part of at most {limit} bytes (the limit) makes.")
-    return ApiError(413, f"{what} Send parts of at most {limit} bytes: pass part_size={limit} to "
-                         "client.uploads.upload_file_chunked(...).", code="part_too_large", param="data")
+    return PayloadTooLarge(f"{what} Send parts of at most {limit} bytes: pass part_size={limit} to "
+                           "client.uploads.upload_file_chunked(...).", code="part_too_large", param="data")
 
 
 def _object(raw: bytes) -> dict:
     payload = parse_json_body(raw)
     if not isinstance(payload, dict):
-        raise ApiError(400, "The body must be a JSON object.")
+        raise InvalidRequest("The body must be a JSON object.")
     return payload
 
 
 def _text(payload: dict, name: str) -> str:
     value = payload.get(name)
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_CHARS or _CONTROL.search(value):
-        raise ApiError(400, f"{name} must be a non-empty string of at most {MAX_NAME_CHARS} characters, without "
-                            "control characters.", param=name)
+        raise InvalidRequest(f"{name} must be a non-empty string of at most {MAX_NAME_CHARS} characters, without "
+                             "control characters.", param=name)
     return value
 
 
@@ -86,11 +86,11 @@ def create(svc: Services, principal: Principal, raw: bytes) -> dict:
     filename, mime_type = _text(payload, "filename"), _text(payload, "mime_type")
     size = payload.get("bytes")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ApiError(400, "bytes must be the file's size: a whole number of bytes, 0 or more.", param="bytes")
+        raise InvalidRequest("bytes must be the file's size: a whole number of bytes, 0 or more.", param="bytes")
     expires_after = payload.get("expires_after")
     if expires_after is not None:
         if not isinstance(expires_after, dict):
-            raise ApiError(400, "expires_after must be an object {anchor, seconds}.", param="expires_after")
+            raise InvalidRequest("expires_after must be an object {anchor, seconds}.", param="expires_after")
         expires_after = files.expires_after_seconds(expires_after.get("anchor"), expires_after.get("seconds"),
                                                     "expires_after")
     files.admit_upload(svc, principal, purpose=payload.get("purpose"), size=size, param="bytes")
@@ -109,14 +109,14 @@ def owned_upload(svc: Services, principal: Principal, upload_id: str) -> UploadI
     item = Upload.get(svc.table, upload_id) if UPLOAD_IDS.names(upload_id) else None
     if (item is None or item.get("account_id") != principal.account_id
             or (item["status"] == Upload.PENDING and item["expires_at"] <= svc.now())):
-        raise ApiError(404, f"No such Upload object: {upload_id}", code="upload_not_found", param="upload_id")
+        raise NotFound(f"No such Upload object: {upload_id}", code="upload_not_found", param="upload_id")
     return item
 
 
 def _still_pending(item: UploadItem) -> UploadItem:
     if item["status"] != Upload.PENDING:
-        raise ApiError(400, f"Upload {item['id']} is already {item['status']}; it takes no more parts and cannot "
-                            "be completed or cancelled again.", code="upload_not_pending", param="upload_id")
+        raise InvalidRequest(f"Upload {item['id']} is already {item['status']}; it takes no more parts and cannot "
+                             "be completed or cancelled again.", code="upload_not_pending", param="upload_id")
     return item
 
 
@@ -138,11 +138,11 @@ def add_part(svc: Services, principal: Principal, upload_id: str, data: bytes) -
     except ConditionFailed:
         svc.blobs.delete(key)
         item = _still_pending(owned_upload(svc, principal, upload_id))  # completed, cancelled or expired since?
-        raise ApiError(400, f"Upload {upload_id} has no room for this part: it holds {len(item['parts'])} parts "
-                            f"of {item['received']} bytes together, and takes at most {MAX_PARTS} parts of "
-                            f"{RECEIVED_FACTOR * item['bytes']} bytes together ({RECEIVED_FACTOR} times its "
-                            "bytes). Complete it with the parts it needs, or cancel it.",
-                       code="upload_full", param="data") from None
+        raise InvalidRequest(f"Upload {upload_id} has no room for this part: it holds {len(item['parts'])} parts "
+                             f"of {item['received']} bytes together, and takes at most {MAX_PARTS} parts of "
+                             f"{RECEIVED_FACTOR * item['bytes']} bytes together ({RECEIVED_FACTOR} times its "
+                             "bytes). Complete it with the parts it needs, or cancel it.",
+                             code="upload_full", param="data") from None
     return {"id": part_id, "object": "upload.part", "created_at": now, "upload_id": upload_id}
 
 
@@ -157,17 +157,17 @@ def _replay(svc: Services, item: UploadItem) -> dict:
 def _part_ids(payload: dict, item: UploadItem) -> list[str]:
     part_ids = payload.get("part_ids")
     if not isinstance(part_ids, list) or not all(isinstance(p, str) for p in part_ids):
-        raise ApiError(400, "part_ids must be the list of the upload's part ids, in the file's order.",
-                       param="part_ids")
+        raise InvalidRequest("part_ids must be the list of the upload's part ids, in the file's order.",
+                             param="part_ids")
     if len(set(part_ids)) != len(part_ids):
-        raise ApiError(400, "part_ids names a part more than once.", param="part_ids")
+        raise InvalidRequest("part_ids names a part more than once.", param="part_ids")
     unknown = [p for p in part_ids if p not in item["parts"]]
     if unknown:
-        raise ApiError(400, f"part_ids: upload {item['id']} has no part {unknown[0]!r}.", param="part_ids")
+        raise InvalidRequest(f"part_ids: upload {item['id']} has no part {unknown[0]!r}.", param="part_ids")
     total = sum(item["parts"][p] for p in part_ids)
     if total != item["bytes"]:
-        raise ApiError(400, f"The parts named add up to {total} bytes, not the {item['bytes']} bytes the upload "
-                            "was created with.", code="upload_size_mismatch", param="part_ids")
+        raise InvalidRequest(f"The parts named add up to {total} bytes, not the {item['bytes']} bytes the upload "
+                             "was created with.", code="upload_size_mismatch", param="part_ids")
     return part_ids
 
 
@@ -182,7 +182,7 @@ def complete(svc: Services, principal: Principal, upload_id: str, raw: bytes) ->
     part_ids = _part_ids(payload, _still_pending(item))
     md5 = payload.get("md5")
     if md5 is not None and not isinstance(md5, str):
-        raise ApiError(400, "md5 must be the file's MD5 as a hexadecimal string.", param="md5")
+        raise InvalidRequest("md5 must be the file's MD5 as a hexadecimal string.", param="md5")
     files.check_storage(svc, principal.account_id, item["bytes"], "bytes")
     file_id, sha256, md5_of = new_file_id(), hashlib.sha256(), hashlib.md5(usedforsecurity=False)
 
@@ -196,10 +196,10 @@ def complete(svc: Services, principal: Principal, upload_id: str, raw: bytes) ->
     size = svc.blobs.put_stream(file_object(file_id), concatenated(), "application/jsonl")
     if md5 is not None and md5.strip().lower() != md5_of.hexdigest():
         svc.blobs.delete(file_object(file_id))
-        raise ApiError(400, f"The parts' MD5 is {md5_of.hexdigest()}, not the md5 given ({md5}).", param="md5")
+        raise InvalidRequest(f"The parts' MD5 is {md5_of.hexdigest()}, not the md5 given ({md5}).", param="md5")
     if size != item["bytes"]:  # the parts' objects no longer hold what their records say
         svc.blobs.delete(file_object(file_id))
-        raise ApiError(500, f"Upload {upload_id}'s parts hold {size} bytes, not {item['bytes']}.")
+        raise InternalError(f"Upload {upload_id}'s parts hold {size} bytes, not {item['bytes']}.")
     record = files.upload_record(svc, principal, file_id=file_id, filename=item["filename"], size=size,
                                  sha256=sha256.hexdigest(), expires_after=item.get("file_expires_after"))
     try:

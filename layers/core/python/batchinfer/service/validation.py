@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from ..domain import BatchStatus
-from ..errors import ApiError
+from ..errors import ApiError, InvalidRequest
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem, got
 from ..runtime import Services
 from .accounts import may_use_model
@@ -40,7 +40,7 @@ class ValidatedBatch:
 
 def _fault(i: int, custom_id: object, message: str) -> ApiError:
     who = f"requests[{i}] (custom_id '{custom_id}')" if isinstance(custom_id, str) else f"requests[{i}]"
-    return ApiError(400, f"{who}: {message}", param=f"requests[{i}]")
+    return InvalidRequest(f"{who}: {message}", param=f"requests[{i}]")
 
 
 # JSON lets a string spell half of a UTF-16 surrogate pair on its own ("\ud800"), and Python's json reads
@@ -85,16 +85,16 @@ def validate_metadata(metadata: object) -> dict | None:
     if metadata is None:
         return None
     if not isinstance(metadata, dict):
-        raise ApiError(400, "metadata must be an object of string keys and values.", param="metadata")
+        raise InvalidRequest("metadata must be an object of string keys and values.", param="metadata")
     if len(metadata) > 16:
-        raise ApiError(400, "metadata may hold at most 16 key-value pairs.", param="metadata")
+        raise InvalidRequest("metadata may hold at most 16 key-value pairs.", param="metadata")
     for key, value in metadata.items():
         if not isinstance(value, str):
-            raise ApiError(400, f"metadata['{key}'] must be a string.", param="metadata")
+            raise InvalidRequest(f"metadata['{key}'] must be a string.", param="metadata")
         if len(key) > 64:
-            raise ApiError(400, f"metadata key '{key[:64]}...' is longer than 64 characters.", param="metadata")
+            raise InvalidRequest(f"metadata key '{key[:64]}...' is longer than 64 characters.", param="metadata")
         if len(value) > 512:
-            raise ApiError(400, f"metadata['{key}'] is longer than 512 characters.", param="metadata")
+            raise InvalidRequest(f"metadata['{key}'] is longer than 512 characters.", param="metadata")
     return metadata
 
 
@@ -222,13 +222,13 @@ def check_request(svc: Services, account: dict, req: object, endpoint: str | Non
 def validate_inline_batch(svc: Services, account: dict, payload: object) -> ValidatedBatch:
     limits = svc.settings
     if not isinstance(payload, dict):
-        raise ApiError(400, "The body must be a JSON object with a 'requests' array.")
+        raise InvalidRequest("The body must be a JSON object with a 'requests' array.")
     requests = payload.get("requests")
     if not isinstance(requests, list) or not requests:
-        raise ApiError(400, "requests must be a non-empty array of requests.", param="requests")
+        raise InvalidRequest("requests must be a non-empty array of requests.", param="requests")
     if len(requests) > limits.max_requests_per_batch:
-        raise ApiError(400, f"The batch holds {len(requests)} requests; at most {limits.max_requests_per_batch} "
-                            "are allowed. Split it into several batches.", param="requests")
+        raise InvalidRequest(f"The batch holds {len(requests)} requests; at most {limits.max_requests_per_batch} "
+                             "are allowed. Split it into several batches.", param="requests")
     metadata = validate_metadata(payload.get("metadata"))
     seen: set[str] = set()
     endpoint: str | None = None

@@ -32,7 +32,7 @@ from standardwebhooks.webhooks import Webhook as Signer
 
 from ..addresses import UrlRefused, WebhookTarget, check_url
 from ..domain import EVENT_IDS, BatchStatus, new_event_id
-from ..errors import ApiError
+from ..errors import Conflict, InvalidRequest, NotFound
 from ..layout import MESSAGE_BATCH_ID_PREFIX, due_lateness
 from ..providers.webhook import post_event
 from ..records import BatchItem, Op, Webhook, WebhookEvent
@@ -67,7 +67,7 @@ def check_target(svc: Services, url: object, param: str = "url") -> WebhookTarge
     try:
         return check_url(url, allow_loopback=svc.settings.webhook_allow_loopback, resolve=svc.resolve)
     except UrlRefused as refused:
-        raise ApiError(400, f"Invalid '{param}': {refused}.", code="invalid_webhook_url", param=param) from None
+        raise InvalidRequest(f"Invalid '{param}': {refused}.", code="invalid_webhook_url", param=param) from None
 
 
 def webhook_object(item: dict, secret: str | None = None) -> dict:
@@ -81,7 +81,7 @@ def webhook_object(item: dict, secret: str | None = None) -> dict:
 def set_webhook(svc: Services, principal: Principal, url: str, rotate_secret: bool) -> dict:
     """Set (or change) the account's webhook. A new secret is shown once: on the first PUT, and on rotation."""
     if not svc.settings.batch_webhooks_enabled:
-        raise ApiError(400, DISABLED, code="webhooks_disabled")
+        raise InvalidRequest(DISABLED, code="webhooks_disabled")
     check_target(svc, url)
     existing = Webhook.get(svc.table, principal.account_id)
     now = svc.now()
@@ -100,7 +100,7 @@ def set_webhook(svc: Services, principal: Principal, url: str, rotate_secret: bo
     try:
         Webhook.put(svc.table, principal.account_id, fields, existing)
     except ConditionFailed:
-        raise ApiError(409, "The webhook was changed by another request at the same time; try again.",
+        raise Conflict("The webhook was changed by another request at the same time; try again.",
                        code="webhook_changed") from None
     return webhook_object({**fields}, secret)
 
@@ -108,7 +108,7 @@ def set_webhook(svc: Services, principal: Principal, url: str, rotate_secret: bo
 def get_webhook(svc: Services, principal: Principal) -> dict:
     item = Webhook.get(svc.table, principal.account_id)
     if item is None:
-        raise ApiError(404, NO_WEBHOOK, code="webhook_not_found")
+        raise NotFound(NO_WEBHOOK, code="webhook_not_found")
     return webhook_object(item)
 
 
@@ -116,7 +116,7 @@ def delete_webhook(svc: Services, principal: Principal) -> dict:
     """Remove the webhook and its secret: events not yet delivered are skipped from then on."""
     item = Webhook.delete(svc.table, principal.account_id)
     if item is None:
-        raise ApiError(404, NO_WEBHOOK, code="webhook_not_found")
+        raise NotFound(NO_WEBHOOK, code="webhook_not_found")
     return {"object": "batch_webhook.deleted", "url": item["url"], "deleted": True}
 
 
@@ -126,10 +126,10 @@ def batch_webhook_url(svc: Services, principal: Principal, url: object) -> str |
     if url is None:
         return None
     if not svc.settings.batch_webhooks_enabled:
-        raise ApiError(400, DISABLED, code="webhooks_disabled", param="webhook_url")
+        raise InvalidRequest(DISABLED, code="webhooks_disabled", param="webhook_url")
     check_target(svc, url, param="webhook_url")
     if Webhook.get(svc.table, principal.account_id) is None:
-        raise ApiError(400, NO_SECRET, code="webhook_secret_missing", param="webhook_url")
+        raise InvalidRequest(NO_SECRET, code="webhook_secret_missing", param="webhook_url")
     return url  # type: ignore[return-value]
 
 
@@ -210,9 +210,9 @@ def event_object(event: dict) -> dict:
 
 def events_page(svc: Services, principal: Principal, limit: int, after: str | None) -> dict:
     if not 1 <= limit <= 100:
-        raise ApiError(400, "limit must be between 1 and 100.", param="limit")
+        raise InvalidRequest("limit must be between 1 and 100.", param="limit")
     if after is not None and not EVENT_IDS.names(after):  # a cursor: any event id, listed or not
-        raise ApiError(400, f"after must be an event id such as evt_..., not {after!r}.", param="after")
+        raise InvalidRequest(f"after must be an event id such as evt_..., not {after!r}.", param="after")
     items, more = WebhookEvent.of_account(svc.table, principal.account_id, limit, after)
     data = [event_object(item) for item in items]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import ApiError
+from ...errors import PayloadTooLarge
 from ...jsontext import to_json
 from ...runtime import Services
 from ...service import batches
@@ -26,7 +26,7 @@ async def create(request: Request, who: Principal = Depends(caller), svc: Servic
     # The body is read raw and parsed once (50,000 requests: no pydantic model per request); its schema
     # is declared for the OpenAPI document only.
     if declared_over(request, svc.settings.max_body_bytes):
-        raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
     raw = await request.body()
     obj, created = await run_in_threadpool(batches.create_batch, svc, who, raw,
                                            request.headers.get("idempotency-key"))

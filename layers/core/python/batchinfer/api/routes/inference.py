@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ...errors import ApiError
+from ...errors import PayloadTooLarge
 from ...jsontext import to_json
 from ...request_bodies import CHAT, EMBEDDINGS, RESPONSES
 from ...runtime import Services
@@ -41,7 +41,7 @@ def answer(served: interactive.Served | interactive.Streamed) -> Response:
 
 async def _serve(request: Request, who: Principal, svc: Services, endpoint: str) -> Response:
     if declared_over(request, INTERACTIVE_BODY_BYTES):
-        raise ApiError(413, f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
+        raise PayloadTooLarge(f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
     return answer(await interactive.serve_openai(svc, who, endpoint, parse_json_body(await request.body())))
 
 

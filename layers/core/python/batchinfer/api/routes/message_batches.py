@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import ApiError
+from ...errors import PayloadTooLarge, PermissionDenied
 from ...runtime import Services
 from ...service import message_batches
 from ...service.accounts import Principal
@@ -60,9 +60,9 @@ def _add_routes(prefix: str) -> None:
                                    version: str = Depends(anthropic_version), svc: Services = Depends(services_of)
                                    ) -> JSONResponse:
         if not svc.settings.message_batches_enabled:  # before reading a body that would be refused anyway
-            raise ApiError(403, "Message Batches are not enabled.")
+            raise PermissionDenied("Message Batches are not enabled.")
         if declared_over(request, svc.settings.max_body_bytes):
-            raise ApiError(413, f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+            raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
         raw = await request.body()
         item, created = await run_in_threadpool(message_batches.create, svc, who, raw,
                                                 request.headers.get("idempotency-key"), version)

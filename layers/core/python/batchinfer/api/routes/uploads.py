@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import ApiError
+from ...errors import PayloadTooLarge
 from ...runtime import Services
 from ...service import files, uploads
 from ...service.accounts import Principal
@@ -24,7 +24,7 @@ MULTIPART_ENVELOPE_BYTES = 64 << 10  # what a part's request may hold besides th
 
 async def _json_body(request: Request) -> bytes:
     if declared_over(request, JSON_BODY_BYTES):
-        raise ApiError(413, f"The request body is larger than the limit of {JSON_BODY_BYTES} bytes.")
+        raise PayloadTooLarge(f"The request body is larger than the limit of {JSON_BODY_BYTES} bytes.")
     return await request.body()
 
 

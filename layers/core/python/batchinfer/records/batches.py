@@ -1,0 +1,326 @@
+"""The batch and what its creation leaves: the batch item (status, lanes, counters), its lanes in the
+model's turn, and the Idempotency-Key that created it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..domain import STOPPABLE_BATCH, BatchStatus, Stop, batch_transition, batches_that_may_become
+from ..layout import (
+    ACTIVE_PARTITIONS,
+    LANES_END,
+    OWNER_BATCH_PREFIX,
+    PURGE_PARTITIONS,
+    active_partition,
+    batch_key,
+    idempotency_key,
+    lane_key,
+    lanes_of,
+    owner_partition,
+    owner_sort,
+    purge_due,
+)
+from ..storage.dynamo import Table
+from .expressions import Op, _add_op, _in, due_in
+from .shapes import BatchItem
+
+
+class Batch:
+    """The batch item: status, lanes, counters; under `by_owner` always, `by_active` while unfinished and
+    `by_due` (PURGE) once its retention clock runs."""
+
+    @staticmethod
+    def new(*, batch_id: str, account_id: str, key_hash: str, endpoint: str, now: int, expires_at: int,
+            metadata: dict | None, lanes: dict[str, int], owner_created_us: int, idempotency_key: str | None,
+            extra: dict | None = None, rejected: int = 0, status: BatchStatus = BatchStatus.VALIDATING
+            ) -> BatchItem:
+        """A batch as created: validating (or already in progress), every counter at zero but `failed`.
+        `lanes`: model id -> its request count; `rejected`: requests that failed at intake, which run nowhere
+        (a Message Batch checks each request on its own)."""
+        pk, sk = batch_key(batch_id)
+        item: BatchItem = {
+            "pk": pk, "sk": sk, "id": batch_id, "account_id": account_id, "key_hash": key_hash,
+            "endpoint": endpoint, "status": status.value, "created_at": now,
+            "expires_at": expires_at, "metadata": metadata, "total": sum(lanes.values()) + rejected,
+            "lanes": {m: {"next": 0, "total": n} for m, n in lanes.items()}, "rejected": rejected,
+            "completed": 0, "failed": rejected, "unstarted": 0, "open": 0, "in_flight": 0, "input_tokens": 0,
+            "output_tokens": 0,
+            "cost_usd": 0.0, "cost_unknown_attempts": 0,
+            "owner_pk": owner_partition(account_id), "owner_sk": owner_sort(owner_created_us, batch_id),
+            "active_pk": active_partition(batch_id), "active_sk": batch_id, "idempotency_key": idempotency_key,
+        }
+        item.update(extra or {})  # type: ignore[typeddict-item]
+        return item
+
+    @staticmethod
+    def get(t: Table, batch_id: str) -> BatchItem | None:
+        return t.get(*batch_key(batch_id))  # type: ignore[return-value]
+
+    @staticmethod
+    def create(t: Table, item: BatchItem) -> Op:
+        return t.op_put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def claim_lane(t: Table, batch: BatchItem, model_id: str, lane_next: int, k: int, now: int) -> Op:
+        """Advance the model's lane by k dispatched requests; the batch is in progress from then on.
+        Fenced on the lane's position (one claimant wins) and on the batch still running."""
+        status = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
+        may, may_vals = _in("status", batches_that_may_become(status) | {status})
+        return t.op_update(
+            *batch_key(batch["id"]),
+            "SET lanes.#m.#next = :new, #status = :running, in_progress_at = if_not_exists(in_progress_at, :now) "
+            "ADD in_flight :k, #open :k",
+            vals={":new": lane_next + k, ":old": lane_next, ":running": status.value, ":now": now, ":k": k,
+                  **may_vals},
+            names={"#m": model_id},
+            condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
+                      f"AND expires_at > :now AND {may}")
+
+    @staticmethod
+    def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
+        """The check a start makes on its batch: not stopped, not being deleted, and for a first attempt the
+        window still open (the window only stops requests from starting)."""
+        if first_attempt:
+            return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists("
+                              "deleting) AND expires_at > :now", vals={":now": now})
+        return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def take_retry_slot(t: Table, batch_id: str) -> Op:
+        return t.op_update(*batch_key(batch_id), "ADD in_flight :one", vals={":one": 1},
+                           condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def add(t: Table, batch_id: str, counters: dict[str, float]) -> Op | None:
+        return _add_op(t, batch_key(batch_id), counters)
+
+    @staticmethod
+    def stop(t: Table, batch_id: str, stop: Stop, now: int, error: dict | None = None) -> Op:
+        """Stop a batch from starting requests; a cancel also makes it cancelling. Fenced on it being
+        stoppable and not stopped yet."""
+        sets = ["#stop = :stop", "stopped_at = :now"]
+        stoppable, vals = _in("status", STOPPABLE_BATCH)
+        vals.update({":stop": stop.value, ":now": now})
+        if stop is Stop.CANCEL:
+            for status in STOPPABLE_BATCH:
+                batch_transition(status, BatchStatus.CANCELLING)
+            sets += ["#status = :cancelling", "cancelling_at = :now"]
+            vals[":cancelling"] = BatchStatus.CANCELLING.value
+        if error is not None:
+            sets.append("#error = :error")
+            vals[":error"] = error
+        return t.op_update(*batch_key(batch_id), "SET " + ", ".join(sets), vals=vals,
+                           condition=f"attribute_not_exists(#stop) AND {stoppable}")
+
+    @staticmethod
+    def finalize(t: Table, batch: BatchItem, final: BatchStatus, stop: Stop | None, now: int,
+                 retention_ends: int, never_started_failed: int, export: str | None,
+                 sets: dict | None = None, never_started: int = 0) -> Op:
+        """Give the batch its final status, start its retention clock (`by_due` PURGE) and leave
+        `by_active`. Fenced on the status and the stop the decision was made on, and on nothing of it
+        running or open. `sets`: more fields the ending gives it (result files, validation errors)."""
+        final = batch_transition(batch["status"], final)
+        vals = {":final": final.value, ":now": now, ":exp": retention_ends, ":purge": purge_due(batch["id"]),
+                ":never": never_started_failed, ":unstarted": never_started, ":old": batch["status"], ":zero": 0}
+        more = dict(sets or {})
+        if export:
+            more["export_object"] = export
+        for name, value in more.items():
+            vals[f":set_{name}"] = value
+        if stop is None:
+            same_stop = "attribute_not_exists(#stop)"
+        else:
+            same_stop, vals[":stop"] = "#stop = :stop", stop.value
+        return t.op_update(
+            *batch_key(batch["id"]),
+            f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
+            "due_at = :exp" + "".join(f", #{name} = :set_{name}" for name in more)
+            + " ADD failed :never, unstarted :unstarted REMOVE active_pk, active_sk, awaiting_validation",
+            vals=vals,
+            condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
+                      f"AND {same_stop}")
+
+    @staticmethod
+    def begin_finalizing(t: Table, batch: BatchItem, now: int, file_ids: dict[str, str]) -> Op:
+        """in progress -> finalizing while its result files are written, under ids chosen once (a writer
+        that starts again writes the same files). Fenced on nothing of it running or open."""
+        to = batch_transition(batch["status"], BatchStatus.FINALIZING)
+        return t.op_update(*batch_key(batch["id"]),
+                           "SET #status = :to, finalizing_at = :now, result_file_ids = :ids, "
+                           "writing = if_not_exists(writing, :empty)",
+                           vals={":to": to.value, ":now": now, ":ids": file_ids, ":old": batch["status"],
+                                 ":zero": 0, ":empty": {}},
+                           condition="#status = :old AND in_flight = :zero AND #open = :zero "
+                                     "AND attribute_not_exists(deleting) AND attribute_not_exists(result_file_ids)")
+
+    @staticmethod
+    def reserve_result_files(t: Table, batch: BatchItem, file_ids: dict[str, str]) -> None:
+        """Result file ids for a batch that ends without finalizing (cancelled, or failed while validating)."""
+        t.update(*batch_key(batch["id"]), "SET result_file_ids = :ids, writing = if_not_exists(writing, :empty)",
+                 vals={":ids": file_ids, ":empty": {}}, condition="attribute_not_exists(result_file_ids)")
+
+    @staticmethod
+    def prepare_writers(t: Table, batch_id: str) -> None:
+        """Room for the cursors of the batch's resumable writers (service.finalize)."""
+        t.update(*batch_key(batch_id), "SET writing = if_not_exists(writing, :empty)", vals={":empty": {}})
+
+    @staticmethod
+    def save_writer(t: Table, batch_id: str, kind: str, state: dict, previous: dict | None) -> None:
+        """Save a writer's cursor, fenced on the cursor it advanced from (ConditionFailed: another run did)."""
+        if previous is None:
+            condition, vals = "attribute_not_exists(writing.#k)", {":new": state}
+        else:
+            condition = "writing.#k.#next = :old AND size(writing.#k.parts) = :parts"
+            vals = {":new": state, ":old": previous["next"], ":parts": len(previous["parts"])}
+        t.update(*batch_key(batch_id), "SET writing.#k = :new", vals=vals, names={"#k": kind},
+                 condition=condition + " AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int) -> Op:
+        """A file batch whose every line is valid: its requests may now be dispatched."""
+        return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now "
+                           "REMOVE awaiting_validation",
+                           vals={":n": sum(lanes.values()), ":lanes": {m: {"next": 0, "total": n}
+                                                                       for m, n in lanes.items()},
+                                 ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True},
+                           condition="#status = :v AND awaiting_validation = :yes AND attribute_not_exists(#stop) "
+                                     "AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def mark_deleting(t: Table, batch: BatchItem, now: int, purge_items: bool) -> Op:
+        """The batch reads as deleted from now on, stops, leaves `by_active`, and is due for the sweeper's
+        purge at once (`by_due` PURGE). Fenced on no request of it holding a slot, on the status it was read
+        with (whether its unfinished counts go back depends on it), and on not being marked already.
+        `purge_items`: its request items are deleted too (a user's delete; after the retention their TTL does)."""
+        return t.op_update(
+            *batch_key(batch["id"]),
+            "SET deleting = :yes, #stop = if_not_exists(#stop, :cancel), due_pk = :purge, due_at = :now, "
+            "purge_items = :items REMOVE active_pk, active_sk",
+            vals={":yes": True, ":cancel": Stop.CANCEL.value, ":zero": 0, ":purge": purge_due(batch["id"]), ":now": now,
+                  ":items": purge_items, ":seen": batch["status"]},
+            condition="attribute_exists(pk) AND in_flight = :zero AND attribute_not_exists(deleting) "
+                      "AND #status = :seen")
+
+    @staticmethod
+    def not_deleting(t: Table, batch_id: str) -> Op:
+        """The check a write for a batch makes when it must not outlive the batch's purge."""
+        return t.op_check(*batch_key(batch_id), "attribute_exists(pk) AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def purge_page(t: Table, batch: BatchItem, limit: int) -> list[dict]:
+        """Up to `limit` of what lies under the batch's partition but the batch item (its groups and request
+        items), with what deleting each needs. Deleted items leave the page, so reading from the start
+        again is how a purge resumes."""
+        pk, sk = batch_key(batch["id"])
+        items, _ = t.query("pk = :pk AND sk > :b", {":pk": pk, ":b": sk}, limit=limit, consistent=True,
+                           projection="pk, sk, #state, #token, model")
+        return items
+
+    @staticmethod
+    def delete(t: Table, batch_id: str) -> None:
+        t.delete(*batch_key(batch_id))
+
+    @staticmethod
+    def of_owner(t: Table, account_id: str, limit: int, start: dict | None, newest_first: bool = True,
+                 prefix: str = OWNER_BATCH_PREFIX) -> tuple[list[BatchItem], dict | None]:
+        """One page of an account's batches (OpenAI-shaped, or with `prefix` its Message Batches), newest
+        first (or oldest first)."""
+        return t.query("owner_pk = :o AND begins_with(owner_sk, :b)",
+                       {":o": owner_partition(account_id), ":b": prefix},
+                       index="by_owner", forward=not newest_first, limit=limit,
+                       start=start)  # type: ignore[return-value]
+
+    @staticmethod
+    def owner_cursor(batch: BatchItem) -> dict:
+        """Where a page of `of_owner` after this batch starts."""
+        return {"pk": batch["pk"], "sk": batch["sk"], "owner_pk": batch["owner_pk"], "owner_sk": batch["owner_sk"]}
+
+    @staticmethod
+    def active(t: Table) -> Iterator[dict]:
+        """Unfinished batches (their ids), for the sweeper: shard after shard."""
+        for partition in ACTIVE_PARTITIONS:
+            yield from t.query_all("active_pk = :a", {":a": partition}, index="by_active")
+
+    @staticmethod
+    def due_for_purge(t: Table, now: int, limit: int) -> list[dict]:
+        """Batches due for their purge, the most overdue first, from every shard."""
+        return due_in(t, PURGE_PARTITIONS, now, limit)
+
+
+# --- Lane ---------------------------------------------------------------------------------------------
+
+class Lane:
+    """The undispatched requests of one batch on one model, under the model's partition: batches take
+    turns by their lanes. Exists while the lane has any request left to dispatch."""
+
+    @staticmethod
+    def create(t: Table, model_id: str, batch: BatchItem) -> Op:
+        pk, sk = lane_key(model_id, batch["created_at"], batch["id"])
+        return t.op_put({"pk": pk, "sk": sk, "batch_id": batch["id"], "account_id": batch["account_id"],
+                         "model": model_id})
+
+    @staticmethod
+    def remove(t: Table, model_id: str, batch: BatchItem) -> Op:
+        return t.op_delete(*lane_key(model_id, batch["created_at"], batch["id"]))
+
+    @staticmethod
+    def delete(t: Table, model_id: str, batch: BatchItem) -> None:
+        t.delete(*lane_key(model_id, batch["created_at"], batch["id"]))
+
+    @staticmethod
+    def discard(t: Table, lane: dict) -> None:
+        """Remove a lane read from `in_turn` (one left behind by a stopped or deleted batch)."""
+        t.delete(lane["pk"], lane["sk"])
+
+    @staticmethod
+    def newest(t: Table, model_id: str) -> dict | None:
+        pk, prefix = lanes_of(model_id)
+        items, _ = t.query("pk = :pk AND begins_with(sk, :l)", {":pk": pk, ":l": prefix}, forward=False, limit=1)
+        return items[0] if items else None
+
+    @staticmethod
+    def in_turn(t: Table, model_id: str, after: str | None, limit: int) -> tuple[list[dict], bool]:
+        """Up to `limit` of the model's lanes in turn: those after the place `after` (a lane's sort key, or
+        `lane_turn_at`), then round from the oldest. A claim reads the lanes it can serve, not every batch's
+        (two small queries, whatever the number of batches). With True when they are all the model's lanes."""
+        pk, prefix = lanes_of(model_id)
+        first: list[dict] = []
+        if after is not None:  # BETWEEN takes `after` itself too: one more, dropped
+            items, _ = t.query("pk = :pk AND sk BETWEEN :a AND :e", {":pk": pk, ":a": after, ":e": LANES_END},
+                               limit=limit + 1)
+            first = [lane for lane in items if lane["sk"] != after][:limit]
+        if len(first) >= limit:
+            return first, False
+        rest, _ = t.query("pk = :pk AND begins_with(sk, :l)", {":pk": pk, ":l": prefix}, limit=limit - len(first))
+        seen = {lane["sk"] for lane in first}
+        wrapped = [lane for lane in rest if after is None or lane["sk"] <= after and lane["sk"] not in seen]
+        lanes = first + wrapped
+        # Fewer than asked for over the whole ring (the round came back to `after`, or ran out): all of them.
+        return lanes, len(lanes) < limit or len(wrapped) < len(rest)
+
+
+# --- Idempotency-Key ----------------------------------------------------------------------------------
+
+class Idempotency:
+    """Which batch an Idempotency-Key created, with the hash of the body it came with."""
+
+    @staticmethod
+    def get(t: Table, account_id: str, key: str) -> dict | None:
+        return t.get(*idempotency_key(account_id, key))
+
+    @staticmethod
+    def claim(t: Table, account_id: str, key: str, batch_id: str, body_hash: str, now: int) -> Op:
+        # A record past its TTL may linger until DynamoDB deletes it; it no longer holds the key.
+        pk, sk = idempotency_key(account_id, key)
+        return t.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "body_hash": body_hash},
+                        condition="attribute_not_exists(pk) OR #ttl <= :now", vals={":now": now})
+
+    @staticmethod
+    def remember_until(t: Table, account_id: str, key: str, until: int) -> Op:
+        return t.op_update(*idempotency_key(account_id, key), "SET #ttl = :ttl", vals={":ttl": until})
+
+    @staticmethod
+    def mark_deleted(t: Table, account_id: str, key: str, until: int) -> None:
+        """Raises ConditionFailed when the record is gone already."""
+        t.update(*idempotency_key(account_id, key), "SET deleted = :yes, #ttl = :ttl",
+                 vals={":yes": True, ":ttl": until}, condition="attribute_exists(pk)")

@@ -1,0 +1,183 @@
+"""A batch's dispatched work: groups (a lease over up to 25 first attempts) and the request items written
+with an outcome or for a retry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..domain import RequestState, request_transition
+from ..layout import (
+    GROUP_PREFIX,
+    LEASE_PARTITIONS,
+    REQUEST_PREFIX,
+    lease_due,
+    model_budget_key,
+    request_key,
+    request_sk,
+    retry_due,
+)
+from ..storage.dynamo import Table
+from .capacity import shards_map
+from .expressions import Op, due_in
+from .shapes import BatchItem, GroupItem, RequestItem
+
+
+class Group:
+    """A lease over first attempts of one batch on one model: one item, one queue message, one start and
+    one close for all its members. Under `by_due` (LEASE) until it ends, so the sweeper recovers it if its
+    worker dies."""
+
+    @staticmethod
+    def new(*, pk: str, sk: str, batch: BatchItem, model_id: str, positions: list[list], running: bool,
+            token: str, now: int, lease_ends: int, item_ttl: int, slot_lease: str | None = None,
+            budget_shards: dict[int, int] | None = None) -> GroupItem:
+        """`slot_lease`: the SlotLease whose slots its members run in (they take none of the budget's);
+        without one, `budget_shards` says how many of their slots came from which budget shard."""
+        state = request_transition(None, RequestState.RUNNING if running else RequestState.DISPATCHED)
+        group: GroupItem = {
+            "pk": pk, "sk": sk, "batch_id": batch["id"], "model": model_id, "account_id": batch["account_id"],
+            "first": positions[0][0], "positions": positions, "state": state.value, "token": token,
+            "due_pk": lease_due(pk, sk), "due_at": lease_ends, "created_at": now, "item_ttl": item_ttl}
+        if slot_lease:
+            group["slot_lease"] = slot_lease
+        elif budget_shards:
+            group["budget_shards"] = shards_map(budget_shards)
+        return group
+
+    @staticmethod
+    def create(t: Table, group: GroupItem) -> Op:
+        return t.op_put(group, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def start(t: Table, group: GroupItem, new_token: str, now: int, lease_ends: int,
+              slot_lease: str | None = None) -> Op:
+        """dispatched -> running; with `slot_lease`, its members' budget slots become that lease's."""
+        to = request_transition(group["state"], RequestState.RUNNING)
+        vals = {":running": to.value, ":lease": lease_ends, ":now": now, ":expect": RequestState.DISPATCHED.value,
+                ":token": group["token"], ":newtoken": new_token}
+        expression = "SET #state = :running, due_at = :lease, started_at = :now, #token = :newtoken"
+        if slot_lease:
+            expression += ", slot_lease = :sl"
+            vals[":sl"] = slot_lease
+        return t.op_update(group["pk"], group["sk"], expression, vals=vals,
+                           condition="#state = :expect AND #token = :token")
+
+    @staticmethod
+    def end(t: Table, group: GroupItem) -> Op:
+        """The group goes; fenced by its state and token, so only its lease holder (or the sweeper that
+        recovered the lease) ends it, once."""
+        return t.op_delete(group["pk"], group["sk"], condition="#state = :s AND #token = :t",
+                           vals={":s": group["state"], ":t": group["token"]})
+
+    @staticmethod
+    def of_batch(t: Table, batch: BatchItem) -> Iterator[GroupItem]:
+        return t.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": batch["pk"], ":g": GROUP_PREFIX},
+                           consistent=True)  # type: ignore[return-value]
+
+
+# --- Request ------------------------------------------------------------------------------------------
+
+class Request:
+    """A request's own item: written with a group member's outcome, and by every change of a retry."""
+
+    @staticmethod
+    def get(t: Table, batch_id: str, index: int) -> RequestItem | None:
+        return t.get(*request_key(batch_id, index))  # type: ignore[return-value]
+
+    @staticmethod
+    def put_outcome(t: Table, item: RequestItem) -> None:
+        """A group member's outcome: written once (a recovered lease wrote it first otherwise)."""
+        t.put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def create(t: Table, item: RequestItem) -> Op:
+        return t.op_put(item, condition="attribute_not_exists(pk)")
+
+    @staticmethod
+    def move(t: Table, req: RequestItem, to: RequestState, new_token: str, now: int, *, due: tuple[str, int] | None,
+             fields: dict, extra: dict) -> Op:
+        """Move a request from its current state (and token) to `to`, setting `fields` (error, response, ...)
+        and `extra` attributes. `due`: its new place in `by_due`, or None to leave the index."""
+        request_transition(req["state"], to)
+        sets = ["#state = :to", "updated_at = :now", "#token = :newtoken"]
+        vals: dict = {":to": to.value, ":now": now, ":expect": req["state"], ":token": req["token"],
+                      ":newtoken": new_token}
+        removes = []
+        if due is not None:
+            sets += ["due_pk = :due", "due_at = :at"]
+            vals[":due"], vals[":at"] = due
+        else:
+            removes += ["due_pk", "due_at"]
+        for name, value in fields.items():
+            sets.append(f"#{name} = :{name}")
+            vals[f":{name}"] = value
+        for name, value in extra.items():
+            sets.append(f"{name} = :x_{name}")
+            vals[f":x_{name}"] = value
+        expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+        return t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
+                           names={"#state": "state"}, condition="#state = :expect AND #token = :token")
+
+    @staticmethod
+    def start(t: Table, req: RequestItem, running: RequestItem) -> Op:
+        """dispatched -> running, with its attempt counted and its lease set (`running` holds the new values)."""
+        request_transition(req["state"], RequestState.RUNNING)
+        return t.op_update(*request_key(req["batch_id"], req["index"]),
+                           "SET #state = :running, attempt = :attempt, due_at = :lease, started_at = :now, "
+                           "#token = :newtoken",
+                           vals={":running": running["state"], ":attempt": running["attempt"],
+                                 ":lease": running["due_at"], ":now": running["started_at"],
+                                 ":expect": RequestState.DISPATCHED.value, ":token": req["token"],
+                                 ":newtoken": running["token"]},
+                           condition="#state = :expect AND #token = :token")
+
+    @staticmethod
+    def dispatch_retry(t: Table, req: RequestItem, new_token: str, lease_ends: int,
+                       slot_lease: str | None = None, budget_shard: int = 0) -> Op:
+        """waiting -> dispatched: from the retry partition of `by_due` to the lease partition (in a
+        SlotLease's slots, or in a budget slot of its own, taken from shard `budget_shard`)."""
+        to = request_transition(req["state"], RequestState.DISPATCHED)
+        vals = {":d": to.value, ":new": new_token, ":lease": lease_due(*request_key(req["batch_id"], req["index"])),
+                ":at": lease_ends,
+                ":w": RequestState.WAITING.value, ":old": req["token"]}
+        expression = "SET #state = :d, #token = :new, due_pk = :lease, due_at = :at"
+        if slot_lease:
+            expression += ", slot_lease = :sl"
+            vals[":sl"] = slot_lease
+        else:
+            expression += ", budget_shard = :bs REMOVE slot_lease"
+            vals[":bs"] = budget_shard
+        return t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
+                           condition="#state = :w AND #token = :old")
+
+    @staticmethod
+    def between(t: Table, batch: BatchItem, start: int, end: int) -> Iterator[RequestItem]:
+        """The stored requests with index start..end (inclusive)."""
+        return t.query_all("pk = :pk AND sk BETWEEN :a AND :b",
+                           {":pk": batch["pk"], ":a": request_sk(start), ":b": request_sk(end)},
+                           consistent=True)  # type: ignore[return-value]
+
+    @staticmethod
+    def waiting_of(t: Table, batch: BatchItem) -> Iterator[RequestItem]:
+        return t.query_all("pk = :pk AND begins_with(sk, :r)",
+                           {":pk": batch["pk"], ":r": REQUEST_PREFIX, ":w": RequestState.WAITING.value},
+                           filter_expression="#state = :w", consistent=True)  # type: ignore[return-value]
+
+    @staticmethod
+    def drop_waiting(t: Table, req: RequestItem) -> list[Op]:
+        """Delete a request waiting for a retry (its batch is being purged), with its place in the model's
+        `waiting` count; fenced on its state and token, so it goes, and the count moves, once."""
+        return [t.op_delete(req["pk"], req["sk"], condition="#state = :w AND #token = :t",
+                            vals={":w": RequestState.WAITING.value, ":t": req["token"]}),
+                t.op_update(*model_budget_key(req["model"], int(req.get("budget_shard", 0))), "ADD waiting :minus",
+                            vals={":minus": -1})]
+
+    @staticmethod
+    def due_retries(t: Table, model_id: str, now: int, limit: int) -> list[dict]:
+        return due_in(t, (retry_due(model_id),), now, limit)
+
+    @staticmethod
+    def due_leases(t: Table, now: int, limit: int) -> list[dict]:
+        """Requests, groups and leases whose lease ran out, the most overdue first, from every lease
+        partition."""
+        return due_in(t, LEASE_PARTITIONS, now, limit)
