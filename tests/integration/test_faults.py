@@ -26,9 +26,10 @@ from batchinfer.layout import (
     model_budget_key,
 )
 from batchinfer.ledger import queue_message
+from batchinfer.protocols.openai import batches
 from batchinfer.providers import openai_compat
 from batchinfer.records import group_shards, lease_shards
-from batchinfer.service import accounts, batches, dispatch, lifecycle, work
+from batchinfer.service import accounts, dispatch, lifecycle, work
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.dispatch import Dispatcher
 from batchinfer.service.sweep import sweep_once
@@ -1144,7 +1145,7 @@ def test_noisy_backend_every_request_ends_and_adds_up(svc, sim_control, monkeypa
 
 def submit_file(svc, who, requests: list[dict]) -> str:
     """A batch from an uploaded file of these requests (as the OpenAI SDK creates one)."""
-    from batchinfer.service import files
+    from batchinfer.protocols.openai import files
 
     data = b"".join(json.dumps({"method": "POST", "url": "/v1/chat/completions", **r}).encode() + b"\n"
                     for r in requests)
@@ -1443,7 +1444,7 @@ def message_entry(custom_id: str, content: str, model: str = GLM, **params) -> d
 
 
 def submit_messages(svc, who, entries: list[dict], version: str = "2026-10-21") -> str:
-    from batchinfer.service import message_batches
+    from batchinfer.protocols.anthropic import message_batches
 
     configure(svc, message_batches_enabled=True)
     item, created = message_batches.create(svc, who, json.dumps({"requests": entries}).encode(), None, version)
@@ -1499,7 +1500,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
 
 
 def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
-    from batchinfer.service import message_batches
+    from batchinfer.protocols.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 3})
@@ -1528,7 +1529,7 @@ def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
 
 
 def test_message_batch_window_closing_expires_unstarted_requests(svc, sim_control):
-    from batchinfer.service import message_batches
+    from batchinfer.protocols.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 2})
