@@ -16,7 +16,7 @@ import json
 import time
 import tracemalloc
 
-from batchinfer.service import batches
+from batchinfer.protocols.openai import batches
 from batchinfer.service.accounts import authenticate
 from bench.calls import LABEL, by_operation, describe, recording
 from bench.common import chat, command_line, local_stack, median

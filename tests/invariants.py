@@ -13,10 +13,12 @@ import math
 
 from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState
 from batchinfer.layout import account_key, batch_key, file_key, file_object, requests_object
+from batchinfer.protocols import anthropic, of_batch
+from batchinfer.protocols.anthropic import message_batches, shapes
+from batchinfer.protocols.openai import batches
 from batchinfer.records import Budget
 from batchinfer.runtime import Services
 from batchinfer.scheduling import capacity
-from batchinfer.service import batches, message_batches
 from batchinfer.service import results as results_module
 from batchinfer.service.accounts import Principal
 
@@ -121,7 +123,7 @@ def _assert_message_batch_results(svc: Services, who: Principal, batch: dict, re
         elif result["status"] == "failed":
             error = line["result"]["error"]
             assert error["type"] == "error" and error["error"]["message"], line
-            assert error["error"]["type"] in results_module.ANTHROPIC_ERROR_TYPES, line
+            assert error["error"]["type"] in shapes.ERROR_TYPES, line
         else:
             assert set(line["result"]) == {"type"}, line
 
@@ -162,7 +164,7 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
     # --- Results: paged and exported, every request once, in submission order -----------------------
     expected_ids = custom_ids if custom_ids is not None else _submitted_custom_ids(svc, batch_id)
     assert len(expected_ids) == total
-    message_batch = batch.get("api") == "anthropic"
+    message_batch = of_batch(batch) is anthropic.PROTOCOL
     if message_batch:  # read as the Anthropic API shows them: one stream, once ended
         results = list(results_module.iter_results(svc, batch, 0, total))
         assert [r["custom_id"] for r in results] == expected_ids, "results not one each in submission order"

@@ -22,7 +22,8 @@ from batchinfer.layout import (
     result_object,
     retry_due,
 )
-from batchinfer.service import finalize, lifecycle, message_batches, sweep, webhooks
+from batchinfer.protocols.anthropic import message_batches
+from batchinfer.service import finalize, lifecycle, sweep, webhooks
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.sweep import sweep_once
 from local.lambda_runtime import FakeContext, load_handler

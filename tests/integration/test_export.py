@@ -19,7 +19,8 @@ def call_api(method: str, path: str, key: str) -> dict:
 def test_large_export_redirects_to_the_object_written_when_the_batch_ended(svc):
     svc.settings = svc.settings.model_copy(update={"export_redirect_bytes": 500})
     _, key = new_key(svc)
-    from batchinfer.service import batches, results
+    from batchinfer.protocols.openai import batches
+    from batchinfer.service import results
     from batchinfer.service.accounts import authenticate
 
     who = authenticate(svc, key)
@@ -40,7 +41,7 @@ def test_large_export_redirects_to_the_object_written_when_the_batch_ended(svc):
 
 def test_small_export_is_streamed_by_the_api(svc):
     _, key = new_key(svc)
-    from batchinfer.service import batches
+    from batchinfer.protocols.openai import batches
     from batchinfer.service.accounts import authenticate
 
     who = authenticate(svc, key)

@@ -27,6 +27,7 @@ from batchinfer.layout import (
     model_budget_key,
 )
 from batchinfer.ledger import queue_message
+from batchinfer.protocols.openai import batches
 from batchinfer.providers import openai_compat
 from batchinfer.records import group_shards, lease_shards
 from batchinfer.scheduling import dispatcher as claim_pass
@@ -34,7 +35,7 @@ from batchinfer.scheduling import lanes
 from batchinfer.scheduling import pump as slot_pump
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import accounts, batches, lifecycle, run_request
+from batchinfer.service import accounts, lifecycle, run_request
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.run_request import process, process_and_pull
 from batchinfer.service.sweep import sweep_once
@@ -1150,7 +1151,7 @@ def test_noisy_backend_every_request_ends_and_adds_up(svc, sim_control, monkeypa
 
 def submit_file(svc, who, requests: list[dict]) -> str:
     """A batch from an uploaded file of these requests (as the OpenAI SDK creates one)."""
-    from batchinfer.service import files
+    from batchinfer.protocols.openai import files
 
     data = b"".join(json.dumps({"method": "POST", "url": "/v1/chat/completions", **r}).encode() + b"\n"
                     for r in requests)
@@ -1449,7 +1450,7 @@ def message_entry(custom_id: str, content: str, model: str = GLM, **params) -> d
 
 
 def submit_messages(svc, who, entries: list[dict], version: str = "2026-10-21") -> str:
-    from batchinfer.service import message_batches
+    from batchinfer.protocols.anthropic import message_batches
 
     configure(svc, message_batches_enabled=True)
     item, created = message_batches.create(svc, who, json.dumps({"requests": entries}).encode(), None, version)
@@ -1505,7 +1506,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
 
 
 def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
-    from batchinfer.service import message_batches
+    from batchinfer.protocols.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 3})
@@ -1534,7 +1535,7 @@ def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
 
 
 def test_message_batch_window_closing_expires_unstarted_requests(svc, sim_control):
-    from batchinfer.service import message_batches
+    from batchinfer.protocols.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 2})

@@ -14,17 +14,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "layers" / "core" / "python"
 PACKAGE = "batchinfer"
 
-# Lower layers first; a module may import its own layer or any below it.
+# The operations of each batch API protocol: they use storage and the shared service, so they rank with
+# the service. The rest of `batchinfer.protocols` (the registry, each protocol's description and shapes)
+# is pure and sits at the bottom, where layout asks it for a batch id's listing prefix.
+PROTOCOL_OPERATIONS = {"batchinfer.protocols.openai.batches", "batchinfer.protocols.openai.files",
+                       "batchinfer.protocols.openai.uploads", "batchinfer.protocols.anthropic.message_batches"}
+
+# Lower layers first; a module may import its own layer or any below it. A module belongs to the layer of
+# the longest name that is it or a package holding it (so a module named on its own outranks its package).
 LAYERS = [
     {"batchinfer.domain", "batchinfer.layout", "batchinfer.settings", "batchinfer.errors", "batchinfer.catalog",
      "batchinfer.observability", "batchinfer.messages_to_chat", "batchinfer.addresses",
-     "batchinfer.request_bodies", "batchinfer.jsontext"},
+     "batchinfer.request_bodies", "batchinfer.jsontext", "batchinfer.protocols"},
     {"batchinfer.storage", "batchinfer.providers"},
     {"batchinfer.runtime"},
     {"batchinfer.records", "batchinfer.ledger"},
     # The scheduler decides what runs when; the service hands it what runs one request (never imported up).
     {"batchinfer.scheduling"},
-    {"batchinfer.service"},
+    {"batchinfer.service", *PROTOCOL_OPERATIONS},
     {"batchinfer.api", "batchinfer.cli"},
 ]
 
@@ -59,15 +66,29 @@ def _imports(path: Path, name: str) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Each module's imports of the package's modules. The root package itself is left out: it holds no
+    code (its `__init__` only says what it is), and `from .. import protocols` names it only as the place of
+    `protocols`, which counts."""
+    assert not _code_of(ROOT / PACKAGE / "__init__.py"), "the root package must stay empty: it belongs to no layer"
     paths = {_module_name(p): p for p in (ROOT / PACKAGE).rglob("*.py")}
-    return {name: {i for i in _imports(path, name) if i in paths and i != name} for name, path in paths.items()}
+    return {name: {i for i in _imports(path, name) if i in paths and i not in (name, PACKAGE)}
+            for name, path in paths.items() if name != PACKAGE}
+
+
+def _code_of(path: Path) -> list[ast.stmt]:
+    """A module's statements but its docstring."""
+    body = ast.parse(path.read_text()).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return body
 
 
 def _layer(module: str) -> int:
-    for rank, names in enumerate(LAYERS):
-        if any(module == n or module.startswith(n + ".") for n in names):
-            return rank
-    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+    matches = [(len(n), rank) for rank, names in enumerate(LAYERS) for n in names
+               if module == n or module.startswith(n + ".")]
+    if not matches:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+    return max(matches)[1]
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -92,6 +113,17 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if node not in state and (found := visit(node)):
             return found
     return None
+
+
+def test_a_module_named_on_its_own_outranks_its_package():
+    assert _layer("batchinfer.protocols") == _layer("batchinfer.protocols.openai.shapes") == 0
+    assert _layer("batchinfer.protocols.openai.batches") == _layer("batchinfer.service.intake")
+    assert all(_layer(m) == _layer("batchinfer.service") for m in PROTOCOL_OPERATIONS)
+
+
+def test_every_protocol_operation_module_exists():
+    """A listed module that was renamed would leave its successor ranked as a pure description."""
+    assert PROTOCOL_OPERATIONS <= set(_graph())
 
 
 def test_the_core_package_has_no_import_circle():

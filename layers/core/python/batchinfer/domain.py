@@ -271,19 +271,9 @@ class IdKind:
 
 
 _HEX = re.compile("[0-9a-f]+")
-BATCH_IDS = IdKind("batch_", 32)
-MESSAGE_BATCH_IDS = IdKind("msgbatch_", 32)
 FILE_IDS = IdKind("file-", 24)
 UPLOAD_IDS = IdKind("upload_", 24)
 EVENT_IDS = IdKind("evt_", 28)  # 12 hex digits of milliseconds, then 16 random ones (new_event_id)
-
-
-def new_batch_id() -> str:
-    return BATCH_IDS.new()
-
-
-def new_message_batch_id() -> str:
-    return MESSAGE_BATCH_IDS.new()
 
 
 def new_event_id(now: float) -> str:

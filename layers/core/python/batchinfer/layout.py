@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import zlib
 
+from . import protocols
+
 INDEX_CHUNK = 5000  # request index entries per S3 index object
 
 # The table's global secondary indexes, (hash key, range key) as (attribute, DynamoDB type), and what each
@@ -125,11 +127,9 @@ def lane_created_at(lane_sk: str) -> int:
     return int(lane_sk.split("#")[1])
 
 
-# The `by_owner` index: an account's batches and files, by creation time.
-OWNER_BATCH_PREFIX = "BATCH#"
-OWNER_MESSAGE_BATCH_PREFIX = "MSGBATCH#"  # Message Batches: listed apart from the OpenAI-shaped ones
+# The `by_owner` index: an account's batches and files, by creation time. Each protocol's batches are
+# listed apart, under its own prefix (protocols.Protocol.owner_prefix).
 OWNER_FILE_PREFIX = "FILE#"
-MESSAGE_BATCH_ID_PREFIX = "msgbatch_"
 
 
 def owner_partition(account_id: str) -> str:
@@ -137,10 +137,9 @@ def owner_partition(account_id: str) -> str:
 
 
 def owner_sort(created_us: int, batch_id: str) -> str:
-    """Sort key of an account's batch list (its Message Batches apart): creation time in microseconds, so
+    """Sort key of an account's batch list (each protocol's apart): creation time in microseconds, so
     newest first holds."""
-    prefix = OWNER_MESSAGE_BATCH_PREFIX if batch_id.startswith(MESSAGE_BATCH_ID_PREFIX) else OWNER_BATCH_PREFIX
-    return f"{prefix}{created_us:018d}#{batch_id}"
+    return f"{protocols.of_batch_id(batch_id).owner_prefix}{created_us:018d}#{batch_id}"
 
 
 def owner_file_sort(created_us: int, file_id: str) -> str:

@@ -8,12 +8,15 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .. import protocols
 from ..runtime import Services, services
 from . import schemas
 from .envelopes import install_error_handlers
 from .routes import batches, console, files, health, inference, message_batches, messages, uploads, webhooks
 
-API_PREFIXES = ("/v1/", "/anthropic/")  # the API's paths, where a trailing slash is served as if it were not there
+# The API's paths, where a trailing slash is served as if it were not there: the service's own base URL,
+# and the other base URLs protocols give their clients.
+API_PREFIXES = ("/v1/", *(f"{p.base_path}/" for p in protocols.PROTOCOLS.values() if p.base_path))
 
 
 class TrailingSlashServed:

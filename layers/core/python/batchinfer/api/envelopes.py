@@ -1,58 +1,33 @@
-"""Error envelopes: OpenAI's `{"error": {message, type, param, code}}` and Anthropic's
-`{"type": "error", "error": {type, message}}`.
+"""Error envelopes: each protocol's own (`protocols.Protocol.error_body`, its shape `error_model`), e.g.
+OpenAI's `{"error": {message, type, param, code}}` and Anthropic's `{"type": "error", "error": {type, message}}`.
 
-A route's envelope is the one of the API it belongs to, chosen by its router's route class
-(`OpenAIRoute`, `AnthropicRoute`), never by sniffing the path: the route marks the request's scope when
-it matches, and the app's error handlers read the mark. A request no route matches gets the envelope
-of the API whose module claimed its path's prefix (`unmatched_paths_under`), else OpenAI's.
+A route's envelope is the one of the protocol it belongs to, chosen by its router's route class
+(`route_class(protocol)`), never by sniffing the path: the route marks the request's scope when it
+matches, and the app's error handlers read the mark. A request no route matches gets the envelope of
+the protocol whose module claimed its path's prefix (`unmatched_paths_under`), else the default
+protocol's.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import Scope
 
+from .. import protocols
 from ..errors import ApiError, InternalError, InvalidRequest
+from ..protocols import Protocol
 
 SCOPE_KEY = "batchinfer.envelope"
 FINAL_STATUSES = (410, 413)  # answers a retry cannot change
 FINAL_CODES = ("idempotency_key_reused",)
-OPENAI, ANTHROPIC = "openai", "anthropic"
-
-
-# --- The shapes, for the OpenAPI document ---------------------------------------------------------------
-
-class OpenAIErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class OpenAIError(BaseModel):
-    """OpenAI's error envelope (the `openai` SDK reads `error.message`, `error.code`, `error.param`)."""
-
-    error: OpenAIErrorBody
-
-
-class AnthropicErrorBody(BaseModel):
-    type: str
-    message: str
-
-
-class AnthropicError(BaseModel):
-    """Anthropic's error envelope (the `anthropic` SDK reads `error.type` and `error.message`)."""
-
-    type: str = "error"
-    error: AnthropicErrorBody
 
 
 ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or expired API key",
@@ -61,36 +36,38 @@ ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or
                       429: "A limit or the daily quota is reached", 500: "Server error"}
 
 
-def error_responses(envelope: str, *statuses: int) -> dict[int | str, dict[str, Any]]:
-    """`responses=` for a route: its error statuses, in its envelope (401, 404 and 500 on every route)."""
-    model = AnthropicError if envelope == ANTHROPIC else OpenAIError
+def error_responses(protocol: Protocol, *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route: its error statuses, in its protocol's envelope (401, 404 and 500 on every
+    route)."""
     codes = sorted({400, 401, 404, 500, *statuses})
-    return {code: {"model": model, "description": ERROR_DESCRIPTIONS.get(code, "Error")} for code in codes}
+    return {code: {"model": protocol.error_model, "description": ERROR_DESCRIPTIONS.get(code, "Error")}
+            for code in codes}
 
 
 # --- Route classes --------------------------------------------------------------------------------------
 
-class OpenAIRoute(APIRoute):
-    envelope = OPENAI
+class ProtocolRoute(APIRoute):
+    """A route that marks the requests it matches as its protocol's (`protocol`: a registered name)."""
+
+    protocol = protocols.DEFAULT.name
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         match, child = super().matches(scope)
         if match is not Match.NONE:  # a full match, or the path with another method (405)
-            child = {**child, SCOPE_KEY: self.envelope}
+            child = {**child, SCOPE_KEY: self.protocol}
         return match, child
 
 
-class AnthropicRoute(OpenAIRoute):
-    envelope = ANTHROPIC
+@cache
+def route_class(protocol: Protocol) -> type[ProtocolRoute]:
+    """The route class of a router whose routes answer in `protocol`'s envelope."""
+    return type(f"{protocol.name.title()}Route", (ProtocolRoute,), {"protocol": protocol.name})
 
 
 # --- Rendering ------------------------------------------------------------------------------------------
 
-def render(envelope: str, error: ApiError) -> JSONResponse:
-    if envelope == ANTHROPIC:
-        body: dict = {"type": "error", "error": {"type": error.type, "message": error.message}}
-    else:
-        body = error.openai()
+def render(protocol: str, error: ApiError) -> JSONResponse:
+    body = protocols.named(protocol).error_body(error)
     headers = {}
     if error.retry_after is not None:
         headers["retry-after"] = str(error.retry_after)
@@ -99,13 +76,13 @@ def render(envelope: str, error: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=headers or None)
 
 
-_UNMATCHED: dict[str, str] = {}  # path prefix -> envelope, for requests no route matches
+_UNMATCHED: dict[str, str] = {}  # path prefix -> protocol name, for requests no route matches
 
 
-def unmatched_paths_under(envelope: str, *prefixes: str) -> None:
-    """Declare that requests under these prefixes that no route serves belong to `envelope`'s API."""
+def unmatched_paths_under(protocol: Protocol, *prefixes: str) -> None:
+    """Declare that requests under these prefixes that no route serves belong to `protocol`."""
     for prefix in prefixes:
-        _UNMATCHED[prefix] = envelope
+        _UNMATCHED[prefix] = protocol.name
 
 
 def _envelope(request: Request) -> str:
@@ -113,7 +90,7 @@ def _envelope(request: Request) -> str:
     if marked:
         return marked
     path = request.url.path
-    return next((env for prefix, env in _UNMATCHED.items() if path.startswith(prefix)), OPENAI)
+    return next((name for prefix, name in _UNMATCHED.items() if path.startswith(prefix)), protocols.DEFAULT.name)
 
 
 def install_error_handlers(app: FastAPI) -> None:

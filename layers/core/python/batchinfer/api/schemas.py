@@ -10,6 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
+from ..protocols import EVENT_TYPES
+
 REF = "#/components/schemas/{model}"
 
 
@@ -370,7 +372,7 @@ class EventData(BaseModel):
 class WebhookEventObject(BaseModel):
     id: str
     object: Literal["event"]
-    type: Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled", "message_batch.ended"]
+    type: Literal[EVENT_TYPES]  # type: ignore[valid-type]  # every protocol's ending events
     created_at: int
     data: EventData
     delivery: Delivery

@@ -15,44 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
 
+from .. import protocols
 from ..jsontext import to_json
 from ..layout import export_object, file_object
+from ..protocols.openai.files import register_result_file
 from ..records import Batch, BatchItem
 from ..runtime import Services
 from ..storage.blobs import UploadGone
 from ..storage.dynamo import ConditionFailed
-from .files import register_result_file
-from .results import EXPORT_PAGE, export_line_of, iter_results
-
-CANCELLED_ERROR = {"code": "batch_cancelled", "message": "Not run: the batch was cancelled."}
-
-
-def _output_line(r: dict) -> dict | None:
-    if r["status"] != "completed":
-        return None
-    return {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": None}
-
-
-def _error_line(r: dict) -> dict | None:
-    """OpenAI's error file line: an HTTP error in response.body.error (the backend's body as it sent it, when
-    it is such an envelope), anything else in error."""
-    if r["status"] == "completed":
-        return None
-    error = r["error"] or CANCELLED_ERROR
-    if error.get("status"):
-        body = error.get("body")
-        if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):  # none, or another shape
-            body = {"error": {"message": error.get("message"), "type": error.get("type"), "param": None,
-                              "code": error.get("code")}}
-        return {"id": r["id"], "custom_id": r["custom_id"], "error": None, "response": {
-            "status_code": error["status"], "request_id": error.get("request_id"), "body": body}}
-    return {"id": r["id"], "custom_id": r["custom_id"], "response": None,
-            "error": {"code": error.get("code"), "message": error.get("message")}}
-
-
-LINES: dict[str, Callable[[dict], dict | None]] = {"output": _output_line, "error": _error_line}
+from .results import EXPORT_PAGE, iter_results
 
 
 def _key(batch: BatchItem, kind: str) -> str:
@@ -60,7 +32,8 @@ def _key(batch: BatchItem, kind: str) -> str:
 
 
 def _lines(svc: Services, batch: BatchItem, kind: str, start: int, end: int) -> bytes:
-    shape = export_line_of(batch) if kind == "export" else LINES[kind]
+    protocol = protocols.of_batch(batch)
+    shape = protocol.export_line if kind == "export" else protocol.result_file_lines[kind]
     out = []
     for r in iter_results(svc, batch, start, end):
         line = shape(r)

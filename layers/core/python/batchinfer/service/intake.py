@@ -8,10 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..domain import new_batch_id
 from ..errors import Conflict, Gone, InvalidRequest, PayloadTooLarge, PermissionDenied, RateLimited
 from ..layout import (
     INDEX_CHUNK,
@@ -22,6 +20,7 @@ from ..layout import (
     lane_object,
     requests_object,
 )
+from ..protocols import Protocol
 from ..records import Account, Batch, BatchItem, Idempotency, Lane
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
@@ -72,17 +71,18 @@ def parse_json_body(raw: bytes) -> object:
     return payload
 
 
-def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None, api: str | None = None
+def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None, protocol: Protocol
                 ) -> tuple[object, IdempotencyClaim | None, BatchItem | None]:
     """The first steps of every create call: the body's size, the Idempotency-Key, the parsed body, and the
-    batch an earlier call with the same key and body created (a replay), if any. `api`: part of what a replay
-    must match, so one key cannot answer for two kinds of batch."""
+    batch an earlier call with the same key and body created (a replay), if any. The protocol is part of
+    what a replay must match (where its batches carry `api`), so one key cannot answer for two kinds of
+    batch."""
     if len(raw) > svc.settings.max_body_bytes:
         raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
     check_idempotency_key(idem_key)
     payload = parse_json_body(raw)
     try:
-        digest = body_hash(payload if api is None else {"api": api, "body": payload})
+        digest = body_hash({"api": protocol.name, "body": payload} if protocol.api_field else payload)
     except RecursionError:
         raise InvalidRequest("The body is nested too deeply.") from None
     claim = IdempotencyClaim(idem_key, digest) if idem_key else None
@@ -113,13 +113,16 @@ def admit(svc: Services, principal: Principal) -> None:
 
 
 def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
-          extra: dict | None = None, new_id: Callable[[], str] = new_batch_id) -> tuple[BatchItem, bool]:
-    """Store a new batch. Returns (batch item, created): created is False when a concurrent call with the
-    same Idempotency-Key won the race and this call answers with its batch. `extra`: fields of the batch
-    item its API adds (where it came from, how it is shown); `new_id`: its API's kind of batch id."""
+          protocol: Protocol, extra: dict | None = None) -> tuple[BatchItem, bool]:
+    """Store a new batch of `protocol` (its kind of id, and its `api` where its batches carry one). Returns
+    (batch item, created): created is False when a concurrent call with the same Idempotency-Key won the
+    race and this call answers with its batch. `extra`: fields of the batch item its API adds (where it
+    came from, how it is shown)."""
     limits = svc.settings
+    if protocol.api_field:
+        extra = {"api": protocol.name, **(extra or {})}
     try:
-        return _store_new_batch(svc, principal, batch, claim, extra, new_id()), True
+        return _store_new_batch(svc, principal, batch, claim, extra, protocol.batch_ids.new()), True
     except ConditionFailed:
         if claim:  # a concurrent call with the same key won the race
             existing = replay(svc, principal, claim)

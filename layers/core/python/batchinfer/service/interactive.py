@@ -22,6 +22,7 @@ import anyio
 from ..catalog import MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, Relay, new_token, next_utc_midnight
 from ..errors import ApiError, GatewayTimeout, InvalidRequest, NotFound, RateLimited, ServiceUnavailable
+from ..protocols.anthropic.message_batches import ParamsError, params_model
 from ..records import InteractiveLease, Usage
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
 from ..runtime import Services
@@ -30,7 +31,6 @@ from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import BackendKeyNotSet
 from . import inference
 from .accounts import Principal, may_use_model, quota_used_up
-from .message_batches import ParamsError, params_model
 from .validation import non_finite
 
 OPENAI_ENDPOINTS = (CHAT, EMBEDDINGS, RESPONSES)

@@ -15,8 +15,10 @@ from .accounts import Principal
 
 def owner_page(svc: Services, principal: Principal, record: Any, *, ids: IdKind, noun: str, after: str | None,
                limit: int, newest_first: bool, visible: Callable[[dict], bool],
-               shown: Callable[[dict], dict]) -> dict:
-    """One page of the account's `record`s (records.Batch or records.File): OpenAI's list envelope."""
+               shown: Callable[[dict], dict], prefix: str | None = None) -> dict:
+    """One page of the account's `record`s (records.Batch, of the protocol whose owner prefix `prefix` is,
+    or records.File): the list envelope `{object: list, data, first_id, last_id, has_more}`."""
+    scope = {} if prefix is None else {"prefix": prefix}
     start = None
     if after:
         anchor = record.get(svc.table, after) if ids.names(after) else None
@@ -24,7 +26,8 @@ def owner_page(svc: Services, principal: Principal, record: Any, *, ids: IdKind,
             raise InvalidRequest(f"after: no {noun} found with id '{after}'.", param="after")
         start = record.owner_cursor(anchor)
     items, has_more = collect_owned(
-        lambda begin, n: record.of_owner(svc.table, principal.account_id, n, begin, newest_first=newest_first),
+        lambda begin, n: record.of_owner(svc.table, principal.account_id, n, begin, newest_first=newest_first,
+                                        **scope),
         start, limit, visible)
     data = [shown(i) for i in items]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

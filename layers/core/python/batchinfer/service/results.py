@@ -1,15 +1,17 @@
 """A batch's results: read in submission order, a page at a time, or all of them as JSONL.
 
-Whatever API shows them, results come from here: requests with an outcome have an item (small results
-inline, large ones in S3), members of groups under way read as their group's state, and requests not
-yet dispatched have nothing stored at all and read as queued (or as their stopped batch's fate).
+Whatever API shows them, results come from here; each line as the batch's protocol shows it. Requests
+with an outcome have an item (small results inline, large ones in S3), members of groups under way read
+as their group's state, and requests not yet dispatched have nothing stored at all and read as queued
+(or as their stopped batch's fate).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
+from .. import protocols
 from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error
 from ..jsontext import parse_object, to_json
 from ..layout import INDEX_CHUNK, index_object
@@ -88,76 +90,10 @@ def iter_results(svc: Services, batch: BatchItem, start: int, end: int) -> Itera
         yield _result(svc, batch, index, entry, stored.get(index))
 
 
-# --- Export lines, by the API the batch belongs to -------------------------------------------------------
-
-def openai_export_line(r: dict) -> dict:
-    """A line of output.jsonl (an OpenAI-shaped batch)."""
-    return {"id": r["id"], "custom_id": r["custom_id"], "response": r["response"], "error": r["error"]}
-
-
-# Anthropic's error types, for a stored error: by the backend's HTTP status, else by the service's code.
-_ANTHROPIC_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-                             403: "permission_error", 404: "not_found_error", 408: "timeout_error",
-                             413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
-                             504: "timeout_error", 529: "overloaded_error"}
-_ANTHROPIC_TYPE_BY_CODE = {"model_not_found": "not_found_error", "timeout": "timeout_error",
-                           "batch_failed": "authentication_error", "owner_unauthorized": "authentication_error",
-                           "result_too_large": "api_error"}
-
-
-def anthropic_error_type(error: dict) -> str:
-    if error.get("type") in ANTHROPIC_ERROR_TYPES:
-        return error["type"]
-    status = error.get("status")
-    if status in _ANTHROPIC_TYPE_BY_STATUS:
-        return _ANTHROPIC_TYPE_BY_STATUS[status]
-    if isinstance(status, int) and status >= 500:
-        return "api_error"
-    return _ANTHROPIC_TYPE_BY_CODE.get(error.get("code") or "", "invalid_request_error" if status else "api_error")
-
-
-ANTHROPIC_ERROR_TYPES = frozenset({"invalid_request_error", "authentication_error", "billing_error",
-                                   "permission_error", "not_found_error", "rate_limit_error", "timeout_error",
-                                   "api_error", "overloaded_error", "request_too_large"})
-
-
-def message_batch_line(r: dict) -> dict:
-    """A line of a Message Batch's results, as Anthropic's MessageBatchIndividualResponse."""
-    status = r["status"]
-    if status == "completed":
-        result: dict = {"type": "succeeded", "message": r["response"]["body"]}
-    elif status == "cancelled":
-        result = {"type": "canceled"}
-    elif status == "expired":
-        result = {"type": "expired"}
-    else:  # failed (a result is only read once the batch has ended)
-        result = {"type": "errored", "error": _anthropic_envelope(r["error"] or {})}
-    return {"custom_id": r["custom_id"], "result": result}
-
-
-def _anthropic_envelope(error: dict) -> dict:
-    """An errored result's error: Anthropic's envelope. The backend's own error is kept where the envelope can
-    carry it: an Anthropic backend's envelope as it sent it; another backend's error object with its fields,
-    its `type` one of Anthropic's and its `message` the request's."""
-    body = error.get("body")
-    request_id = {"request_id": error["request_id"]} if error.get("request_id") else {}
-    if (isinstance(body, dict) and body.get("type") == "error" and isinstance(body.get("error"), dict)
-            and body["error"].get("type") in ANTHROPIC_ERROR_TYPES and isinstance(body["error"].get("message"), str)):
-        return body if "request_id" in body or not request_id else {**body, **request_id}
-    own = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
-    inner = {**own, "type": anthropic_error_type(error),
-             "message": error.get("message") or "The request failed."}
-    return {"type": "error", "error": inner, **request_id}
-
-
-def export_line_of(batch: BatchItem) -> Callable[[dict], dict]:
-    return message_batch_line if batch.get("api") == "anthropic" else openai_export_line
-
-
 def export_stream(svc: Services, batch: BatchItem) -> Iterator[bytes]:
     """Every result as a JSONL line (LF-terminated, none blank: the SDKs' line decoders need both), in
     submission order, a thousand at a time (memory stays flat)."""
-    shape = export_line_of(batch)
+    shape = protocols.of_batch(batch).export_line
     for start in range(0, batch["total"], EXPORT_PAGE):
         chunk = []
         for r in iter_results(svc, batch, start, min(batch["total"], start + EXPORT_PAGE)):

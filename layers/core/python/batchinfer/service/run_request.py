@@ -15,6 +15,7 @@ import random
 import time
 from collections import Counter
 
+from .. import protocols
 from ..catalog import Model
 from ..domain import (
     Attempt,
@@ -165,7 +166,8 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
 
 async def _attempt(model: Model, batch: dict, body: dict, key: str | None, timeout: float) -> Attempt:
     """The batch request's attempt, through the very function an interactive call uses."""
-    return await inference.attempt(model, batch["endpoint"], body, key, timeout, batch.get("anthropic_version"))
+    return await inference.attempt(model, batch["endpoint"], body, key, timeout,
+                                   **protocols.of_batch(batch).backend_options(batch))
 
 
 async def process(svc: Services, message: dict, claimed: dict | None = None, batch: dict | None = None) -> Counter:

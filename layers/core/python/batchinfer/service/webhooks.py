@@ -30,10 +30,11 @@ from collections.abc import Callable
 
 from standardwebhooks.webhooks import Webhook as Signer
 
+from .. import protocols
 from ..addresses import UrlRefused, WebhookTarget, check_url
 from ..domain import EVENT_IDS, BatchStatus, new_event_id
 from ..errors import Conflict, InvalidRequest, NotFound
-from ..layout import MESSAGE_BATCH_ID_PREFIX, due_lateness
+from ..layout import due_lateness
 from ..providers.webhook import post_event
 from ..records import BatchItem, Op, Webhook, WebhookEvent
 from ..runtime import Services
@@ -46,9 +47,6 @@ DISABLED = "Batch webhooks are not enabled."
 NO_WEBHOOK = "No batch webhook is set."
 NO_SECRET = ("webhook_url needs the account's signing secret, and this account has no webhook: set one first "
              "with PUT /v1/batch_webhook (its answer shows the secret), then create the batch.")
-OPENAI_EVENTS = {BatchStatus.COMPLETED: "batch.completed", BatchStatus.FAILED: "batch.failed",
-                 BatchStatus.EXPIRED: "batch.expired", BatchStatus.CANCELLED: "batch.cancelled"}
-MESSAGE_BATCH_ENDED = "message_batch.ended"
 CLAIM_GRACE_SECONDS = 30  # beyond an attempt's timeout: an attempt begun longer ago than this died
 
 
@@ -136,9 +134,8 @@ def batch_webhook_url(svc: Services, principal: Principal, url: object) -> str |
 # --- Events --------------------------------------------------------------------------------------------
 
 def event_type(batch: BatchItem, final: BatchStatus) -> str:
-    if batch["id"].startswith(MESSAGE_BATCH_ID_PREFIX):
-        return MESSAGE_BATCH_ENDED
-    return OPENAI_EVENTS[final]
+    """The event this ending announces: its batch's protocol names it."""
+    return protocols.of_batch_id(batch["id"]).ending_event(final)
 
 
 def ending_event(svc: Services, batch: BatchItem, final: BatchStatus) -> dict | None:

@@ -8,15 +8,16 @@ from starlette.concurrency import run_in_threadpool
 
 from ...errors import PayloadTooLarge
 from ...jsontext import to_json
+from ...protocols.openai import PROTOCOL as OPENAI
+from ...protocols.openai import batches
 from ...runtime import Services
-from ...service import batches
 from ...service.accounts import Principal
 from ..auth import caller, services_of
 from ..bodies import declared_over
-from ..envelopes import OPENAI, OpenAIRoute, error_responses
+from ..envelopes import error_responses, route_class
 from ..schemas import BATCH_LIST, BATCH_OBJECT, CREATE_BATCH_BODY, DELETED_BATCH, RESULTS_PAGE
 
-router = APIRouter(prefix="/v1/batches", route_class=OpenAIRoute, tags=["batches"])
+router = APIRouter(prefix="/v1/batches", route_class=route_class(OPENAI), tags=["batches"])
 
 
 @router.post("", summary="Create an inline batch", responses=error_responses(OPENAI, 403, 409, 410, 413, 429),

@@ -10,12 +10,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ...protocols.openai import PROTOCOL as OPENAI
+from ...protocols.openai import files
 from ...runtime import Services
-from ...service import files
 from ...service.accounts import Principal
 from ..auth import caller, services_of
 from ..bodies import declared_over, form_with_file
-from ..envelopes import OPENAI, OpenAIRoute, error_responses
+from ..envelopes import error_responses, route_class
 from ..schemas import FILE_DELETED, FILE_LIST, FILE_OBJECT, UPLOAD_BODY
 
 
@@ -26,7 +27,7 @@ def attachment(filename: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
-router = APIRouter(prefix="/v1/files", route_class=OpenAIRoute, tags=["files"])
+router = APIRouter(prefix="/v1/files", route_class=route_class(OPENAI), tags=["files"])
 
 
 @router.post("", summary="Upload a batch input file (multipart: file, purpose=batch)",

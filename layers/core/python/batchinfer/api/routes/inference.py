@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ...errors import PayloadTooLarge
 from ...jsontext import to_json
+from ...protocols.openai import PROTOCOL as OPENAI
 from ...request_bodies import CHAT, EMBEDDINGS, RESPONSES
 from ...runtime import Services
 from ...service import interactive
@@ -16,9 +17,9 @@ from ...service.accounts import Principal
 from ...service.intake import parse_json_body
 from ..auth import key_holder, services_of
 from ..bodies import declared_over
-from ..envelopes import OPENAI, OpenAIRoute, error_responses
+from ..envelopes import error_responses, route_class
 
-router = APIRouter(route_class=OpenAIRoute, tags=["interactive"])
+router = APIRouter(route_class=route_class(OPENAI), tags=["interactive"])
 ANSWER = {"responses": {"200": {"description": "The backend's answer, as the endpoint defines it (server-sent "
                                                "events for stream: true, where streaming is enabled)",
                                 "content": {"application/json": {"schema": {"type": "object"}},

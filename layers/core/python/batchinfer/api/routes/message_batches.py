@@ -10,12 +10,13 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import PayloadTooLarge, PermissionDenied
+from ...protocols.anthropic import PROTOCOL as ANTHROPIC
+from ...protocols.anthropic import message_batches
 from ...runtime import Services
-from ...service import message_batches
 from ...service.accounts import Principal
 from ..auth import caller, services_of
 from ..bodies import declared_over
-from ..envelopes import ANTHROPIC, AnthropicRoute, error_responses, unmatched_paths_under
+from ..envelopes import error_responses, route_class, unmatched_paths_under
 from ..schemas import (
     ANTHROPIC_HEADERS,
     CREATE_MESSAGE_BATCH_BODY,
@@ -24,11 +25,11 @@ from ..schemas import (
     MESSAGE_BATCH_LIST,
 )
 
-PREFIXES = ("", "/anthropic")  # the service's own base URL, and the one Anthropic clients are given
+PREFIXES = ("", ANTHROPIC.base_path)  # the service's own base URL, and the one Anthropic clients are given
 
-router = APIRouter(route_class=AnthropicRoute, tags=["message batches"])
+router = APIRouter(route_class=route_class(ANTHROPIC), tags=["message batches"])
 # A path under the Anthropic base URL that no route serves still answers in Anthropic's envelope.
-unmatched_paths_under(ANTHROPIC, "/anthropic/", "/v1/messages")
+unmatched_paths_under(ANTHROPIC, f"{ANTHROPIC.base_path}/", "/v1/messages")
 
 
 def anthropic_version(request: Request) -> str:

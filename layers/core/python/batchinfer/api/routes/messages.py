@@ -9,18 +9,19 @@ from fastapi.responses import Response
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...errors import PayloadTooLarge
+from ...protocols.anthropic import PROTOCOL as ANTHROPIC
 from ...runtime import Services
 from ...service import interactive
 from ...service.accounts import Principal
 from ...service.intake import parse_json_body
 from ..auth import key_holder, services_of
 from ..bodies import declared_over
-from ..envelopes import ANTHROPIC, AnthropicRoute, error_responses
+from ..envelopes import error_responses, route_class
 from ..schemas import ANTHROPIC_HEADERS
 from .inference import ANSWER, INTERACTIVE_BODY_BYTES, answer
 from .message_batches import PREFIXES, anthropic_version
 
-router = APIRouter(route_class=AnthropicRoute, tags=["interactive"])
+router = APIRouter(route_class=route_class(ANTHROPIC), tags=["interactive"])
 
 
 def _add_route(prefix: str) -> None:

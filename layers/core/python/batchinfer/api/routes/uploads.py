@@ -9,15 +9,16 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import PayloadTooLarge
+from ...protocols.openai import PROTOCOL as OPENAI
+from ...protocols.openai import files, uploads
 from ...runtime import Services
-from ...service import files, uploads
 from ...service.accounts import Principal
 from ..auth import caller, services_of
 from ..bodies import declared_over, form_with_file
-from ..envelopes import OPENAI, OpenAIRoute, error_responses
+from ..envelopes import error_responses, route_class
 from ..schemas import ADD_UPLOAD_PART_BODY, COMPLETE_UPLOAD_BODY, CREATE_UPLOAD_BODY, UPLOAD_OBJECT, UPLOAD_PART
 
-router = APIRouter(prefix="/v1/uploads", route_class=OpenAIRoute, tags=["uploads"])
+router = APIRouter(prefix="/v1/uploads", route_class=route_class(OPENAI), tags=["uploads"])
 JSON_BODY_BYTES = 1 << 20  # a create or complete call is a few hundred bytes (a thousand part ids: 30 KB)
 MULTIPART_ENVELOPE_BYTES = 64 << 10  # what a part's request may hold besides the part's bytes
 

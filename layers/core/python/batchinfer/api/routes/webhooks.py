@@ -7,14 +7,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
+from ...protocols.openai import PROTOCOL as OPENAI
 from ...runtime import Services
 from ...service import webhooks
 from ...service.accounts import Principal
 from ..auth import caller, services_of
-from ..envelopes import OPENAI, OpenAIRoute, error_responses
+from ..envelopes import error_responses, route_class
 from ..schemas import SetWebhook, WebhookDeleted, WebhookEventList, WebhookObject
 
-router = APIRouter(prefix="/v1/batch_webhook", route_class=OpenAIRoute, tags=["webhooks"])
+router = APIRouter(prefix="/v1/batch_webhook", route_class=route_class(OPENAI), tags=["webhooks"])
 
 
 @router.put("", summary="Set the completion webhook", response_model=WebhookObject, response_model_exclude_none=True,

@@ -1,6 +1,7 @@
 """The Anthropic Message Batches protocol (`/v1/messages/batches`): create, retrieve, list, results, cancel,
 delete, and how a Message Batch looks to Anthropic clients. Storage, scheduling, results and lifecycle are
-the other batches' (`intake`, `results`, `lifecycle`): this module only parses and presents.
+the other batches' (`service.intake`, `service.results`, `service.lifecycle`): this module only parses and
+presents.
 
 What differs from the OpenAI-shaped batches:
 - the whole batch is refused (400) only for its shape: the `requests` array, each `custom_id`
@@ -19,20 +20,20 @@ import datetime as dt
 import re
 from collections.abc import Iterator
 
-from ..catalog import MESSAGES_ENDPOINT
-from ..domain import FINAL_BATCH, MESSAGE_BATCH_IDS, BatchStatus, Stop, new_message_batch_id
-from ..errors import InvalidRequest, NotFound, PermissionDenied
-from ..layout import OWNER_MESSAGE_BATCH_PREFIX
-from ..messages_to_chat import refused_everywhere, untranslatable
-from ..records import Batch, BatchItem
-from ..request_bodies import got
-from ..runtime import Services
-from . import intake, lifecycle, results
-from .accounts import Principal, may_use_model
-from .listing import collect_owned
-from .validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite
+from ...catalog import MESSAGES_ENDPOINT
+from ...domain import FINAL_BATCH, BatchStatus, Stop
+from ...errors import InvalidRequest, NotFound, PermissionDenied
+from ...messages_to_chat import refused_everywhere, untranslatable
+from ...records import Batch, BatchItem
+from ...request_bodies import got
+from ...runtime import Services
+from ...service import intake, lifecycle, results
+from ...service.accounts import Principal, may_use_model
+from ...service.listing import collect_owned
+from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite
+from . import PROTOCOL
 
-API = "anthropic"  # the batch item's `api`
+IDS = PROTOCOL.batch_ids
 WINDOW_SECONDS = 24 * 3600  # a Message Batch's completion window is always 24 hours
 
 # The top-level `params` each `anthropic-version` knows: a request naming anything else errors (nothing is
@@ -78,13 +79,12 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
     limits = svc.settings
     if not limits.message_batches_enabled:
         raise PermissionDenied("Message Batches are not enabled.", code="message_batches_disabled")
-    payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, api=API)
+    payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, PROTOCOL)
     if existing:
         return existing, False
     intake.admit(svc, principal)
     batch = _validated(svc, principal.account, payload, version)
-    item, created = intake.store(svc, principal, batch, claim, {"api": API, "anthropic_version": version},
-                                 new_id=new_message_batch_id)
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, {"anthropic_version": version})
     if created and not item["lanes"]:  # every request errored at intake: it has ended already
         item = lifecycle.settle_batch(svc, item["id"]) or item
     return item, created
@@ -263,7 +263,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
 
 def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
-    item = Batch.get(svc.table, batch_id) if MESSAGE_BATCH_IDS.names(batch_id) else None
+    item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
         raise NotFound(f"No Message Batch found with id '{batch_id}'.", code="batch_not_found")
     return item
@@ -281,14 +281,14 @@ def list_page(svc: Services, principal: Principal, limit: int, after_id: str | N
     start = None
     if anchor_id:
         name = "after_id" if after_id else "before_id"
-        anchor = Batch.get(svc.table, anchor_id) if MESSAGE_BATCH_IDS.names(anchor_id) else None
+        anchor = Batch.get(svc.table, anchor_id) if IDS.names(anchor_id) else None
         if anchor is None or anchor.get("account_id") != principal.account_id:
             raise InvalidRequest(f"{name}: no Message Batch found with id '{anchor_id}'.", param=name)
         start = Batch.owner_cursor(anchor)
     newest_first = before_id is None
     items, has_more = collect_owned(
         lambda begin, n: Batch.of_owner(svc.table, principal.account_id, n, begin, newest_first=newest_first,
-                                        prefix=OWNER_MESSAGE_BATCH_PREFIX),
+                                        prefix=PROTOCOL.owner_prefix),
         start, limit, visible=lambda b: not b.get("deleting"))
     if not newest_first:
         items.reverse()  # read oldest first from the anchor; shown newest first like every page

@@ -25,15 +25,15 @@ import re
 import secrets
 from collections.abc import Iterator
 
-from ..domain import UPLOAD_IDS, new_file_id, new_upload_id
-from ..errors import ApiError, InternalError, InvalidRequest, NotFound, PayloadTooLarge
-from ..layout import file_object, upload_part_object, upload_parts_prefix
-from ..records import File, Upload, UploadItem
-from ..runtime import Services
-from ..storage.dynamo import ConditionFailed
+from ...domain import UPLOAD_IDS, new_file_id, new_upload_id
+from ...errors import ApiError, InternalError, InvalidRequest, NotFound, PayloadTooLarge
+from ...layout import file_object, upload_part_object, upload_parts_prefix
+from ...records import File, Upload, UploadItem
+from ...runtime import Services
+from ...service.accounts import Principal
+from ...service.intake import parse_json_body
+from ...storage.dynamo import ConditionFailed
 from . import files
-from .accounts import Principal
-from .intake import parse_json_body
 
 UPLOAD_SECONDS = 3600  # a pending upload expires an hour after it was created, as OpenAI's do
 MAX_PARTS = 1000  # parts one upload may hold (32 MiB in parts of 4 MiB is 8)

@@ -1,27 +1,31 @@
-"""The OpenAI-shaped batch protocol (`/v1/batches`): create inline, retrieve, list, results, export,
-cancel, delete, and how a batch looks to OpenAI clients. Storage, results and lifecycle are shared with
-the other batch APIs (`intake`, `results`, `lifecycle`); this module only parses and presents.
+"""The OpenAI-shaped batch protocol (`/v1/batches`): create inline or from a file, retrieve, list, results,
+export, cancel, delete, and how a batch looks to OpenAI clients. Storage, results and lifecycle are shared
+with the other batch APIs (`service.intake`, `service.results`, `service.lifecycle`); this module only
+parses and presents.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..domain import BATCH_IDS, FINAL_BATCH, parse_result_id
-from ..errors import Conflict, InvalidRequest, NotFound
-from ..records import Batch, BatchItem
-from ..runtime import Services
-from ..storage.dynamo import ConditionFailed
-from . import files, intake, lifecycle, results, webhooks
-from .accounts import Principal
-from .listing import owner_page
-from .validation import (
+from ...domain import FINAL_BATCH, parse_result_id
+from ...errors import Conflict, InvalidRequest, NotFound
+from ...records import Batch, BatchItem
+from ...runtime import Services
+from ...service import intake, lifecycle, results, webhooks
+from ...service.accounts import Principal
+from ...service.listing import owner_page
+from ...service.validation import (
     ValidatedBatch,
     allowed_endpoints,
     endpoint_problem,
     validate_inline_batch,
     validate_metadata,
 )
+from ...storage.dynamo import ConditionFailed
+from . import PROTOCOL, files
+
+IDS = PROTOCOL.batch_ids
 
 BATCH_RUNNING = ("A request of this batch is still running. Cancel the batch, wait for its running requests to "
                  "finish, then delete it.")
@@ -32,7 +36,7 @@ NOT_FINISHED = "The batch has not finished; output.jsonl is available once it re
 
 def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str | None) -> tuple[dict, bool]:
     """Create an inline batch. Returns (batch object, created) — created is False for a replay."""
-    payload, claim, existing = intake.open_create(svc, principal, raw, idem_key)
+    payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, PROTOCOL)
     if existing:
         return batch_object(existing), False
     intake.admit(svc, principal)
@@ -42,7 +46,7 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
         batch, extra = validate_inline_batch(svc, principal.account, payload), None
     if webhook_url := webhooks.batch_webhook_url(svc, principal, payload.get("webhook_url")):
         extra = {**(extra or {}), "webhook_url": webhook_url}
-    item, created = intake.store(svc, principal, batch, claim, extra)
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
     return batch_object(item), created
 
 
@@ -121,7 +125,7 @@ def usage_object(item: BatchItem) -> dict:
 
 
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
-    item = Batch.get(svc.table, batch_id) if BATCH_IDS.names(batch_id) else None
+    item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
         raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
     return item
@@ -130,8 +134,9 @@ def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem
 def list_batches(svc: Services, principal: Principal, limit: int, after: str | None) -> dict:
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100.", param="limit")
-    return owner_page(svc, principal, Batch, ids=BATCH_IDS, noun="batch", after=after, limit=limit,
-                      newest_first=True, visible=lambda b: not b.get("deleting"), shown=batch_object)
+    return owner_page(svc, principal, Batch, ids=IDS, noun="batch", after=after, limit=limit,
+                      prefix=PROTOCOL.owner_prefix, newest_first=True, visible=lambda b: not b.get("deleting"),
+                      shown=batch_object)
 
 
 def results_page(svc: Services, principal: Principal, batch_id: str, limit: int, after: str | None) -> dict:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import time
 
-from ..domain import FILE_IDS, new_file_id
-from ..errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge, RateLimited
-from ..layout import file_object
-from ..records import Account, File, FileItem
-from ..runtime import Services
-from ..storage.dynamo import ConditionFailed
-from .accounts import Principal
-from .listing import owner_page
+from ...domain import FILE_IDS, new_file_id
+from ...errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge, RateLimited
+from ...layout import file_object
+from ...records import Account, File, FileItem
+from ...runtime import Services
+from ...service.accounts import Principal
+from ...service.listing import owner_page
+from ...storage.dynamo import ConditionFailed
 
 UPLOAD = "batch"
 RESULT = "batch_output"
@@ -93,7 +93,7 @@ def check_storage(svc: Services, account_id: str, size: int, param: str = "file"
 
 def admit_upload(svc: Services, principal: Principal, *, purpose: object, size: int, param: str = "file") -> None:
     """The checks an input file passes before anything of it is stored, whichever way it comes (`upload`
-    below, or the Uploads API for a file sent in parts, service.uploads), then its place among the
+    below, or the Uploads API for a file sent in parts, `uploads`), then its place among the
     account's uploads this hour (counted last: a refused upload does not count). `param`: what names the
     size in the caller's request."""
     s = svc.settings
