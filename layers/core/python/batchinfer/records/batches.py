@@ -9,7 +9,6 @@ from ..domain import STOPPABLE_BATCH, BatchStatus, Stop, batch_transition, batch
 from ..layout import (
     ACTIVE_PARTITIONS,
     LANES_END,
-    OWNER_BATCH_PREFIX,
     PURGE_PARTITIONS,
     active_partition,
     batch_key,
@@ -221,9 +220,9 @@ class Batch:
         t.delete(*batch_key(batch_id))
 
     @staticmethod
-    def of_owner(t: Table, account_id: str, limit: int, start: dict | None, newest_first: bool = True,
-                 prefix: str = OWNER_BATCH_PREFIX) -> tuple[list[BatchItem], dict | None]:
-        """One page of an account's batches (OpenAI-shaped, or with `prefix` its Message Batches), newest
+    def of_owner(t: Table, account_id: str, limit: int, start: dict | None, newest_first: bool = True, *,
+                 prefix: str) -> tuple[list[BatchItem], dict | None]:
+        """One page of an account's batches of one protocol (`prefix`: its Protocol.owner_prefix), newest
         first (or oldest first)."""
         return t.query("owner_pk = :o AND begins_with(owner_sk, :b)",
                        {":o": owner_partition(account_id), ":b": prefix},
