@@ -75,13 +75,20 @@ browser:
 	@test -x /usr/bin/chromium || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; CI's machine has 2 cores), a test file at a time to
+# each: the tests of a file share its module fixtures (an e2e file's local stack, the browser) and may rely on
+# their order, so a file runs whole, in order, on one worker. TEST_WORKERS=0 runs everything in one process.
+# (Not --dist loadgroup: pytest-xdist 3.8 no longer applies xdist_group marks under pytest 9.2.)
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+
 test: venv venv-py312 sdk-previous sdk-openai1 browser  ## lint, every test on 3.11, then unit + integration on 3.12
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) --no-print-directory test-py312
 
 test-py312: venv-py312  ## the unit and integration suites on Python 3.12, the Lambda runtime's version
-	$(PY312)/bin/python -m pytest tests/unit tests/integration -p no:cacheprovider
+	$(PY312)/bin/python -m pytest tests/unit tests/integration -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # Opt-in: the service against a real inference server (llama-cpp-python running a tiny model made at test time).
 test-real-backend: venv real-backend  ## the batch flows end to end on a real OpenAI-compatible server

@@ -12,7 +12,9 @@ import pytest
 from batchinfer.cli import parser
 from batchinfer.cli.api_client import ApiFailure, Reply, api_root, error_of
 from batchinfer.cli.common import UsageError
-from batchinfer.cli.user import BatchView, Speed, progress_line, read_requests, submit_batch
+from batchinfer.cli.progress import Speed, progress_line
+from batchinfer.cli.submission import read_requests, submit_batch
+from batchinfer.cli.views import BatchView
 
 
 @pytest.mark.parametrize(("body", "expected"), [

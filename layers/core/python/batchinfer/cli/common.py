@@ -1,8 +1,9 @@
 """What batchctl's admin and user commands share: where the local stack is described, the exit codes, and
-how a problem becomes one line."""
+how a problem or a note becomes one line."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 LOCAL_STACK_FILE = Path(".local/stack.json")  # written by `make run` (local/run.py), relative to where it ran
@@ -25,3 +26,8 @@ class UsageError(CliError):
 
 def one_line(text: object) -> str:
     return " ".join(str(text).split())
+
+
+def note(text: str) -> None:
+    """Something a user command tells on stderr beside its answer (stdout carries only the answer)."""
+    print(f"batchctl: note: {text}", file=sys.stderr, flush=True)

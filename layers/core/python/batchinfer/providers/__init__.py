@@ -10,7 +10,7 @@ Interactive `stream: true` answers are relayed by `streaming.open_stream`.
 from __future__ import annotations
 
 import dataclasses
-from types import ModuleType
+from typing import Protocol
 
 from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt
@@ -18,10 +18,35 @@ from ..messages_to_chat import to_chat, to_message
 from . import anthropic, openai_compat
 from .streaming import open_stream
 
-__all__ = ["PROVIDERS", "call_backend", "open_stream"]
+__all__ = ["PROVIDERS", "Provider", "call_backend", "open_stream", "register", "unregister"]
+
+
+class Provider(Protocol):
+    """What a backend kind offers: a module with this coroutine (each kind here), or any object with it."""
+
+    async def call(self, model: Model, endpoint: str, body: dict, api_key: str | None, timeout: float,
+                   version: str | None = None) -> Attempt: ...
+
 
 # Modules, not functions: a call looks the function up when it is made (tests can wrap it in place).
-PROVIDERS: dict[str, ModuleType] = {"openai": openai_compat, "anthropic": anthropic}
+PROVIDERS: dict[str, Provider] = {"openai": openai_compat, "anthropic": anthropic}
+
+
+def register(kind: str, provider: Provider) -> Provider | None:
+    """Make `provider` answer every call to a model whose backend is of `kind`, from the next call on;
+    returns the provider it replaces (None if the kind was new), for the caller to put back.
+
+    The catalog file admits only the kinds it knows (`catalog.Backend.kind`): a kind registered here serves
+    models built in code, such as the tests' deterministic fake backend (tests/fake_provider.py), which runs
+    batches through the real dispatcher and worker with no HTTP server."""
+    previous = PROVIDERS.get(kind)
+    PROVIDERS[kind] = provider
+    return previous
+
+
+def unregister(kind: str) -> Provider | None:
+    """Forget the kind's provider (calls to its models raise LookupError again); returns it, if any."""
+    return PROVIDERS.pop(kind, None)
 
 
 async def call_backend(model: Model, endpoint: str, body: dict, api_key: str | None, timeout: float,
@@ -30,14 +55,14 @@ async def call_backend(model: Model, endpoint: str, body: dict, api_key: str | N
     `anthropic-version`."""
     assert model.backend is not None
     provider = PROVIDERS.get(model.backend.kind)
-    if provider is None:  # the catalog only admits known kinds; a new kind must be registered above
+    if provider is None:  # the catalog only admits known kinds; a new kind must be registered above (or `register`)
         raise LookupError(f"no provider for backend kind {model.backend.kind!r}")
     if endpoint == MESSAGES_ENDPOINT and model.backend.kind == "openai":
         return await _translated(provider, model, body, api_key, timeout)
     return await provider.call(model, endpoint, body, api_key, timeout, version=version)
 
 
-async def _translated(provider: ModuleType, model: Model, params: dict, api_key: str | None,
+async def _translated(provider: Provider, model: Model, params: dict, api_key: str | None,
                       timeout: float) -> Attempt:
     try:
         chat = to_chat(params, model.backend.features if model.backend else ())
