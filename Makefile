@@ -10,7 +10,7 @@ SDK_OPENAI1 := .venv-sdk-openai1
 # llama-cpp-python's, built from source (CPU only, no BLAS) in a venv of its own.
 REAL_BACKEND := .venv-real-backend
 REAL_BACKEND_CMAKE_ARGS ?= -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-# Lambda runs the functions on Python 3.12 (infra/functions.py): the unit and integration suites run on it too,
+# Lambda runs the functions on Python 3.12 (infra/functions.py): the unit, integration and fault suites run on it too,
 # in a venv of its own. PYTHON312 is found on the PATH, or among pyenv's versions.
 PY312 := .venv-py312
 PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
@@ -82,13 +82,13 @@ browser:
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 
-test: venv venv-py312 sdk-previous sdk-openai1 browser  ## lint, every test on 3.11, then unit + integration on 3.12
+test: venv venv-py312 sdk-previous sdk-openai1 browser  ## lint, every test on 3.11, then unit, integration and faults on 3.12
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) --no-print-directory test-py312
 
-test-py312: venv-py312  ## the unit and integration suites on Python 3.12, the Lambda runtime's version
-	$(PY312)/bin/python -m pytest tests/unit tests/integration -p no:cacheprovider $(PYTEST_PARALLEL)
+test-py312: venv-py312  ## the unit, integration and fault suites on Python 3.12, the Lambda runtime's version
+	$(PY312)/bin/python -m pytest tests/unit tests/integration tests/faults -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # Opt-in: the service against a real inference server (llama-cpp-python running a tiny model made at test time).
 test-real-backend: venv real-backend  ## the batch flows end to end on a real OpenAI-compatible server

@@ -1,0 +1,222 @@
+"""Expiry, cancellation and an owner's key revoked mid-batch."""
+
+from __future__ import annotations
+
+import json
+
+from batchinfer.protocols.openai import batches
+from batchinfer.scheduling.dispatcher import Dispatcher
+from batchinfer.service import accounts, run_request
+from batchinfer.service.accounts import authenticate
+from batchinfer.service.sweep import sweep_once
+from tests.faults.harness import (
+    GLM,
+    configure,
+    dispatch_in_groups,
+    get_batch,
+    pump,
+    requests_by_custom_id,
+    results_by_custom_id,
+    run_queued,
+    set_budgets,
+    sim_config,
+    sim_stats,
+    start_one_running,
+    submit,
+    submit_file,
+)
+from tests.helpers import chat_request, new_key
+from tests.invariants import assert_ledger_consistent, stored_requests
+
+# --- Expiry and cancellation -----------------------------------------------------------------------------------
+
+
+def test_completion_window_closing_expires_unstarted_requests(svc, sim_control):
+    # x-0's retry must not fall due while the test runs (the clock moves with real time too).
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600, retry_base_seconds=60,
+              retry_max_seconds=120)
+    set_budgets(svc, {GLM: 3})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"x-{i}", f"expiry {i}" + (" [[sim:flaky:1:500]]" if i == 0 else ""))
+                for i in range(10)]
+    batch_id = submit(svc, who, requests)
+    dispatcher = Dispatcher(svc)
+    assert dispatcher.pass_once() == 3
+    run_queued(svc)  # x-0 failed once and waits for its retry; x-1, x-2 completed
+    assert dispatch_in_groups(svc, GLM, [1, 1, 1]) == [1, 1, 1]  # x-3..x-5 on the queue; x-0 not due yet
+    sim_config(sim_control, latency_seconds=0.5)
+    running, running_index = start_one_running(svc, sim_control)
+
+    svc.clock.advance(601)  # the completion window closes while one request runs and two are queued
+    sweep_once(svc)
+    batch = get_batch(svc, batch_id)
+    assert batch["stop"] == "expire" and batch["status"] == "in_progress"
+    running.join(timeout=10)
+    sim_config(sim_control, latency_seconds=0)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "expired"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    results = batches.results_page(svc, who, batch_id, 1000, None)["data"]
+    statuses = {r["custom_id"]: r["status"] for r in results}
+    assert statuses.pop(f"x-{running_index}") == "completed"  # running when the window closed: it finishes
+    assert statuses.pop("x-1") == statuses.pop("x-2") == "completed"
+    assert statuses.pop("x-0") == "failed"  # it had started: it keeps its last error
+    assert set(statuses.values()) == {"expired"} and len(statuses) == 6
+    for r in results:
+        if r["status"] == "expired":
+            assert r["error"]["code"] == "batch_expired" and r["response"] is None
+    assert final["completed"] == 3 and final["failed"] == 7
+    assert sim_stats(sim_control)["total_requests"] == 4  # nothing started after the window closed
+
+
+def test_cancel_while_requests_are_queued_and_running(svc, sim_control):
+    configure(svc, lease_seconds=3600)
+    set_budgets(svc, {GLM: 3})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"k-{i}", f"cancel {i}") for i in range(10)]
+    batch_id = submit(svc, who, requests)
+    dispatcher = Dispatcher(svc)
+    dispatcher.pass_once()
+    run_queued(svc)  # k-0..k-2 completed
+    assert dispatch_in_groups(svc, GLM, [1, 1, 1]) == [1, 1, 1]
+    sim_config(sim_control, latency_seconds=0.5)
+    running, running_index = start_one_running(svc, sim_control)
+
+    cancelling = batches.cancel_batch(svc, who, batch_id)
+    assert cancelling["status"] == "cancelling"
+    assert dispatcher.pass_once() == 0
+    running.join(timeout=10)
+    sim_config(sim_control, latency_seconds=0)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "cancelled"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    statuses = {r["custom_id"]: r["status"] for r in batches.results_page(svc, who, batch_id, 1000, None)["data"]}
+    completed = {"k-0", "k-1", "k-2", f"k-{running_index}"}
+    assert {c for c, s in statuses.items() if s == "completed"} == completed
+    assert {c for c, s in statuses.items() if s != "completed"} == set(statuses) - completed
+    assert {s for c, s in statuses.items() if c not in completed} == {"cancelled"}
+    assert final["completed"] == 4 and final["failed"] == 0  # cancelled requests count nowhere
+    assert sim_stats(sim_control)["total_requests"] == 4
+    assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelled"  # cancelling again changes nothing
+
+
+def test_cancelled_file_batch_lists_unstarted_requests_in_its_error_file(svc, sim_control):
+    configure(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"c-{i}", f"cancel me {i}", model=GLM) for i in range(60)]
+    batch_id = submit_file(svc, who, requests)
+    sweep_once(svc)  # validated: its requests may now run
+    dispatch_in_groups(svc, GLM, [3])
+    batches.cancel_batch(svc, who, batch_id)
+    final = pump(svc, batch_id)
+    assert final["status"] == "cancelled"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    errors = [json.loads(x) for x in svc.blobs.get(f"files/{final['error_file_id']}/content").splitlines()]
+    assert sum(e["error"] == {"code": "batch_cancelled", "message": "Not run: the batch was cancelled."}
+               for e in errors) >= 57
+
+
+def test_batch_finished_before_its_window_closed_is_completed_not_expired(svc, sim_control):
+    """Every request ran (and finished) inside the window; only the sweep came after it closed."""
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request(f"w-{i}", f"in time {i}") for i in range(3)])
+    Dispatcher(svc).pass_once()
+    run_queued(svc)
+    assert all(r["state"] == "completed" for r in stored_requests(svc, batch_id))
+    svc.clock.advance(601)
+
+    final = pump(svc, batch_id)
+
+    assert_ledger_consistent(svc, batch_id, who)
+    assert final["completed"] == 3 and final["failed"] == 0
+    assert final["status"] == "completed", "no request was left unstarted when the window closed"
+
+
+def test_no_request_starts_after_the_window_closed(svc, sim_control):
+    """The window closes between two dispatcher passes, before the sweeper's next run: nothing may start."""
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request(f"late-{i}", f"late {i}") for i in range(6)])
+    Dispatcher(svc).pass_once()
+    run_queued(svc)  # two ran inside the window
+    svc.clock.advance(601)
+
+    final = pump(svc, batch_id)  # dispatcher, worker, then sweeper, as scheduled
+
+    assert final["status"] == "expired"
+    assert_ledger_consistent(svc, batch_id, who)
+    started_late = sim_stats(sim_control)["total_requests"] - 2
+    assert started_late == 0, f"{started_late} requests started after the completion window closed"
+    assert final["completed"] == 2 and final["failed"] == 4
+
+
+# --- The owner's key is revoked mid-batch ----------------------------------------------------------------------
+
+
+def test_revoked_owner_fails_the_batch(svc, sim_control):
+    # A long backoff keeps the flaky request waiting through the revocation.
+    configure(svc, retry_base_seconds=30.0, retry_max_seconds=60.0)
+    set_budgets(svc, {GLM: 3})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"v-{i}", f"revoke {i}" + (" [[sim:flaky:1:500]]" if i == 3 else ""))
+                for i in range(12)]
+    batch_id = submit(svc, who, requests)
+    dispatcher = Dispatcher(svc)
+    for _ in range(2):
+        assert dispatcher.pass_once() == 3
+        run_queued(svc)
+    assert requests_by_custom_id(svc, batch_id)["v-3"]["state"] == "waiting"
+    assert dispatcher.pass_once() == 3  # v-6..v-8 queued
+
+    accounts.revoke_key(svc, key)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "failed"
+    assert final["error"]["code"] == "owner_unauthorized"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    results = results_by_custom_id(svc, who, batch_id)
+    assert {c for c, r in results.items() if r["status"] == "completed"} == {"v-0", "v-1", "v-2", "v-4", "v-5"}
+    assert results["v-3"]["status"] == "failed" and results["v-3"]["error"]["code"] == "upstream_error"
+    for i in range(6, 12):
+        assert results[f"v-{i}"]["status"] == "failed" and results[f"v-{i}"]["error"]["code"] == "batch_failed"
+    assert final["completed"] == 5 and final["failed"] == 7
+    assert batches.batch_object(final)["error"]["code"] == "owner_unauthorized"
+    assert sim_stats(sim_control)["total_requests"] == 6  # nothing ran after the key was revoked
+
+
+def test_revocation_racing_a_cancel_does_not_count_a_cancelled_request_as_failed(svc, sim_control, monkeypatch):
+    """The user cancels (with another key) between the worker's read of the batch and its key check; the
+    worker then finds the creating key revoked. The cancel won, so the request is cancelled, not failed."""
+    set_budgets(svc, {GLM: 1})
+    account, key = new_key(svc)
+    who = authenticate(svc, key)
+    accounts.create_key(svc, account["id"])  # the account keeps a valid key to manage its batches with
+    batch_id = submit(svc, who, [chat_request(f"rc-{i}", f"race {i}") for i in range(3)])
+    assert Dispatcher(svc).pass_once() == 1
+    accounts.revoke_key(svc, key)
+    real_key_problem = run_request.key_problem
+    cancelled = []
+
+    def key_problem_after_cancel(*args, **kwargs):
+        if not cancelled:
+            cancelled.append(batches.cancel_batch(svc, who, batch_id)["status"])
+        return real_key_problem(*args, **kwargs)
+
+    monkeypatch.setattr(run_request, "key_problem", key_problem_after_cancel)
+    final = pump(svc, batch_id)
+
+    assert cancelled == ["cancelling"]
+    assert final["status"] == "cancelled" and final["stop"] == "cancel"
+    assert sim_stats(sim_control)["total_requests"] == 0
+    assert_ledger_consistent(svc, batch_id, who)
+    assert final["completed"] == 0 and final["failed"] == 0

@@ -1,0 +1,275 @@
+"""Interactive load: batch work shrinks to the model's floor while interactive calls run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from batchinfer.catalog import Catalog
+from batchinfer.scheduling import pump as slot_pump
+from batchinfer.scheduling.config import scheduler_config
+from batchinfer.scheduling.dispatcher import Dispatcher
+from batchinfer.service import run_request
+from batchinfer.service.accounts import authenticate
+from tests.faults.harness import (
+    GLM,
+    budget_in_flight,
+    pump,
+    requests_by_custom_id,
+    run_pump,
+    run_queued,
+    set_budgets,
+    sim_config,
+    sim_stats,
+    slot_leases,
+    submit,
+)
+from tests.helpers import chat_request, new_key
+from tests.invariants import assert_ledger_consistent
+
+# --- Budgets shrinking to the floor ----------------------------------------------------------------------------
+
+
+def floor_of_two(svc, sim_control, latency: float, n: int, word: str) -> tuple:
+    """GLM at a budget of 8 and a floor of 2, the backend at `latency`, and a batch of n requests on it."""
+    set_budgets(svc, {GLM: 8})
+    svc.catalog = Catalog(models=[m.model_copy(update={"batch_floor": 2}) if m.id == GLM else m
+                                  for m in svc.catalog.models])
+    sim_config(sim_control, latency_seconds=latency)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"{word[0]}-{i}", f"{word} {i}") for i in range(n)]
+    return who, requests, submit(svc, who, requests)
+
+
+def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
+    from batchinfer.scheduling.capacity import track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=60, word="shrink")
+    seen: list[int] = []
+
+    def interactive_load_arrives() -> None:
+        time.sleep(1.0)
+        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
+        # Running calls may finish; then no new ones.
+        time.sleep(0.3 + 2 * scheduler_config(svc.settings).poll_seconds + 0.2)
+        for _ in range(10):
+            seen.append(sim_stats(sim_control)["in_flight"])
+            time.sleep(0.1)
+        track_interactive(svc, GLM, -6)
+
+    load = threading.Thread(target=interactive_load_arrives)
+    load.start()
+    run_pump(svc, slots=8, seconds=4)
+    load.join()
+
+    assert max(seen) <= 2, seen  # the pump kept to the shrunk budget
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 60
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc, sim_control, monkeypatch):
+    """Interactive load came: running calls may finish, new ones must not start. Two workers' pumps: one
+    whose long calls are all above the floor (it gives all its slots back as they end), one whose short calls
+    go on at the floor: those wait until the long calls have ended rather than start beside them."""
+    import contextvars
+
+    from batchinfer.scheduling.capacity import track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.5, n=150, word="floor")
+    real_attempt = run_request._attempt
+    worker: contextvars.ContextVar[str] = contextvars.ContextVar("worker")
+    calls: list[tuple[float, float]] = []
+
+    async def attempt(*args, **kwargs):
+        started = time.monotonic()
+        if worker.get() == "long":
+            await asyncio.sleep(2.5)  # long generations
+        answer = await real_attempt(*args, **kwargs)
+        calls.append((started, time.monotonic()))
+        return answer
+
+    arrived: list[float] = []
+
+    def interactive_load_arrives() -> None:
+        time.sleep(1.5)
+        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
+        arrived.append(time.monotonic())
+        time.sleep(5.0)
+        track_interactive(svc, GLM, -6)
+
+    async def two_workers() -> None:
+        deadline = time.monotonic() + 7
+
+        async def one(name: str, slots: int) -> None:
+            worker.set(name)
+            await run_request.slot_pump(svc, svc.catalog.get(GLM), deadline).run(slots)
+
+        await asyncio.gather(one("long", 2), one("short", 6))
+
+    monkeypatch.setattr(run_request, "_attempt", attempt)
+    load = threading.Thread(target=interactive_load_arrives)
+    load.start()
+    asyncio.run(two_workers())
+    load.join()
+    monkeypatch.undo()
+
+    # After a poll's time (and the poll's own read), no batch call starts while the floor's worth or more of
+    # other batch calls still run; and batch work goes on at the floor once the long calls have ended.
+    poll = scheduler_config(svc.settings).poll_seconds
+    after = [a for a, _ in calls if arrived[0] + 2 * poll + 0.3 < a < arrived[0] + 5.0]
+    over = [(round(a - arrived[0], 2), sum(1 for a2, b2 in calls if a2 < a < b2)) for a in after]
+    assert after and all(running < 2 for _, running in over), over
+    # The floor's 2 slots stay busy once the long calls are gone (0.5 s calls: ~8 starts in 2 s; 1 slot: ~4).
+    assert sum(1 for a, _ in calls if arrived[0] + 2.5 < a < arrived[0] + 4.5) >= 6, sorted(calls)
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 150
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc, sim_control, monkeypatch):
+    """The budget poll stalls (a throttled or stalled store) just as interactive load comes: runners stop
+    starting calls once the cap they know is stale_cap_seconds old, rather than go on at the old budget, and
+    go on once a poll answers (at the floor); every request still ends once."""
+    from batchinfer.scheduling.capacity import track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=200, word="stall")
+    stall = threading.Event()
+    released = threading.Event()
+    real_read = slot_pump.read_budget
+
+    def stalling_read(*args, **kwargs):
+        if stall.is_set() and threading.current_thread().name.startswith("pump-poll"):
+            released.wait(10)
+        return real_read(*args, **kwargs)
+
+    real_attempt = run_request._attempt
+    starts: list[float] = []
+
+    async def attempt(*args, **kwargs):
+        starts.append(time.monotonic())
+        return await real_attempt(*args, **kwargs)
+
+    marks: dict[str, float] = {}
+
+    def load_arrives_while_the_poll_stalls() -> None:
+        time.sleep(1.0)
+        stall.set()
+        time.sleep(0.3)  # the stalled poll has been sent
+        marks["stalled"] = time.monotonic()
+        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2: no poll sees it yet
+        time.sleep(2.5)
+        marks["released"] = time.monotonic()
+        released.set()
+        time.sleep(1.5)
+        track_interactive(svc, GLM, -6)
+
+    monkeypatch.setattr(slot_pump, "read_budget", stalling_read)
+    monkeypatch.setattr(run_request, "_attempt", attempt)
+    load = threading.Thread(target=load_arrives_while_the_poll_stalls)
+    load.start()
+    run_pump(svc, slots=8, seconds=6)
+    load.join()
+    monkeypatch.undo()
+
+    # The last poll answered before the stall began; from a second after it (stale_cap_seconds, and a
+    # runner's wait), until the stalled poll answers, no call starts.
+    assert scheduler_config(svc.settings).stale_cap_seconds <= 1.0
+    quiet_from = marks["stalled"] - 0.3 + 1.0 + scheduler_config(svc.settings).poll_seconds + 0.1
+    assert not [round(a - marks["stalled"], 2) for a in starts if quiet_from < a < marks["released"]]
+    assert [a for a in starts if a > marks["released"]], "the pump went on once the poll answered"
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 200
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_retry_delivered_after_the_budget_shrank_does_not_start_over_it(svc, sim_control):
+    """A retry dispatched within the cap and delivered once interactive load has come waits again (its slot
+    given back) instead of starting over the floor; it runs once the load goes, exactly once."""
+    from batchinfer.scheduling.capacity import track_interactive
+
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("again", "retry me [[sim:flaky:1:500]]")]
+    batch_id = submit(svc, who, requests)
+    Dispatcher(svc).pass_once()
+    run_queued(svc)  # the first attempt: a 500, so it waits for its retry
+    assert requests_by_custom_id(svc, batch_id)["again"]["state"] == "waiting"
+    svc.clock.advance(3600)
+    assert Dispatcher(svc).pass_once() == 1  # the retry is dispatched, holding one slot
+    track_interactive(svc, GLM, 16)  # the model's batch work shrinks to its floor... and below what is held
+    set_budgets(svc, {GLM: 0})  # (and a budget of 0: over the cap with the one slot the retry holds)
+    run_queued(svc)
+
+    assert requests_by_custom_id(svc, batch_id)["again"]["state"] == "waiting"
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 1  # not sent again
+    assert budget_in_flight(svc) == 0
+
+    track_interactive(svc, GLM, -16)
+    set_budgets(svc, {GLM: 16})
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 1
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 2
+    assert_ledger_consistent(svc, batch_id, who, ["again"])
+
+
+# --- A dip between interactive calls ---------------------------------------------------------------------------
+
+
+def test_a_new_dispatcher_claims_nothing_in_a_dip_of_interactive_load_until_it_has_watched_it(svc, sim_control):
+    """Between one interactive client's call and its next the count dips for a moment (to 0 when calls end
+    together). A dispatcher new to the model (each scheduled invocation is) remembers none of the load: while
+    the count moved within the last second it claims nothing until it has watched it that long; a count that
+    has stood still that long is taken as it is, at once."""
+    from batchinfer.scheduling.capacity import track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=20, word="dip")
+    model = svc.catalog.get(GLM)
+    track_interactive(svc, GLM, 6)  # six interactive calls: the budget of 8 shrinks to its floor of 2
+    track_interactive(svc, GLM, -6)  # they end together; their clients' next calls are a moment away
+    new = Dispatcher(svc)
+    assert new.dispatch_model(model) == 0  # the count reads 0, but it moved a moment ago
+    track_interactive(svc, GLM, 6)  # the next calls
+    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)
+    assert new.dispatch_model(model) == 2  # it has watched for the window: the floor
+    track_interactive(svc, GLM, -6)
+    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)  # the load has gone and stayed gone
+    assert Dispatcher(svc).dispatch_model(model) == 6  # a new one takes the rest of the budget at once
+
+    assert budget_in_flight(svc) == 8
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 20
+    assert budget_in_flight(svc) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_new_pump_does_not_take_a_dip_between_interactive_calls_for_room(svc, sim_control):
+    """Interactive clients send back to back: their count dips to 0 for a moment when calls end together. A
+    pump that starts then watches the count over the memory's window before taking slots."""
+    from batchinfer.scheduling.capacity import track_interactive
+
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=24, word="dip")
+    track_interactive(svc, GLM, 6)
+    track_interactive(svc, GLM, -6)  # the calls end together...
+
+    def next_calls_arrive() -> None:
+        time.sleep(0.1)
+        track_interactive(svc, GLM, 6)  # ...and the clients' next ones are counted a moment later
+        time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 2.0)
+        track_interactive(svc, GLM, -6)
+
+    load = threading.Thread(target=next_calls_arrive)
+    load.start()
+    run_pump(svc, slots=8, seconds=2.5)
+    load.join()
+
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 2  # the floor, not the dip's 8
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 24
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])

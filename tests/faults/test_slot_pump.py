@@ -1,0 +1,367 @@
+"""The slot pump: a worker holding slots and claiming ahead (scheduling.pump.SlotPump)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from batchinfer.records import group_shards, lease_shards
+from batchinfer.scheduling import lanes
+from batchinfer.scheduling import pump as slot_pump
+from batchinfer.scheduling.dispatcher import Dispatcher
+from batchinfer.service import run_request
+from batchinfer.service.accounts import authenticate
+from batchinfer.service.sweep import sweep_once
+from tests.faults.harness import (
+    GLM,
+    budget_in_flight,
+    configure,
+    pump,
+    run_pump,
+    set_budgets,
+    sim_config,
+    sim_stats,
+    slot_leases,
+    submit,
+)
+from tests.helpers import chat_request, new_key
+from tests.invariants import assert_ledger_consistent, budget_of
+
+# --- Claims and slots ------------------------------------------------------------------------------------------
+
+
+def test_pump_runs_a_batch_within_its_slots_and_gives_them_back(svc, sim_control):
+    set_budgets(svc, {GLM: 4})
+    sim_config(sim_control, latency_seconds=0.05)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"p-{i}", f"pumped {i}" + (" [[sim:flaky:1:500]]" if i == 5 else "")) for i in range(30)]
+    batch_id = submit(svc, who, requests)
+
+    outcome = run_pump(svc, slots=10)
+
+    assert outcome["completed"] >= 29, outcome
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 4  # the budget's 4, not the 10 asked for
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 30
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_pump_with_few_slots_claims_whole_quanta_and_leaves_no_lane_a_stub(svc, sim_control, monkeypatch):
+    """A pump of 2 slots over three batches of 20: each claim gives a lane a whole quantum (8) however few the
+    pump wants, and a lane with at most half a quantum more gives all it has (12), so each batch runs in two
+    groups, 8 and 12, rather than groups of what the pump wanted and stubs (each pays a claim and a close);
+    the budget is never passed and every request ends once."""
+    set_budgets(svc, {GLM: 2})
+    sim_config(sim_control, latency_seconds=0.02)
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    requests = {b: [chat_request(f"s{b}-{i}", f"stub {b} {i}") for i in range(20)] for b in range(3)}
+    batch_ids = {submit(svc, who, rs): b for b, rs in requests.items()}
+    sizes = []
+    real_claim = lanes.claim_from_lane
+
+    def claim_from_lane(svc, batch, model_id, positions, *args, **kwargs):
+        sizes.append((batch["id"], len(positions)))
+        return real_claim(svc, batch, model_id, positions, *args, **kwargs)
+
+    monkeypatch.setattr(lanes, "claim_from_lane", claim_from_lane)
+    outcome = run_pump(svc, slots=2)
+
+    assert outcome["completed"] == 60, outcome
+    assert sorted(n for _, n in sizes) == [8, 8, 8, 12, 12, 12], sizes
+    assert {batch_id for batch_id, n in sizes if n == 12} == set(batch_ids)
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 2
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    for batch_id, b in batch_ids.items():
+        final = pump(svc, batch_id)
+        assert final["status"] == "completed" and final["completed"] == 20
+        assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests[b]])
+
+
+def test_a_pump_near_its_deadline_claims_only_what_its_slots_can_start_before_it(svc, sim_control):
+    """A pump of 2 slots with 1.5 s left and calls of 0.5 s: it claims what its slots can start by then,
+    not a whole quantum, so nothing it claimed is handed back at the deadline (each handed-back request
+    would wait as a retry, claimed and written alone); the rest of the batch runs later, once."""
+    set_budgets(svc, {GLM: 2})
+    sim_config(sim_control, latency_seconds=0.5)
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    requests = [chat_request(f"t-{i}", f"in time {i}") for i in range(20)]
+    batch_id = submit(svc, who, requests)
+
+    outcome = run_pump(svc, slots=2, seconds=1.5)
+
+    assert outcome["handed_back"] == 0 and outcome["completed"] >= 1, outcome
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 20
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_a_pump_whose_claims_are_only_retries_runs_them_at_once(svc, sim_control, slots):
+    """After a backend outage the work left is retries: a pump that claims only retries runs them on its idle
+    slots at once, rather than leaving its runners asleep beside them until its deadline."""
+    set_budgets(svc, {GLM: slots})
+    configure(svc, retry_base_seconds=30.0)  # the first pump ends before any retry is due
+    sim_config(sim_control, latency_seconds=0.02)
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    requests = [chat_request(f"r-{i}", f"retried {i} [[sim:flaky:1:500]]") for i in range(6)]
+    batch_id = submit(svc, who, requests)
+    first = run_pump(svc, slots=slots, seconds=10)
+    assert first["waiting"] == 6, first  # each failed once and waits for its retry
+    svc.clock.advance(120)  # every retry is due
+
+    started = time.monotonic()
+    outcome = run_pump(svc, slots=slots, seconds=60)
+    took = time.monotonic() - started
+
+    assert outcome["completed"] == 6, outcome
+    assert took < 10, f"the retries took {took:.1f} s of a 60 s pump"
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 6
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, sim_control, monkeypatch):
+    """Work-conserving: a pump holding one slot, busy with a long call, takes free slots of the budget for the
+    requests it claimed meanwhile instead of holding them until the long call ends; never past the budget."""
+    set_budgets(svc, {GLM: 4})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("slow", "slow [[sim:tag:slow]]")] + [chat_request(f"q-{i}", f"quick {i}")
+                                                                   for i in range(6)]
+    batch_id = submit(svc, who, requests)
+    real_attempt = run_request._attempt
+    calls: list[tuple[str, float, float]] = []
+
+    async def attempt(model, batch, body, *args, **kwargs):
+        started = time.monotonic()
+        if "slow" in body["messages"][0]["content"]:
+            await asyncio.sleep(3.0)  # the long call (a long generation)
+        answer = await real_attempt(model, batch, body, *args, **kwargs)
+        calls.append((body["messages"][0]["content"], started, time.monotonic()))
+        return answer
+
+    monkeypatch.setattr(run_request, "_attempt", attempt)
+    outcome = run_pump(svc, slots=1, seconds=20)
+    monkeypatch.undo()
+
+    slow = next(c for c in calls if c[0].startswith("slow"))
+    quick = [c for c in calls if c[0].startswith("quick")]
+    assert outcome["completed"] == 7 and len(quick) == 6, outcome
+    # Every quick request ran while the long call still ran: none waited for its slot to come free.
+    assert max(end for _, _, end in quick) < slow[2], (slow, quick)
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 4
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 7
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+# --- Sharded budgets -------------------------------------------------------------------------------------------
+
+
+def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_slots_back(svc, sim_control,
+                                                                                           monkeypatch):
+    """A budget of 8 in 4 shards of 2 slots (`BUDGET_SHARD_SLOTS`): a pump asked for 3 takes them from two
+    shards (a lease holds slots of several), then grows into the others' until all 8 are busy; no shard ever
+    holds more than its 2, none goes below 0, and every slot goes back to the shard it came from."""
+    configure(svc, budget_shard_slots=2)
+    set_budgets(svc, {GLM: 8})
+    sim_config(sim_control, latency_seconds=0.2)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"s-{i}", f"sharded {i}") for i in range(64)]
+    batch_id = submit(svc, who, requests)
+    leases: list[dict] = []
+    for name in ("take_slots", "grow_slots"):
+        real = getattr(slot_pump, name)
+
+        def watched(*args, real=real, **kwargs):
+            lease = real(*args, **kwargs)
+            leases.append(lease)
+            return lease
+
+        monkeypatch.setattr(slot_pump, name, watched)
+    peaks: Counter = Counter()
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.is_set():
+            for k, shard in enumerate(budget_of(svc, GLM)["shards"]):
+                peaks[k] = max(peaks[k], shard["in_flight"])
+                peaks["lowest"] = min(peaks["lowest"], shard["in_flight"])
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=sampler)
+    watcher.start()
+    try:
+        outcome = run_pump(svc, slots=3)
+    finally:
+        stop.set()
+        watcher.join()
+
+    assert sorted(lease_shards(leases[0]).values()) == [1, 2] and leases[0]["slots"] == 3  # two shards to start
+    assert lease_shards(leases[-1]) == {0: 2, 1: 2, 2: 2, 3: 2}, leases[-1]  # then the others'
+    assert outcome["completed"] == 64, outcome
+    assert [peaks[k] for k in range(4)] == [2, 2, 2, 2] and peaks["lowest"] == 0, peaks
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] == 8
+    assert budget_of(svc, GLM)["shards"] == [{"in_flight": 0, "interactive": 0}] * 4
+    assert slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 64
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_slots_of_a_sharded_budget_held_by_dead_processes_go_back_to_their_own_shards(svc, sim_control):
+    """Groups a dispatcher claimed (without a lease) from several shards, a worker's lease on one and an
+    interactive call counted on another, all of whose processes died: the sweeper gives each back to the
+    shard it came from, once, and leaves no shard below zero."""
+    from batchinfer.ledger import take_slots
+    from batchinfer.records import InteractiveLease
+    from batchinfer.scheduling.capacity import Draws
+
+    configure(svc, budget_shard_slots=2, lease_seconds=60)
+    set_budgets(svc, {GLM: 8})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"x-{i}", f"dies sharded {i}") for i in range(10)]
+    batch_id = submit(svc, who, requests)
+
+    configure(svc, tier_limits={**svc.settings.tier_limits, "pro": 6})
+    Dispatcher(svc).pass_once()  # one claim of 6 (the account's tier): 2 from each of 3 shards (the groups never run)
+    held = [shard["in_flight"] for shard in budget_of(svc, GLM)["shards"]]
+    assert sorted(held) == [0, 2, 2, 2], held
+    groups = list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": f"BATCH#{batch_id}", ":g": "GRP#"},
+                                      consistent=True))
+    assert [group_shards(g) for g in groups] == [{k: 2 for k, n in enumerate(held) if n}], groups  # one group
+    free = held.index(0)
+    now = svc.now()
+    take_slots(svc, GLM, [(Draws(budget_of(svc, GLM), 8).of(free), 2)])  # a worker's lease on the last shard
+    svc.table.transact(InteractiveLease.begin(svc.table, GLM, "died", "acct_x", now, now + 60, now * 1000,
+                                              shard=(free + 1) % 4))
+    budget = budget_of(svc, GLM)
+    assert budget["in_flight"] == 8 and budget["interactive"] == 1
+    assert budget["shards"][(free + 1) % 4]["interactive"] == 1
+
+    svc.clock.advance(61)
+    sweep_once(svc)
+    sweep_once(svc)  # a second pass finds nothing more to give back
+
+    budget = budget_of(svc, GLM)
+    assert budget["shards"] == [{"in_flight": 0, "interactive": 0}] * 4, budget
+    assert slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 10
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+# --- Dying workers and closing windows -------------------------------------------------------------------------
+
+
+def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control, monkeypatch):
+    configure(svc, lease_seconds=60)
+    set_budgets(svc, {GLM: 4})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"d-{i}", f"dies pumping {i}") for i in range(12)]
+    batch_id = submit(svc, who, requests)
+    calls = []
+    real_attempt = run_request._attempt
+
+    async def attempt_then_die(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 3:  # the process dies: nothing it does from here on reaches the table
+            raise SystemExit("worker process died")
+        return await real_attempt(*args, **kwargs)
+
+    monkeypatch.setattr(run_request, "_attempt", attempt_then_die)
+    for module, name in ((run_request, "close_group"), (slot_pump, "give_back_slots"),
+                         (run_request, "record_position")):
+        real = getattr(module, name)
+
+        def dead(*args, real=real, **kwargs):
+            if len(calls) > 3:
+                raise SystemExit("worker process died")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, dead)
+    with pytest.raises(BaseException):  # noqa: B017 - whatever the dying process raised
+        run_pump(svc, slots=4)
+    monkeypatch.undo()
+    assert budget_in_flight(svc) == 4 and len(slot_leases(svc)) == 1  # slots held by a dead worker
+
+    sweep_once(svc)
+    assert budget_in_flight(svc) == 4  # nothing is recovered before its lease runs out
+    svc.clock.advance(61)
+    sweep_once(svc)
+    assert slot_leases(svc) == [] and budget_in_flight(svc) == 0  # the lease's slots went back
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 12
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_control, monkeypatch):
+    from batchinfer.service.sweep import _recover_group
+
+    configure(svc, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"h-{i}", f"hand back {i}") for i in range(8)]
+    batch_id = submit(svc, who, requests)
+    real_attempt = run_request._attempt
+    recovered = []
+
+    async def attempt(model, batch, body, *args, **kwargs):
+        if not recovered:  # the sweeper recovers the first group while its members are queued or running
+            groups = list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)",
+                                              {":pk": f"BATCH#{batch_id}", ":g": "GRP#"}, consistent=True))
+            recovered.append(groups[0]["sk"])
+            await asyncio.to_thread(_recover_group, svc, groups[0])
+        return await real_attempt(model, batch, body, *args, **kwargs)
+
+    monkeypatch.setattr(run_request, "_attempt", attempt)
+    outcome = run_pump(svc, slots=2, seconds=5)
+    monkeypatch.undo()
+
+    assert outcome["lease_lost"] > 0, outcome  # the pump's writes for that group lost to the recovery
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 8
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypatch):
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"w-{i}", f"window {i}") for i in range(20)]
+    batch_id = submit(svc, who, requests)
+    real_attempt = run_request._attempt
+    after_close = []
+
+    async def attempt(*args, **kwargs):
+        if svc.clock.offset:
+            after_close.append(1)
+        answer = await real_attempt(*args, **kwargs)
+        svc.clock.advance(601) if not svc.clock.offset else None  # the window closes after the first answer
+        return answer
+
+    monkeypatch.setattr(run_request, "_attempt", attempt)
+    outcome = run_pump(svc, slots=2, seconds=5)
+    monkeypatch.undo()
+
+    assert outcome["handed_back"] > 0, outcome  # claimed ahead, never started: handed back
+    assert len(after_close) <= 1  # at most the call that was already running on the other slot
+    final = pump(svc, batch_id)
+    assert final["status"] == "expired"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == final["completed"] <= 3
