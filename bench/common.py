@@ -24,7 +24,7 @@ from batchinfer.service import results  # noqa: E402
 from batchinfer.settings import Settings  # noqa: E402
 from batchinfer.storage.dynamo import serialize  # noqa: E402
 from local.run import start  # noqa: E402
-from local.servers import UvicornThread, free_port  # noqa: E402
+from local.servers import UvicornThread, free_port, wait_until_answering  # noqa: E402
 from local.simulated_backend import SimConfig  # noqa: E402
 
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -46,15 +46,7 @@ def backend_process(latency: float):
     url = f"http://127.0.0.1:{port}"
     previous = os.environ.get("SIMULATED_BACKEND_URL")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(f"{url}/_sim/stats", timeout=1).raise_for_status()
-                break
-            except requests.RequestException:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("the simulated backend did not start") from None
-                time.sleep(0.1)
+        wait_until_answering(f"{url}/_sim/stats", process, "the simulated backend")
         os.environ["SIMULATED_BACKEND_URL"] = url
         yield url
     finally:

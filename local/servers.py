@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import socket
 import subprocess
@@ -18,6 +19,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_answering(url: str, process: subprocess.Popen, what: str, timeout: float = 30.0,
+                         request_timeout: float = 1.0) -> None:
+    """Wait until a GET of `url` answers with a success: the server `process` started is up. Raises
+    RuntimeError naming `what` when the process ends first or nothing answers within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=request_timeout):  # an error status raises HTTPError
+                return
+        except (OSError, http.client.HTTPException):  # not listening yet, or cut off while it starts
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start: no answer from {url}")
+        time.sleep(0.1)
 
 
 class UvicornThread:
@@ -64,15 +81,8 @@ class MotoServer:
             [sys.executable, "-m", "local.moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
             cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/moto-api/", timeout=1)
-                return self
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"moto server on port {self.port} did not start") from None
-                time.sleep(0.1)
+        wait_until_answering(self.url + "/moto-api/", self.process, f"moto server on port {self.port}")
+        return self
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from local.servers import UvicornThread, free_port
+from local.servers import UvicornThread, free_port, wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_VENV = ROOT / ".venv-real-backend"
@@ -61,16 +60,9 @@ class LlamaServer:
             log.write(f"\n--- {' '.join(command)}\n")
             log.flush()
             self.process = subprocess.Popen(command, cwd=ROOT, env=real_env(), stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama_cpp.server did not start on {self.url}; see {self.log}")
-            time.sleep(0.1)
+        wait_until_answering(self.url + "/v1/models", self.process, f"llama_cpp.server (its log: {self.log})",
+                             timeout=timeout, request_timeout=2)
+        return self
 
     def kill(self) -> None:
         """Gone at once, as in a crash: open connections are cut, new ones refused."""
