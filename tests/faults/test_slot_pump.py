@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from batchinfer.records import group_shards, lease_shards
-from batchinfer.scheduling import lanes
+from batchinfer.scheduling import held_slots, lanes
 from batchinfer.scheduling import pump as slot_pump
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
@@ -190,14 +190,14 @@ def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_s
     batch_id = submit(svc, who, requests)
     leases: list[dict] = []
     for name in ("take_slots", "grow_slots"):
-        real = getattr(slot_pump, name)
+        real = getattr(held_slots, name)
 
         def watched(*args, real=real, **kwargs):
             lease = real(*args, **kwargs)
             leases.append(lease)
             return lease
 
-        monkeypatch.setattr(slot_pump, name, watched)
+        monkeypatch.setattr(held_slots, name, watched)
     peaks: Counter = Counter()
     stop = threading.Event()
 
@@ -291,7 +291,7 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
         return await real_attempt(*args, **kwargs)
 
     monkeypatch.setattr(run_request, "_attempt", attempt_then_die)
-    for module, name in ((run_request, "close_group"), (slot_pump, "give_back_slots"),
+    for module, name in ((run_request, "close_group"), (held_slots, "give_back_slots"),
                          (run_request, "record_position")):
         real = getattr(module, name)
 

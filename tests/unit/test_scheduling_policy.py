@@ -208,6 +208,17 @@ def test_claim_at_half_of_ahead(ahead, at):
     assert policy.claim_at(ahead) == at
 
 
+@pytest.mark.parametrize(("started", "call_seconds", "now", "left"), [
+    ([10.0, 10.4], 0.5, 10.5, [0.0, 0.4]), ([9.0], 0.5, 10.0, [-0.5]), ([], 1.0, 3.0, [])])
+def test_calls_left(started, call_seconds, now, left):
+    assert policy.calls_left(started, call_seconds, now) == pytest.approx(left)
+
+
+@pytest.mark.parametrize(("claim_seconds", "margin", "horizon"), [(0.05, 0.05, 0.15), (0.0, 0.05, 0.05), (1.0, 0, 2.0)])
+def test_claim_horizon_is_a_claims_round_trip_and_a_margin(claim_seconds, margin, horizon):
+    assert policy.claim_horizon(claim_seconds, margin) == pytest.approx(horizon)
+
+
 @pytest.mark.parametrize(("left", "horizon", "soon", "next_in"), [
     ([0.05, 0.5, -1.0], 0.15, 2, 0.35), ([], 0.1, 0, math.inf), ([2.0, 1.0], 0.5, 0, 0.5)])
 def test_ending_soon(left, horizon, soon, next_in):
@@ -224,6 +235,27 @@ def test_ending_soon_counts_each_call_once(left, horizon):
 @pytest.mark.parametrize(("idle", "soon", "ahead", "queued", "want"), [(2, 1, 4, 3, 4), (0, 0, 2, 5, -3)])
 def test_free_when_claimed(idle, soon, ahead, queued, want):
     assert policy.free_when_claimed(idle, soon, ahead, queued) == want
+
+
+@pytest.mark.parametrize(("idle", "soon", "ahead", "queued", "most", "want"), [
+    (2, 1, 4, 3, 10, 4), (2, 1, 4, 3, 2, 2), (0, 0, 2, 5, 10, -3), (2, 0, 4, 0, -1, -1)])
+def test_wanted_is_what_a_claim_should_bring_within_what_can_start_in_time(idle, soon, ahead, queued, most, want):
+    assert policy.wanted(idle, soon, ahead, queued, most) == want
+
+
+@pytest.mark.parametrize(("queued", "slots", "busy", "waiting"), [(5, 2, 2, 5), (5, 4, 2, 3), (1, 4, 1, -2)])
+def test_waiting_for_a_runner(queued, slots, busy, waiting):
+    assert policy.waiting_for_a_runner(queued, slots, busy) == waiting
+
+
+@pytest.mark.parametrize(("over_since", "now", "longest_call", "held"), [
+    (None, 100.0, 120.0, False),  # within the cap
+    (90.0, 100.0, 120.0, True),  # over it: calls running then may still run
+    (90.0, 210.0, 120.0, False),  # past the longest call: what is still held is a dead worker's
+    (90.0, 209.9, 120.0, True),
+])
+def test_holding(over_since, now, longest_call, held):
+    assert policy.holding(over_since, now, longest_call) is held
 
 
 @pytest.mark.parametrize(("open_slots", "to_deadline", "calls_left", "call_seconds", "queued", "most"), [

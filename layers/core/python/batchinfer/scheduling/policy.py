@@ -144,6 +144,18 @@ def claim_at(ahead_: int) -> int:
     return max(1, -(-ahead_ // 2))
 
 
+def calls_left(started: Iterable[float], call_seconds: float, now: float) -> list[float]:
+    """Each call in flight's expected seconds left (negative once it is overdue): calls take `call_seconds`
+    (the measured average) from when they `started`."""
+    return [start + call_seconds - now for start in started]
+
+
+def claim_horizon(claim_seconds: float, margin: float) -> float:
+    """How far ahead a claim made now looks for calls that will have answered when it lands: its round trip
+    (twice the average claim) and a margin."""
+    return 2 * claim_seconds + margin
+
+
 def ending_soon(seconds_left: Iterable[float], horizon: float) -> tuple[int, float]:
     """Of the calls in flight (each one's expected seconds left), how many answer within `horizon` (the next
     claim's round trip), and in how many seconds the next of the others comes within it (inf if none)."""
@@ -160,6 +172,25 @@ def free_when_claimed(idle: int, soon: int, ahead_: int, queued: int) -> int:
     """What a claim made now should bring: the runners idle, those whose calls answer by the time it lands,
     and `ahead` more, less what is queued."""
     return idle + soon + ahead_ - queued
+
+
+def wanted(idle: int, soon: int, ahead_: int, queued: int, most: int) -> int:
+    """What a claim made now should bring (`free_when_claimed`), never more than can start in time
+    (`most`, from `can_start_in_time`)."""
+    return min(free_when_claimed(idle, soon, ahead_, queued), most)
+
+
+def waiting_for_a_runner(queued: int, slots: int, busy: int) -> int:
+    """Claimed requests no runner is free for: those queued beyond the idle runners (a lease grows for
+    them)."""
+    return queued - (slots - busy)
+
+
+def holding(over_since: float | None, now: float, longest_call: float) -> bool:
+    """Whether a lease's runners start no new call: the model went over its cap at `over_since` (None while
+    it is within it), and calls running then may still be running: for at most the longest a call can take
+    (`longest_call`, the backend timeout); slots held over the cap past it are a dead worker's."""
+    return over_since is not None and now - over_since < longest_call
 
 
 def can_start_in_time(open_slots: int, seconds_to_deadline: float, calls_left: Iterable[float],

@@ -16,78 +16,22 @@ import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..catalog import Model
 from ..domain import Attempt, RequestState
 from ..layout import group_key
-from ..ledger import Settlement, give_back_slots, grow_slots, position_item, start_group_in_lease, take_slots
+from ..ledger import Settlement, position_item, start_group_in_lease
 from ..records import Batch
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from . import policy
 from .capacity import Draws, InteractiveMemory, backend_said_429, effective_budget, read_budget
+from .claimed_work import GroupRun, Member, RunsRequests
 from .config import SchedulerConfig, scheduler_config
 from .dispatcher import Dispatcher
+from .held_slots import HeldSlots
 
 log = logging.getLogger(__name__)
-
-
-class RunsRequests(Protocol):
-    """How the service runs claimed work, for the pump: each method is one step of running a request or a
-    group that the pump schedules but does not define. The synchronous ones run on the pump's threads."""
-
-    async def call(self, model: Model, batch: dict, body: dict, key: str | None) -> Attempt:
-        """One backend call for a group member (a batch's first attempt)."""
-
-    async def run_retry(self, retry: dict) -> Counter:
-        """A claimed retry, run alone on the single-request path (its checks, start, call, settle)."""
-
-    def key(self, model: Model) -> str | None:
-        """The model's backend key."""
-
-    def close_without_running(self, group: dict, batch: dict | None) -> Counter:
-        """Close a group that must not run now (its batch stopped, its owner lost access, ...): what happened
-        to its members, or an empty Counter when it may run."""
-
-    def bodies(self, group: dict) -> list[dict]:
-        """The group members' request bodies."""
-
-    def record(self, group: dict, position: list, model: Model, attempt: Attempt) -> dict | None:
-        """Write a member's outcome: its item, or None when the group's lease was recovered first."""
-
-    def hand_back_retry(self, retry: dict) -> None:
-        """A claimed retry that never started: waiting again, due at once."""
-
-    def close_group(self, group: dict, written: list[dict], handed_back: tuple[dict, ...]) -> None:
-        """Close a group whose members were all written or handed back (ConditionFailed: recovered)."""
-
-    def settle_batch(self, batch_id: str) -> None:
-        """Give a batch whose last claimed work is done its final status, if it has one now."""
-
-
-@dataclass
-class _GroupRun:
-    """A group the pump claimed: its members' outcomes as they are written, until every member is accounted
-    for (ran and written, or handed back) and the group closes."""
-
-    group: dict
-    batch: dict
-    left: int
-    written: list[dict] = field(default_factory=list)
-    handed_back: list[dict] = field(default_factory=list)
-    lost: bool = False  # a write lost its condition: the sweeper recovered the group first
-
-
-@dataclass
-class _Member:
-    """One claimed request waiting in the pump's queue for a slot: a group member, or a retry."""
-
-    run: _GroupRun | None = None
-    position: list | None = None
-    body: dict | None = None
-    retry: dict | None = None
 
 
 class SlotPump:
@@ -125,12 +69,9 @@ class SlotPump:
     def __init__(self, svc: Services, model: Model, deadline: float, requests: RunsRequests) -> None:
         self.svc, self.model, self.deadline, self.requests = svc, model, deadline, requests
         config = self.config
-        self.lease: dict | None = None
-        self.slots = 0  # runners (and slots) still held
-        self.queue: deque[_Member] = deque()
+        self.held = HeldSlots(svc, model.id)  # the lease and its slots
+        self.queue: deque[Member] = deque()
         self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
-        self.release = 0  # runners that must stop and give their slot back (the budget shrank)
-        self.releasing = 0  # slots on their way back (the give-back not yet written)
         self.done_claiming = False
         self.drained = False  # the last claim found no work: what is queued is the end of it
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
@@ -144,7 +85,6 @@ class SlotPump:
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
         self.key: str | None = None
-        self.lease_lock = asyncio.Lock()  # one change of the lease at a time: each is fenced on the last
         # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
         # (nor those behind the rest of the process) for a thread of the shared pool.
         self.claim_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-claim")
@@ -180,7 +120,7 @@ class SlotPump:
     @property
     def ahead(self) -> int:
         """Requests claimed beyond the slots (`policy.ahead`)."""
-        return policy.ahead(self.slots, self.claim_seconds, self.call_seconds, self.config.ahead_seconds)
+        return policy.ahead(self.held.slots, self.claim_seconds, self.call_seconds, self.config.ahead_seconds)
 
     async def adopt(self, message: dict) -> Counter | None:
         """Run a dispatched group (a queue message) in a lease made of the slots its members hold: None once
@@ -194,10 +134,10 @@ class SlotPump:
         if decided:
             return decided
         try:
-            running, self.lease = await asyncio.to_thread(start_group_in_lease, svc, group)
+            running, lease = await asyncio.to_thread(start_group_in_lease, svc, group)
         except ConditionFailed:  # the batch stopped (or its window closed) since the check
             return await asyncio.to_thread(self.requests.close_without_running, group, None) or Counter(stale=1)
-        self.slots = len(running["positions"])
+        self.held.adopt(lease, len(running["positions"]))
         await self._queue_group(running, batch)
         return None
 
@@ -205,7 +145,7 @@ class SlotPump:
         """Keep the lease's slots busy (taking up to `most` free ones first if none were adopted) until the
         deadline or the work runs out, then give them back."""
         svc, model = self.svc, self.model
-        if self.lease is None:
+        if self.held.lease is None:
             read_at = time.monotonic()
             budget_item = await asyncio.to_thread(read_budget, svc, model)
             level = self.interactive.level(model.id, budget_item)
@@ -222,14 +162,11 @@ class SlotPump:
             # From the budget's roomiest shards, as many as it needs (a lease may hold slots of several).
             in_flight = int((budget_item or {}).get("in_flight", 0))
             parts = Draws(budget_item, cap).split(policy.slots_to_take(most, cap, in_flight))
-            k = sum(n for _, n in parts)
-            if k <= 0 or time.monotonic() >= self.deadline:
+            if sum(n for _, n in parts) <= 0 or time.monotonic() >= self.deadline:
                 return self.outcome
-            try:
-                self.lease = await asyncio.to_thread(take_slots, svc, model.id, parts)
-            except (ConditionFailed, Throttled):
+            if not await self.held.take(parts):
                 return self.outcome  # another claimant took them first
-            self.slots, self.budget_item, self.cap_read_at = k, budget_item, read_at
+            self.budget_item, self.cap_read_at = budget_item, read_at
         else:
             # An adopted group was claimed in the budget as it stood then: look at it again before its first
             # call starts, so a group that waited on the queue while interactive load came does not start over.
@@ -239,7 +176,7 @@ class SlotPump:
         claimer = asyncio.create_task(self._claim_loop())
         failure: BaseException | None = None
         try:
-            self._add_runners(self.slots)
+            self._add_runners(self.held.slots)
             while self.runners:  # the lease may grow meanwhile, adding runners
                 done, _ = await asyncio.wait(self.runners, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -272,8 +209,7 @@ class SlotPump:
                 self._hand_back(self.queue.popleft())
             while self.writes:
                 await asyncio.gather(*list(self.writes), return_exceptions=True)
-            if self.lease is not None:
-                await self._give_back(self.slots)
+            await self.held.give_back(self.held.slots)
             self.claim_pool.shutdown(wait=False)
             self.poll_pool.shutdown(wait=False)
             self.write_pool.shutdown(wait=False)
@@ -287,34 +223,15 @@ class SlotPump:
 
     async def _grow(self, budget_item: dict | None, cap: int) -> None:
         """Every runner busy and claimed work waiting: take free slots of the budget for it."""
-        async with self.lease_lock:
-            if (self.lease is None or self.closing or self.release or self.releasing
-                    or time.monotonic() >= self.deadline):
+        held = self.held
+        async with held.lock:
+            if self.closing or held.release or held.releasing or time.monotonic() >= self.deadline:
                 return
-            waiting = len(self.queue) - (self.slots - self.busy)
+            waiting = policy.waiting_for_a_runner(len(self.queue), held.slots, self.busy)
             in_flight = int((budget_item or {}).get("in_flight", 0))
             # From whichever shards have room.
             parts = Draws(budget_item, cap).split(policy.slots_to_take(waiting, cap, in_flight))
-            n = sum(m for _, m in parts)
-            if n <= 0:
-                return
-            try:
-                self.lease = await self._in(self.poll_pool, grow_slots, self.svc, self.lease, parts)
-            except (ConditionFailed, Throttled):
-                return  # taken by others meanwhile (or the lease was recovered): the next poll looks again
-            self.slots += n
-            self._add_runners(n)
-
-    async def _give_back(self, n: int) -> None:
-        async with self.lease_lock:
-            if n <= 0 or self.lease is None:
-                return
-            try:
-                self.lease = await asyncio.to_thread(give_back_slots, self.svc, self.lease, n)
-            except ConditionFailed:  # the sweeper recovered the lease (its slots went back then)
-                self.lease = None
-            except Throttled:
-                log.warning("could not give %d slots back now; the lease's recovery will", n)
+            self._add_runners(await held.grow(parts, functools.partial(self._in, self.poll_pool)))
 
     async def _runner(self) -> None:
         while True:
@@ -347,34 +264,27 @@ class SlotPump:
         """Calls in flight."""
         return len(self.calls_started)
 
-    def _call_starts(self, member: _Member) -> float:
+    def _call_starts(self, member: Member) -> float:
         started = self.calls_started[id(member)] = time.monotonic()
         return started
 
-    def _call_ended(self, member: _Member) -> None:
+    def _call_ended(self, member: Member) -> None:
         self.calls_started.pop(id(member), None)
 
     def _calls_left(self, now: float) -> list[float]:
-        """Each call in flight's expected seconds left (negative once it is overdue)."""
-        return [started + self.call_seconds - now for started in self.calls_started.values()]
+        return policy.calls_left(self.calls_started.values(), self.call_seconds, now)
 
     def _ending_soon(self) -> tuple[int, float]:
         """How many calls in flight are expected to answer within the next claim's round trip (twice the
         average claim, and a margin), and in how many seconds the next of the others will be."""
-        horizon = 2 * self.claim_seconds + self.config.soon_margin_seconds
+        horizon = policy.claim_horizon(self.claim_seconds, self.config.soon_margin_seconds)
         return policy.ending_soon(self._calls_left(time.monotonic()), horizon)
 
-    async def _next(self) -> _Member | None:
+    async def _next(self) -> Member | None:
         """The next claimed request for a free slot, or None when this runner must stop (its slot goes back)."""
         while True:
-            if self.release > 0:
-                # Counted as on its way back until the budget says so, lest the claimer see the budget still
-                # over its cap and stop one runner more.
-                self.release -= 1
-                self.releasing += 1
-                await self._give_back(1)
-                self.releasing -= 1
-                self.slots -= 1
+            if self.held.release > 0:
+                await self.held.release_one()
                 return None
             if time.monotonic() >= self.deadline:
                 return None
@@ -399,19 +309,17 @@ class SlotPump:
         may finish, new ones must not start"), whichever worker runs them. Bounded by the backend timeout, the
         longest a running call can take: slots still held past it are a dead worker's (given back when the
         sweeper recovers its lease), and must not stop the floor's own work until then."""
-        return (self.over_since is not None
-                and time.monotonic() - self.over_since < self.config.backend_timeout_seconds)
+        return policy.holding(self.over_since, time.monotonic(), self.config.backend_timeout_seconds)
 
-    def _free_when_claimed(self, soon: int) -> int:
-        """What a claim made now should bring (`policy.free_when_claimed`)."""
-        idle = self.slots - self.release - self.releasing - self.busy
-        return policy.free_when_claimed(idle, soon, self.ahead, len(self.queue))
+    def _wanted(self, soon: int, most: int) -> int:
+        """What a claim made now should bring, within what can start in time (`policy.wanted`)."""
+        return policy.wanted(self.held.idle(self.busy), soon, self.ahead, len(self.queue), most)
 
     def _can_start_in_time(self) -> int:
         """How many more requests the slots can start before the deadline, past what is queued
         (`policy.can_start_in_time`)."""
         now = time.monotonic()
-        return policy.can_start_in_time(self.slots - self.release, self.deadline - now, self._calls_left(now),
+        return policy.can_start_in_time(self.held.open, self.deadline - now, self._calls_left(now),
                                         self.call_seconds, len(self.queue))
 
     def _claim_at(self) -> int:
@@ -431,7 +339,7 @@ class SlotPump:
         idle_since: float | None = None
         polled = 0.0
         try:
-            while time.monotonic() < self.deadline and self.slots > 0:
+            while time.monotonic() < self.deadline and self.held.slots > 0:
                 config = self.config
                 if time.monotonic() - polled >= config.poll_seconds:  # not at every wake: on its own clock
                     polled = time.monotonic()
@@ -443,12 +351,11 @@ class SlotPump:
                 # size (each makes a group, whose close costs the same): at least a batch's share of the slots
                 # (a round while one batch has work; while many do, the dispatcher gives each lane it serves
                 # a whole quantum, and a lane's last few requests with it, whatever this asks for).
-                floor = policy.claim_floor(self.slots - self.release, config.lane_quantum,
+                floor = policy.claim_floor(self.held.open, config.lane_quantum,
                                            self.dispatcher.lanes.seen)
                 soon, next_soon = self._ending_soon()
-                want = self._free_when_claimed(soon)
                 most = self._can_start_in_time()
-                want = min(want, most)
+                want = self._wanted(soon, most)
                 got = 0
                 if policy.should_claim(want, self._claim_at(), len(self.queue)):
                     started = time.monotonic()
@@ -471,7 +378,7 @@ class SlotPump:
                 while time.monotonic() < until:
                     soon, next_soon = self._ending_soon()
                     until = min(until, time.monotonic() + next_soon)
-                    short = min(self._free_when_claimed(soon), self._can_start_in_time())
+                    short = self._wanted(soon, self._can_start_in_time())
                     if policy.should_claim(short, self._claim_at(), len(self.queue), idle=idle_since is not None):
                         break
                     try:
@@ -507,8 +414,8 @@ class SlotPump:
         self.budget_item, self.cap_read_at = budget_item, read_at
         cap = effective_budget(model, budget_item, self.config.interactive_yield_per_request,
                                self.interactive.level(model.id, budget_item))
-        in_flight = int((budget_item or {}).get("in_flight", 0)) - self.releasing
-        mine = self.slots - self.releasing
+        in_flight = int((budget_item or {}).get("in_flight", 0)) - self.held.releasing
+        mine = self.held.kept
         if stale:
             self.wake.set()  # runners held for a fresh cap: here it is
         if in_flight > cap and self.over_since is None:
@@ -521,7 +428,7 @@ class SlotPump:
             # Its share of the excess, never below its part of the cap as things stood when the model went over
             # (`policy.give_back`). Those it keeps start nothing until the model is within its cap
             # (`_holding`); once it is, the lease grows back into it.
-            self.release = max(self.release, policy.give_back(in_flight, cap, mine, self.over_share))
+            self.held.release = max(self.held.release, policy.give_back(in_flight, cap, mine, self.over_share))
             self.wake.set()
         elif in_flight < cap:
             await self._grow(budget_item, cap)
@@ -531,13 +438,13 @@ class SlotPump:
         """Claim about `want` requests (never more than `most`) in the lease's slots and queue them; returns
         how many were queued."""
         try:
-            units = await self._claiming(self.dispatcher.claim, self.model, want, self.lease, budget_item, most)
+            units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most)
         except (ConditionFailed, Throttled):
             return 0
         queued = 0
         for unit in units:
             if "positions" not in unit:
-                self._enqueue([_Member(retry=unit)])
+                self._enqueue([Member(retry=unit)])
                 queued += 1
                 continue
             batch = self.dispatcher.batches_seen.get(unit["batch_id"])
@@ -553,12 +460,12 @@ class SlotPump:
             batch = await self._claiming(Batch.get, self.svc.table, group["batch_id"])
         bodies = await self._claiming(self.requests.bodies, group)
         shared = self.batches.setdefault(group["batch_id"], dict(batch or {}))
-        run = _GroupRun(group=group, batch=shared, left=len(group["positions"]))
-        self._enqueue([_Member(run=run, position=position, body=body)
+        run = GroupRun(group=group, batch=shared, left=len(group["positions"]))
+        self._enqueue([Member(run=run, position=position, body=body)
                        for position, body in zip(group["positions"], bodies, strict=True)])
         return len(group["positions"])
 
-    def _enqueue(self, members: list[_Member]) -> None:
+    def _enqueue(self, members: list[Member]) -> None:
         """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
         or retries alone) can leave idle runners asleep beside it until the deadline."""
         self.queue.extend(members)
@@ -582,7 +489,7 @@ class SlotPump:
         self.writes.add(task)
         task.add_done_callback(self.writes.discard)
 
-    async def _record(self, member: _Member, attempt: Attempt) -> None:
+    async def _record(self, member: Member, attempt: Attempt) -> None:
         svc, run = self.svc, member.run
         assert run is not None and member.position is not None
         item = await self._writing(self.requests.record, run.group, member.position, self.model, attempt)
@@ -594,7 +501,7 @@ class SlotPump:
             await self._writing(backend_said_429, svc, self.model)
         await self._member_done(run)
 
-    def _hand_back(self, member: _Member) -> None:
+    def _hand_back(self, member: Member) -> None:
         if member.retry is not None:  # a retry never started: waiting again (rare: at the end)
             self._spawn(self._writing(self.requests.hand_back_retry, member.retry))
             return
@@ -605,7 +512,7 @@ class SlotPump:
         run.handed_back.append(item)
         self._spawn(self._member_done(run))
 
-    async def _member_done(self, run: _GroupRun) -> None:
+    async def _member_done(self, run: GroupRun) -> None:
         run.left -= 1
         if run.left > 0:
             return

@@ -325,7 +325,7 @@ def _record(svc: Services, group: dict, position: list, model: Model, attempt: A
 
 
 class BatchRequests:
-    """How the slot pump runs what it claims (scheduling.pump.RunsRequests): this module's steps, each looked
+    """How the slot pump runs what it claims (scheduling.claimed_work.RunsRequests): this module's steps, each looked
     up when it is taken."""
 
     def __init__(self, svc: Services) -> None:

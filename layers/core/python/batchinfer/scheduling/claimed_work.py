@@ -1,0 +1,68 @@
+"""The slot pump's claimed work: how the service runs it (`RunsRequests`, handed in by the worker's entry
+point, service.run_request, so the scheduler stays below the service), a claimed group as its members'
+outcomes come in, and a claimed request as it waits in the pump's queue for a slot."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..catalog import Model
+from ..domain import Attempt
+
+
+class RunsRequests(Protocol):
+    """How the service runs claimed work, for the pump: each method is one step of running a request or a
+    group that the pump schedules but does not define. The synchronous ones run on the pump's threads."""
+
+    async def call(self, model: Model, batch: dict, body: dict, key: str | None) -> Attempt:
+        """One backend call for a group member (a batch's first attempt)."""
+
+    async def run_retry(self, retry: dict) -> Counter:
+        """A claimed retry, run alone on the single-request path (its checks, start, call, settle)."""
+
+    def key(self, model: Model) -> str | None:
+        """The model's backend key."""
+
+    def close_without_running(self, group: dict, batch: dict | None) -> Counter:
+        """Close a group that must not run now (its batch stopped, its owner lost access, ...): what happened
+        to its members, or an empty Counter when it may run."""
+
+    def bodies(self, group: dict) -> list[dict]:
+        """The group members' request bodies."""
+
+    def record(self, group: dict, position: list, model: Model, attempt: Attempt) -> dict | None:
+        """Write a member's outcome: its item, or None when the group's lease was recovered first."""
+
+    def hand_back_retry(self, retry: dict) -> None:
+        """A claimed retry that never started: waiting again, due at once."""
+
+    def close_group(self, group: dict, written: list[dict], handed_back: tuple[dict, ...]) -> None:
+        """Close a group whose members were all written or handed back (ConditionFailed: recovered)."""
+
+    def settle_batch(self, batch_id: str) -> None:
+        """Give a batch whose last claimed work is done its final status, if it has one now."""
+
+
+@dataclass
+class GroupRun:
+    """A group the pump claimed: its members' outcomes as they are written, until every member is accounted
+    for (ran and written, or handed back) and the group closes."""
+
+    group: dict
+    batch: dict
+    left: int
+    written: list[dict] = field(default_factory=list)
+    handed_back: list[dict] = field(default_factory=list)
+    lost: bool = False  # a write lost its condition: the sweeper recovered the group first
+
+
+@dataclass
+class Member:
+    """One claimed request waiting in the pump's queue for a slot: a group member, or a retry."""
+
+    run: GroupRun | None = None
+    position: list | None = None
+    body: dict | None = None
+    retry: dict | None = None
