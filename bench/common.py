@@ -20,6 +20,8 @@ import requests  # noqa: E402
 from batchinfer.api.app import create_app  # noqa: E402
 from batchinfer.domain import RequestState  # noqa: E402
 from batchinfer.layout import batch_key, lane_key, request_key  # noqa: E402
+from batchinfer.records import Budget  # noqa: E402
+from batchinfer.scheduling.capacity import budget_shards  # noqa: E402
 from batchinfer.service import results  # noqa: E402
 from batchinfer.settings import Settings  # noqa: E402
 from batchinfer.storage.dynamo import serialize  # noqa: E402
@@ -119,8 +121,17 @@ def real_results(svc, session, base: str, prompt: str, failing: int = 0, size: i
                     poll=0.2)
     items = list(svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
                                      {":pk": f"BATCH#{template['id']}", ":r": "REQ#"}, consistent=True))
+    shards = {model.id: budget_shards(svc, model) for model in svc.catalog.runnable}
     for model in svc.catalog.runnable:
         model.batch_budget = 0
+    # A worker's slot pump that ran the small batch may still hold slots, and it claims from a batch created
+    # now until its next budget poll sees the 0 or its work runs out: a group it claimed then holds slots of
+    # the seeded batch, which never settles. Every slot back first, then nothing is dispatched.
+    deadline = time.monotonic() + 60
+    while any(Budget.get(svc.table, model_id, True, n).get("in_flight", 0) for model_id, n in shards.items()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("batch slots still held a minute after the budgets went to 0")
+        time.sleep(0.1)
     completed = [i for i in items if i["state"] == RequestState.COMPLETED]
     failed = [i for i in items if i["state"] == RequestState.FAILED]
     assert (len(completed), len(failed)) == (size - failing, failing), (len(completed), len(failed))
@@ -135,6 +146,8 @@ def seed_results(svc, batch_id: str, completed: list[dict], failed: list[dict] |
     lane gone): the sweeper finalizes it. Returns the counts written."""
     stored = svc.table.get(*batch_key(batch_id))
     (model,) = stored["lanes"]
+    if stored.get("in_flight") or stored["lanes"][model]["next"]:  # its items would be overwritten under it
+        raise RuntimeError(f"{batch_id} had requests dispatched before its results were seeded: {stored['lanes']}")
     n = stored["total"]
     client, pending = svc.table.client, []
     totals = {"completed": 0, "failed": 0, "in": 0, "out": 0, "bytes": 0}
