@@ -257,6 +257,12 @@ class Batch:
                        start=start)  # type: ignore[return-value]
 
     @staticmethod
+    def unfinished_of_owner(t: Table, account_id: str) -> list[dict]:
+        """An account's unfinished batches, every protocol's."""
+        return list(t.query_all("owner_pk = :o", {":o": owner_partition(account_id)}, index="by_owner",
+                                filter_expression="attribute_exists(active_pk)"))
+
+    @staticmethod
     def owner_cursor(batch: BatchItem) -> dict:
         """Where a page of `of_owner` after this batch starts."""
         return {"pk": batch["pk"], "sk": batch["sk"], "owner_pk": batch["owner_pk"], "owner_sk": batch["owner_sk"]}

@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..catalog import Model
+from ..domain import utc_day
 from ..layout import INDEX_CHUNK, index_object, lane_created_at, lane_object, lane_turn_at
 from ..ledger import Position, claim_from_lane
 from ..records import Account, Batch, Lane
@@ -38,10 +39,15 @@ class AccountSlots:
 
     def free(self, account_id: str) -> int:
         if account_id not in self.left:
-            account = Account.get(self.svc.table, account_id) or {}
+            account, usage = Account.with_usage(self.svc.table, account_id, utc_day(self.svc.now()))
+            account = account or {}
             limit = self.svc.settings.tier_limits.get(account.get("tier", "free"), 0)
             self.limits[account_id] = limit
-            self.left[account_id] = limit - int(account.get("in_flight", 0))
+            # An account without batch access or quota left claims nothing: its requests stay in their lanes,
+            # costing no write while they wait, and a raised quota or restored access lets the next claim take
+            # them (the worker's checks before a start stay the ones that decide).
+            may = Account.may_run_batches(account, usage)
+            self.left[account_id] = limit - int(account.get("in_flight", 0)) if may else 0
         return self.left[account_id]
 
     def cap(self, account_id: str) -> int:
