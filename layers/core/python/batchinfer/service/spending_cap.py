@@ -27,18 +27,21 @@ def reached(svc: Services, batch: BatchItem) -> bool:
         return False
     if int(batch.get("in_flight", 0)) > 0:
         return False  # what runs may settle below its worst case: the next request waits for it
-    cheapest = math.inf
+    committed, cap = float(batch.get("committed_usd", 0)), float(batch["max_cost_usd"])
     lanes = Lanes(svc)
     for model_id in batch.get("lanes", {}):
         for position in lanes.next_positions(batch, model_id):
-            cheapest = min(cheapest, math.inf if position.worst_usd is None else position.worst_usd)
+            if position.worst_usd is not None and fits(committed, cap, position.worst_usd):
+                return False  # a claim will take it
+    if undispatched_count(batch) == 0 and int(batch.get("open", 0)) == 0:
+        return False  # nothing left: it settles as it is
+    # The waiting retries are read only when no lane can go on (their reads stop once one fits).
     if int(batch.get("open", 0)) > 0:
         for req in Request.waiting_of(svc.table, batch):
-            if req.get("state") == RequestState.WAITING.value:
-                cheapest = min(cheapest, float(req.get("worst_usd", math.inf)))
-    if cheapest == math.inf and undispatched_count(batch) == 0 and int(batch.get("open", 0)) == 0:
-        return False  # nothing left: it settles as it is
-    return not fits(float(batch.get("committed_usd", 0)), float(batch["max_cost_usd"]), cheapest)
+            if req.get("state") == RequestState.WAITING.value and fits(committed, cap,
+                                                                       float(req.get("worst_usd", math.inf))):
+                return False
+    return True
 
 
 def stop(svc: Services, batch: BatchItem) -> bool:
