@@ -14,6 +14,7 @@ from batchinfer.runtime import use_services
 from batchinfer.service.accounts import Principal
 from tests.helpers import chat_request, make_services, new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, sim_requests
+from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import Messages, entry
 from tests.invariants import assert_ledger_consistent
 
@@ -22,9 +23,9 @@ GLM = "glm-5.3-flash"
 
 @pytest.fixture
 def svc(svc, sim):
-    """The suite's services on the same moto, with Message Batches on."""
+    """The suite's services on the same moto, with Message Batches and file batches on."""
     services = make_services(sim.url, table_name="batchinfer-cap", bucket_name="batchinfer-cap",
-                             message_batches_enabled=True)
+                             message_batches_enabled=True, file_batches_enabled=True)
     use_services(services)
     yield services
     use_services(svc)
@@ -135,3 +136,21 @@ def test_a_raised_cap_lets_the_batch_claim_again(api, svc):
     Dispatcher(svc).pass_once()
     assert svc.table.get(*batch_key(batch["id"]))["lanes"][GLM]["next"] == 4
     assert ok(api("GET", f"/v1/batches/{batch['id']}", key))["max_cost_usd"] == pytest.approx(worst * 10)
+
+
+def test_a_capped_file_batch_with_a_line_without_a_worst_case_fails_validation_naming_the_cap(api, svc,
+                                                                                              sim_control):
+    _, key = new_key(svc)
+    image = line("pic", max_tokens=5)
+    image["body"]["messages"] = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]
+    uploaded = ok(upload(api, key, jsonl(line("a", max_tokens=5), image)))
+    error(create_from(api, key, uploaded["id"], max_cost_usd="1"), 400, "max_cost_usd", param="max_cost_usd")
+    batch = ok(create_from(api, key, uploaded["id"], max_cost_usd=1))
+    assert batch["max_cost_usd"] == 1 and batch["status"] == "validating"
+    finish(svc, batch["id"])
+    failed = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+    assert failed["status"] == "failed", failed
+    [problem] = failed["errors"]["data"]
+    assert problem["param"] == "max_cost_usd" and "custom_id 'pic'" in problem["message"], problem
+    assert sim_requests(sim_control) == 0  # nothing of it ran
