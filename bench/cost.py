@@ -36,11 +36,19 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_batch(svc, session, base: str, rec, n: int, prompt: str, latency: float) -> dict:
-    """Run one batch through its whole life; returns what it cost, per request."""
+def one_batch(svc, session, base: str, rec, n: int, prompt: str, latency: float, max_cost: float | None = None
+              ) -> dict:
+    """Run one batch through its whole life; returns what it cost, per request. `max_cost`: its spending cap
+    (one it never reaches: what the cap's bookkeeping costs)."""
     rec.reset()
     started, moto_cpu, own_cpu = time.monotonic(), moto_cpu_seconds(), _cpu()
-    batch = create(session, base, [chat(f"c-{i}", f"{prompt} {i}") for i in range(n)])
+    requests_ = [chat(f"c-{i}", f"{prompt} {i}") for i in range(n)]
+    if max_cost is None:
+        batch = create(session, base, requests_)
+    else:
+        answer = session.post(f"{base}/batches", json={"requests": requests_, "max_cost_usd": max_cost}, timeout=120)
+        answer.raise_for_status()
+        batch = answer.json()
     while (item := svc.table.get(*batch_key(batch["id"]), consistent=False))["status"] not in FINAL:
         time.sleep(0.2)
     wall = time.monotonic() - started
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--latency", type=float, default=2.0)
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--result-bytes", type=int, default=1000)
+    parser.add_argument("--max-cost", type=float, default=None, help="each batch's spending cap (max_cost_usd)")
     args = parser.parse_args(argv)
     n, latency = args.requests, args.latency
     prompt = f"[[sim:big:{args.result_bytes}]] cost"
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
             started = time.perf_counter()
             svc.table.get(*batch_key("batch_none"))
             idle_ms.append(1000 * (time.perf_counter() - started))
-        runs = [one_batch(svc, session, base, rec, n, prompt, latency) for _ in range(args.runs)]
+        runs = [one_batch(svc, session, base, rec, n, prompt, latency, args.max_cost) for _ in range(args.runs)]
 
     def med(key: str, sub: str | None = None) -> float:
         return median([r[key].get(sub, 0.0) if sub else r[key] for r in runs])

@@ -152,7 +152,7 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         assert item["state"] in {s.value for s in FINAL_REQUEST}, f"request {index} not final: {item['state']}"
         assert "due_pk" not in item, f"final request {index} still due in {item['due_pk']} (would be recovered)"
         assert 0 <= item.get("attempt", 0) <= svc.settings.max_attempts, f"request {index}: {item.get('attempt')}"
-    rejected = {i for i, e in enumerate(results_module.index_entries(svc, batch_id, 0, total)) if len(e) > 4}
+    rejected = {i for i, e in enumerate(results_module.index_entries(svc, batch_id, 0, total)) if e[1] is None}
     assert len(rejected) == batch.get("rejected", 0), (rejected, batch.get("rejected"))
     assert not rejected & set(by_index), "a request rejected at intake was dispatched"
     if status == "completed":
@@ -249,6 +249,17 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
     assert obj["usage"]["total_tokens"] == input_tokens + output_tokens
     assert _close(batch.get("cost_usd", 0), cost), (batch.get("cost_usd"), cost)
     assert 0 <= obj["cost_unknown_attempts"] <= attempts, (obj["cost_unknown_attempts"], attempts)
+
+    # --- A spending cap: never passed; what was committed is what was spent (and unknown costs' worst) ---
+    if batch.get("max_cost_usd") is not None:
+        cap, committed = float(batch["max_cost_usd"]), float(batch.get("committed_usd", 0))
+        assert float(batch.get("cost_usd", 0)) <= cap, (batch.get("cost_usd"), cap)
+        assert committed <= cap + 1e-9, (committed, cap)
+        assert committed >= float(batch.get("cost_usd", 0)) - 1e-9, (committed, batch.get("cost_usd"))
+        if not batch.get("cost_unknown_attempts"):
+            assert _close(committed, float(batch.get("cost_usd", 0))), (committed, batch.get("cost_usd"))
+    else:
+        assert not batch.get("committed_usd"), batch.get("committed_usd")
 
     # --- Slots all given back; nothing open ------------------------------------------------------------
     groups = list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": f"BATCH#{batch_id}", ":g": "GRP#"},

@@ -265,6 +265,13 @@ def test_document_declares_the_create_body_and_each_apis_error_envelope():
     create = deref(body["content"]["application/json"]["schema"])
     # Either an inline batch (requests) or a batch from a file (input_file_id, endpoint, completion_window).
     assert {"requests", "input_file_id", "endpoint", "completion_window", "metadata"} <= set(create["properties"])
+    # The spending cap, an extension of both create bodies and both batch objects.
+    cap = next(option for option in create["properties"]["max_cost_usd"]["anyOf"] if option.get("type") == "number")
+    assert cap["exclusiveMinimum"] == 0 and "max_cost_reached" in create["properties"]["max_cost_usd"]["description"]
+    schemas = document["components"]["schemas"]
+    assert "max_cost_usd" in schemas["CreateMessageBatch"]["properties"]
+    assert "max_cost_usd" in schemas["BatchObject"]["properties"]
+    assert {"max_cost_usd", "cost_usd", "error"} <= set(schemas["MessageBatch"]["properties"])
     requests = next(deref(option) for option in create["properties"]["requests"]["anyOf"]
                     if deref(option).get("type") == "array")
     assert deref(requests["items"])["required"] == ["custom_id", "body"]

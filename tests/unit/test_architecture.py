@@ -25,7 +25,7 @@ PROTOCOL_OPERATIONS = {"batchinfer.protocols.openai.batches", "batchinfer.protoc
 LAYERS = [
     {"batchinfer.domain", "batchinfer.layout", "batchinfer.settings", "batchinfer.errors", "batchinfer.catalog",
      "batchinfer.observability", "batchinfer.messages_to_chat", "batchinfer.addresses",
-     "batchinfer.request_bodies", "batchinfer.jsontext", "batchinfer.protocols"},
+     "batchinfer.request_bodies", "batchinfer.jsontext", "batchinfer.protocols", "batchinfer.spending"},
     {"batchinfer.storage", "batchinfer.providers"},
     {"batchinfer.runtime"},
     {"batchinfer.records", "batchinfer.ledger"},

@@ -99,6 +99,20 @@ def test_a_small_submission_goes_inline(tmp_path):
     assert api.calls == [("POST", "/v1/batches")]
 
 
+def test_max_cost_is_sent_as_the_batchs_spending_cap_inline_and_from_a_file(tmp_path):
+    api = FakeApi()
+    batch = submit_batch(api, submit_args(tmp_path, ["a", "b"], max_cost="2.50"))
+    assert json.loads(batch["kw"]["content"])["max_cost_usd"] == 2.5
+    api = FakeApi()
+    batch = submit_batch(api, submit_args(tmp_path, [f"prompt {i}" for i in range(20)], inline_max_bytes=100,
+                                          max_cost="0.01"))
+    assert batch["kw"]["json"]["max_cost_usd"] == 0.01
+    assert "max_cost_usd" not in json.loads(submit_batch(FakeApi(), submit_args(tmp_path, ["a"]))["kw"]["content"])
+    for wrong in ("0", "-1", "lots"):
+        with pytest.raises(SystemExit):
+            submit_args(tmp_path, ["a"], max_cost=wrong)
+
+
 def test_a_large_one_goes_as_a_file_in_one_request_or_in_parts(tmp_path):
     api = FakeApi()
     submit_batch(api, submit_args(tmp_path, [f"prompt {i}" for i in range(20)], inline_max_bytes=100))

@@ -97,6 +97,9 @@ class Model(BaseModel):
     # How tokens are counted when a streamed answer's backend reports no usage (llama-cpp-python): the
     # request's text and the streamed text, this many characters a token. An estimate, marked as one.
     estimate_chars_per_token: float = Field(default=4.0, gt=0)
+    # The longest answer the backend gives, in tokens: a spending cap counts it as the worst case of a
+    # request that sets no limit of its own (None: such a request cannot run under a cap).
+    max_output_tokens: int | None = Field(default=None, gt=0)
 
     def serves(self, endpoint: str) -> bool:
         """Whether batches may send this model requests of `endpoint`. Anthropic Messages requests

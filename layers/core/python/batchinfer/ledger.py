@@ -13,7 +13,7 @@ Retries travel alone, request by request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
 from .layout import group_key, request_key, retry_due
@@ -34,6 +34,7 @@ from .records import (
     shards_map,
 )
 from .runtime import Services
+from .spending import settled_delta
 
 SLOT_HOLDERS = (RequestState.DISPATCHED, RequestState.RUNNING)
 GROUP_MAX = 25  # requests per group (the outcome transaction of a group that never ran writes each of them)
@@ -47,6 +48,7 @@ class Position:
     custom_id: str
     offset: int
     length: int
+    worst_usd: float | None = None  # the most one attempt can cost, when its batch has a spending cap
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,13 @@ class Settlement:
     cost_unknown: int = 0
     retry_at: int | None = None  # for WAITING
     result_bytes: int = 0  # size of a stored result, so the export knows when to go through S3
+    committed_usd: float = 0.0  # what it gives back of its batch's committed worst case (spending.settled_delta)
     extra: dict = field(default_factory=dict)
 
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
 TALLIED = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "cost_usd", "cost_unknown",
-           "result_bytes")
+           "result_bytes", "committed_usd")
 
 
 @dataclass
@@ -155,6 +158,12 @@ def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | No
     fields = {name: value for name in ("error", "response", "response_object")
               if (value := getattr(outcome, name)) is not None}
     ops = [Request.move(svc.table, req, outcome.to, new_token(), now, due=due, fields=fields, extra=outcome.extra)]
+    if req.get("worst_usd") is not None and req["state"] in (RequestState.DISPATCHED.value,
+                                                             RequestState.RUNNING.value):
+        # Its claim committed its worst case against the batch's cap: the settle gives back what it did not spend.
+        outcome = replace(outcome, committed_usd=settled_delta(
+            float(req["worst_usd"]), req["state"] == RequestState.RUNNING.value, outcome.cost_usd,
+            not outcome.cost_unknown))
     moves = Moves()
     moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")))
     svc.table.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
@@ -203,7 +212,8 @@ def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: l
     t = svc.table
     k = len(positions)
     lane = batch["lanes"][model_id]
-    ops = [Batch.claim_lane(t, batch, model_id, lane_next, k, now)]
+    worst = [p.worst_usd for p in positions] if batch.get("max_cost_usd") is not None else None
+    ops = [Batch.claim_lane(t, batch, model_id, lane_next, k, now, sum(worst) if worst else None)]
     if slot_lease is None:
         assert parts is not None and sum(n for _, n in parts) == k
         ops += _take_ops(svc, model_id, batch["account_id"], parts, account_cap)
@@ -226,6 +236,8 @@ def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: l
                           token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
                           item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None,
                           budget_shards=held)
+        if worst:  # each member's worst case, given back as it settles (position_item)
+            group["worst_usd"] = worst[at:at + GROUP_MAX]
         groups.append(group)
         ops.append(Group.create(t, group))
     if lane_next + k >= lane["total"]:
@@ -291,6 +303,11 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
     if outcome.to is RequestState.WAITING:
         item["due_pk"], item["due_at"] = retry_due(group["model"]), outcome.retry_at or now
     tally = {name: value for name in TALLIED if (value := getattr(outcome, name))}
+    if group.get("worst_usd") is not None:  # its batch has a spending cap: what the claim committed comes back
+        worst = float(group["worst_usd"][[p[0] for p in group["positions"]].index(index)])
+        item["worst_usd"] = worst  # committed again if it is retried
+        tally["committed_usd"] = settled_delta(worst, attempt > 0, outcome.cost_usd, not outcome.cost_unknown)
+        tally = {name: value for name, value in tally.items() if value}
     item["tally"] = {"to": outcome.to.value, **({"stop": stop.value} if stop else {}), **tally}
     return item
 
@@ -331,9 +348,11 @@ def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap:
     lease_id = slot_lease["id"] if slot_lease else None
     # Under a lease, the count of retries waiting goes down on one of the lease's shards (only the sum is read).
     shard = next(iter(lease_shards(slot_lease))) if slot_lease else draw.shard if draw else 0
+    # A capped batch's retry commits its worst case against the cap it reads now (a read only for those).
+    capped = Batch.get(t, req["batch_id"]) if req.get("worst_usd") is not None else None
     ops = [Request.dispatch_retry(t, req, token, now + svc.settings.lease_seconds, slot_lease=lease_id,
                                   budget_shard=shard),
-           Batch.take_retry_slot(t, req["batch_id"])]
+           Batch.take_retry_slot(t, req["batch_id"], capped, float(req["worst_usd"]) if capped else None)]
     if slot_lease is None:
         assert draw is not None
         ops += _take_ops(svc, req["model"], req["account_id"], [(draw, 1)], account_cap, from_waiting=True)

@@ -54,6 +54,11 @@ class CreateBatch(BaseModel):
     metadata: dict[str, str] | None = Field(None, description="Up to 16 pairs; keys <= 64, values <= 512 chars")
     webhook_url: str | None = Field(None, description="Where this batch's ending is announced instead of the "
                                                       "account's webhook (signed with the account's secret)")
+    max_cost_usd: float | None = Field(None, gt=0, description=(
+        "An extension: the most this batch may spend, in US dollars. No request starts whose worst case "
+        "(its input at the input price, its max_tokens or the model's output limit at the output price) "
+        "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
+        "max_cost_reached."))
 
 
 class RequestCounts(BaseModel):
@@ -101,6 +106,7 @@ class BatchObject(BaseModel):
     request_counts: RequestCounts
     metadata: dict[str, str] | None
     webhook_url: str | None = None
+    max_cost_usd: float | None = Field(None, description="An extension: the spending cap, where one was set")
     usage: Usage
     cost_usd: float
     cost_unknown_attempts: int
@@ -278,6 +284,11 @@ class MessageBatchRequest(BaseModel):
 class CreateMessageBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests: list[MessageBatchRequest] = Field(..., min_length=1, max_length=50_000)
+    max_cost_usd: float | None = Field(None, gt=0, description=(
+        "An extension: the most this batch may spend, in US dollars. No request starts whose worst case "
+        "(its input at the input price, its max_tokens or the model's output limit at the output price) "
+        "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
+        "max_cost_reached."))
 
 
 class MessageBatchRequestCounts(BaseModel):
@@ -299,6 +310,11 @@ class MessageBatch(BaseModel):
     cancel_initiated_at: str | None = None
     archived_at: str | None = None
     results_url: str | None = Field(None, description="Set once processing_status is 'ended'")
+    # Extensions, on a batch created with a spending cap only.
+    max_cost_usd: float | None = Field(None, description="An extension: the spending cap, where one was set")
+    cost_usd: float | None = Field(None, description="An extension, with max_cost_usd: what the batch spent")
+    error: dict | None = Field(None, description="An extension, with max_cost_usd: {code: max_cost_reached, "
+                                                 "message} once the cap stopped the batch")
 
 
 class MessageBatchList(BaseModel):

@@ -187,6 +187,8 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", choices=ENDPOINTS, default=None,
                    help=f"the url of prompts and of batch lines that give none (default: {CHAT})")
     p.add_argument("--metadata", type=_metadata, action="append", metavar="KEY=VALUE", help="repeatable")
+    p.add_argument("--max-cost", type=_positive(float), metavar="USD",
+                   help="the batch's spending cap (max_cost_usd): it stops before a request could pass it")
     p.add_argument("--idempotency-key", metavar="KEY",
                    help="sent as Idempotency-Key: submitting again with it answers with the first batch")
     p.add_argument("--wait", action="store_true", help="wait for the batch to end, showing progress")

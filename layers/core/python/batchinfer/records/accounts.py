@@ -13,6 +13,19 @@ class Account:
     """The account's unfinished batches and requests (the 429 limits) and its slots in flight."""
 
     @staticmethod
+    def with_usage(t: Table, account_id: str, day: str) -> tuple[dict | None, dict | None]:
+        """The account and what it spent that day, in one round trip (what a claim looks at)."""
+        keys = [account_key(account_id), usage_key(account_id, day)]
+        found = t.get_many(keys)
+        return found.get(keys[0]), found.get(keys[1])
+
+    @staticmethod
+    def may_run_batches(account: dict, usage: dict | None) -> bool:
+        """Batch access on and the day's quota not used up: its batch requests may start now."""
+        return bool(account.get("batch_access")) and float((usage or {}).get("cost_usd", 0)) < float(
+            account.get("daily_quota_usd", 0))
+
+    @staticmethod
     def get(t: Table, account_id: str) -> dict | None:
         return t.get(*account_key(account_id))
 

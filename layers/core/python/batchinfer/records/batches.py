@@ -19,6 +19,7 @@ from ..layout import (
     owner_sort,
     purge_due,
 )
+from ..spending import EPSILON_USD
 from ..storage.dynamo import Table
 from .expressions import Op, _add_op, _in, due_in
 from .shapes import BatchItem
@@ -60,20 +61,42 @@ class Batch:
         return t.op_put(item, condition="attribute_not_exists(pk)")
 
     @staticmethod
-    def claim_lane(t: Table, batch: BatchItem, model_id: str, lane_next: int, k: int, now: int) -> Op:
+    def claim_lane(t: Table, batch: BatchItem, model_id: str, lane_next: int, k: int, now: int,
+                   commit_usd: float | None = None) -> Op:
         """Advance the model's lane by k dispatched requests; the batch is in progress from then on.
-        Fenced on the lane's position (one claimant wins) and on the batch still running."""
+        Fenced on the lane's position (one claimant wins) and on the batch still running. `commit_usd`: the
+        claimed requests' worst case, committed against the batch's spending cap (`_commit`)."""
         status = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
         may, may_vals = _in("status", batches_that_may_become(status) | {status})
+        add, fence, vals = Batch._commit(batch, commit_usd)
         return t.op_update(
             *batch_key(batch["id"]),
             "SET lanes.#m.#next = :new, #status = :running, in_progress_at = if_not_exists(in_progress_at, :now) "
-            "ADD in_flight :k, #open :k",
+            "ADD in_flight :k, #open :k" + add,
             vals={":new": lane_next + k, ":old": lane_next, ":running": status.value, ":now": now, ":k": k,
-                  **may_vals},
+                  **may_vals, **vals},
             names={"#m": model_id},
             condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
-                      f"AND expires_at > :now AND {may}")
+                      f"AND expires_at > :now AND {may}" + fence)
+
+    @staticmethod
+    def _commit(batch: BatchItem, worst_usd: float | None) -> tuple[str, str, dict]:
+        """(ADD clause, condition, values) that commit `worst_usd` against the batch's spending cap: fenced on
+        `committed_usd <= cap - worst_usd` (a condition cannot add attributes) and on the cap it was computed
+        from (a raise since then only means the claimer asks again)."""
+        if worst_usd is None or batch.get("max_cost_usd") is None:
+            return "", "", {}
+        cap = float(batch["max_cost_usd"])
+        return (", committed_usd :worst", " AND max_cost_usd = :cap AND committed_usd <= :limit",
+                {":worst": worst_usd, ":cap": cap, ":limit": cap - worst_usd - EPSILON_USD})
+
+    @staticmethod
+    def set_cap(t: Table, batch_id: str, cap: float) -> None:
+        """Raise (or set) the batch's spending cap: what a retry of its failed requests with a higher cap
+        does before it queues them. Never below what it has committed already."""
+        t.update(*batch_key(batch_id), "SET max_cost_usd = :cap, committed_usd = if_not_exists(committed_usd, :zero)",
+                 vals={":cap": cap, ":zero": 0.0},
+                 condition="attribute_exists(pk) AND (attribute_not_exists(committed_usd) OR committed_usd <= :cap)")
 
     @staticmethod
     def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
@@ -85,9 +108,13 @@ class Batch:
         return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
 
     @staticmethod
-    def take_retry_slot(t: Table, batch_id: str) -> Op:
-        return t.op_update(*batch_key(batch_id), "ADD in_flight :one", vals={":one": 1},
-                           condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
+    def take_retry_slot(t: Table, batch_id: str, capped: BatchItem | None = None, worst_usd: float | None = None
+                        ) -> Op:
+        """A retry's slot on its batch; `capped`: its batch as read, whose spending cap `worst_usd` is
+        committed against (see `claim_lane`)."""
+        add, fence, vals = Batch._commit(capped, worst_usd) if capped else ("", "", {})
+        return t.op_update(*batch_key(batch_id), "ADD in_flight :one" + add, vals={":one": 1, **vals},
+                           condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)" + fence)
 
     @staticmethod
     def add(t: Table, batch_id: str, counters: dict[str, float]) -> Op | None:
@@ -228,6 +255,12 @@ class Batch:
                        {":o": owner_partition(account_id), ":b": prefix},
                        index="by_owner", forward=not newest_first, limit=limit,
                        start=start)  # type: ignore[return-value]
+
+    @staticmethod
+    def unfinished_of_owner(t: Table, account_id: str) -> list[dict]:
+        """An account's unfinished batches, every protocol's."""
+        return list(t.query_all("owner_pk = :o", {":o": owner_partition(account_id)}, index="by_owner",
+                                filter_expression="attribute_exists(active_pk)"))
 
     @staticmethod
     def owner_cursor(batch: BatchItem) -> dict:

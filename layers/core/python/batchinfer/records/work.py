@@ -173,6 +173,19 @@ class Request:
                             vals={":minus": -1})]
 
     @staticmethod
+    def waiting_later(t: Table, model_id: str, after: int, until: int) -> Iterator[dict]:
+        """The keys (pk, sk, due_at) of the model's waiting requests due after `after` and by `until`."""
+        return t.query_all("due_pk = :d AND due_at BETWEEN :a AND :u",
+                           {":d": retry_due(model_id), ":a": after + 1, ":u": until}, index="by_due")
+
+    @staticmethod
+    def redate(t: Table, key: dict, now: int) -> None:
+        """A waiting request due now rather than when it was (ConditionFailed: it moved on meanwhile)."""
+        t.update(key["pk"], key["sk"], "SET due_at = :now", vals={":now": now, ":w": RequestState.WAITING.value,
+                                                                 ":old": key["due_at"]},
+                 names={"#state": "state"}, condition="#state = :w AND due_at = :old")
+
+    @staticmethod
     def due_retries(t: Table, model_id: str, now: int, limit: int) -> list[dict]:
         return due_in(t, (retry_due(model_id),), now, limit)
 

@@ -10,15 +10,18 @@ to the batches holding fewest (the water-fill, `policy.water_fill`). Claiming a 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..catalog import Model
+from ..domain import utc_day
 from ..layout import INDEX_CHUNK, index_object, lane_created_at, lane_object, lane_turn_at
 from ..ledger import Position, claim_from_lane
 from ..records import Account, Batch, Lane
 from ..runtime import Services
+from ..spending import fits, worst_usd
 from ..storage.dynamo import ConditionFailed, Throttled
 from . import policy
 from .capacity import Draws
@@ -36,10 +39,15 @@ class AccountSlots:
 
     def free(self, account_id: str) -> int:
         if account_id not in self.left:
-            account = Account.get(self.svc.table, account_id) or {}
+            account, usage = Account.with_usage(self.svc.table, account_id, utc_day(self.svc.now()))
+            account = account or {}
             limit = self.svc.settings.tier_limits.get(account.get("tier", "free"), 0)
             self.limits[account_id] = limit
-            self.left[account_id] = limit - int(account.get("in_flight", 0))
+            # An account without batch access or quota left claims nothing: its requests stay in their lanes,
+            # costing no write while they wait, and a raised quota or restored access lets the next claim take
+            # them (the worker's checks before a start stay the ones that decide).
+            may = Account.may_run_batches(account, usage)
+            self.left[account_id] = limit - int(account.get("in_flight", 0)) if may else 0
         return self.left[account_id]
 
     def cap(self, account_id: str) -> int:
@@ -204,6 +212,10 @@ class Lanes:
             return []
         lane_next = int(batch["lanes"][model.id]["next"])
         positions = self._positions(batch, model.id, lane_next, k)
+        if batch.get("max_cost_usd") is not None:
+            positions = within_cap(batch, model, positions)
+            if not positions:  # the next one waits for what runs to settle (or the sweeper stops the batch)
+                return []
         if parts is not None and len(positions) < k:
             parts = scope.draws.split(len(positions))
         try:
@@ -242,8 +254,23 @@ class Lanes:
         positions = []
         for index in indexes:
             entry = self._index_entry(batch["id"], index)
-            positions.append(Position(index=index, custom_id=entry[0], offset=entry[2], length=entry[3]))
+            positions.append(Position(index=index, custom_id=entry[0], offset=entry[2], length=entry[3],
+                                      worst_usd=self._worst(batch, model_id, entry)))
         return positions
+
+    def _worst(self, batch: dict, model_id: str, entry: list) -> float | None:
+        """A capped batch's request's worst case (an entry without an output bound can never fit)."""
+        if batch.get("max_cost_usd") is None:
+            return None
+        bound = entry[4] if len(entry) > 4 else None
+        return math.inf if bound is None else worst_usd(self.svc.catalog.get(model_id), entry[3], bound)
+
+    def next_positions(self, batch: dict, model_id: str) -> list[Position]:
+        """The lane's next request (none when it has none left), for the sweeper's look at a capped batch."""
+        state = batch["lanes"][model_id]
+        if int(state["next"]) >= int(state["total"]):
+            return []
+        return self._positions(batch, model_id, int(state["next"]), 1)
 
     def _index_entry(self, batch_id: str, index: int) -> list:
         chunk = index // INDEX_CHUNK
@@ -253,6 +280,19 @@ class Lanes:
                 self._chunks.pop(next(iter(self._chunks)))
             self._chunks[key] = json.loads(self.svc.blobs.get(index_object(batch_id, chunk)) or b"[]")
         return self._chunks[key][index - chunk * INDEX_CHUNK]
+
+
+def within_cap(batch: dict, model: Model, positions: list[Position]) -> list[Position]:
+    """The first of `positions` whose worst cases fit, together, within the batch's spending cap beside what
+    it has committed (as read: the claim's condition fences the sum as it is when written)."""
+    room = float(batch["max_cost_usd"]) - float(batch.get("committed_usd", 0))
+    total, kept = 0.0, []
+    for position in positions:
+        if not fits(total, room, position.worst_usd if position.worst_usd is not None else math.inf):
+            break
+        total += float(position.worst_usd)  # type: ignore[arg-type]
+        kept.append(position)
+    return kept
 
 
 def left_behind(batch: dict | None, model_id: str) -> bool:

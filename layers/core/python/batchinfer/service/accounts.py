@@ -9,6 +9,7 @@ from ..layout import hash_api_key
 from ..records import Account, ApiKey, Usage
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
+from .waits import wake_account
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,12 @@ def update_account(svc: Services, account_id: str, **fields: object) -> dict:
     if "status" in fields:
         AccountStatus(fields["status"])
     try:
-        return Account.set_fields(svc.table, account_id, fields)
+        account = Account.set_fields(svc.table, account_id, fields)
     except ConditionFailed:
         raise KeyError(f"account {account_id} not found") from None
+    if "daily_quota_usd" in fields or fields.get("batch_access") is True:
+        wake_account(svc, account_id)  # what waited on the quota or the access goes on now
+    return account
 
 
 def create_key(svc: Services, account_id: str, expires_at: int | None = None) -> str:

@@ -23,6 +23,7 @@ from ..layout import (
 from ..protocols import Protocol
 from ..records import Account, Batch, BatchItem, Idempotency, Lane
 from ..runtime import Services
+from ..spending import CAP_PARAM, output_bound, parse_cap
 from ..storage.dynamo import ConditionFailed
 from .accounts import Principal, quota_used_up
 from .lifecycle import fail_validation
@@ -121,6 +122,9 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
     limits = svc.settings
     if protocol.api_field:
         extra = {"api": protocol.name, **(extra or {})}
+    if (extra or {}).get(CAP_PARAM) is not None and (unbounded := unbounded_under_cap(svc, batch.endpoint,
+                                                                                       batch.requests)):
+        raise InvalidRequest(unbounded_message(*unbounded), param=CAP_PARAM)
     try:
         return _store_new_batch(svc, principal, batch, claim, extra, protocol.batch_ids.new()), True
     except ConditionFailed:
@@ -136,8 +140,31 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
                           f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
 
 
-def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest]
-                   ) -> dict[str, list[int]]:
+def cap_fields(cap_value: object) -> dict:
+    """The batch item's fields for a create body's `max_cost_usd` (none without one; 400 if it is not a
+    positive number): the cap and what it has committed so far (see `spending`)."""
+    cap = parse_cap(cap_value)
+    return {} if cap is None else {"max_cost_usd": cap, "committed_usd": 0.0}
+
+
+def unbounded_under_cap(svc: Services, endpoint: str, requests: list) -> tuple[int, ValidRequest] | None:
+    """The first request whose cost has no worst case (no output limit of its own or in the catalog, or
+    input that is not text), with its position: a batch with a spending cap cannot run it."""
+    for i, req in enumerate(requests):
+        if isinstance(req, ValidRequest) and output_bound(svc.catalog.get(req.model_id), endpoint, req.body) is None:
+            return i, req
+    return None
+
+
+def unbounded_message(i: int, req: ValidRequest) -> str:
+    return (f"max_cost_usd: requests[{i}] (custom_id '{req.custom_id}') has no worst-case cost: set its "
+            "max_tokens (or max_completion_tokens, max_output_tokens), since model "
+            f"'{req.model_id}' has no output limit in the catalog, and send text only (the tokens of images, "
+            "audio and documents do not follow from their size).")
+
+
+def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest],
+                   endpoint: str | None = None) -> dict[str, list[int]]:
     """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
     chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
     far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
@@ -149,7 +176,10 @@ def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | R
             continue
         line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
         lines.append(line)
-        index.append([req.custom_id, req.model_id, offset, len(line)])
+        entry = [req.custom_id, req.model_id, offset, len(line)]
+        if endpoint is not None:  # the most output tokens it can be charged for (a spending cap's worst case)
+            entry.append(output_bound(svc.catalog.get(req.model_id), endpoint, req.body))
+        index.append(entry)
         offset += len(line)
     svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
     for chunk in range(0, len(index), INDEX_CHUNK):
@@ -171,7 +201,7 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     now = svc.now()
     if len(batch.requests) > s.max_unfinished_requests:
         raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
-    lanes = write_requests(svc, batch_id, batch.requests) if batch.requests else {}
+    lanes = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else {}
     rejected = sum(isinstance(r, RejectedRequest) for r in batch.requests)
     if "input_file_id" in (extra or {}):  # the batch's own copy: deleting the upload must not affect it
         svc.blobs.copy(file_object(extra["input_file_id"]), input_file_copy(batch_id))
@@ -211,9 +241,14 @@ def validate_file_batch(svc: Services, batch: BatchItem) -> str:
         return "failed" if fail_validation(svc, batch, problems) else "stale"
     account = Account.get(svc.table, batch["account_id"]) or {}
     requests, problems = validate_file_lines(svc, account, batch["endpoint"], data)
+    if not problems and batch.get(CAP_PARAM) is not None and (
+            unbounded := unbounded_under_cap(svc, batch["endpoint"], requests)):
+        problems = [{"code": "invalid_request", "param": CAP_PARAM, "line": None,
+                     "message": unbounded_message(*unbounded).replace(f"requests[{unbounded[0]}]",
+                                                                      f"the file's request {unbounded[0] + 1}")}]
     if problems:
         return "failed" if fail_validation(svc, batch, problems) else "stale"
-    lanes = write_requests(svc, batch["id"], requests)
+    lanes = write_requests(svc, batch["id"], requests, batch["endpoint"])
     t = svc.table
     ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now()),
            Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]

@@ -46,10 +46,12 @@ def undispatched_count(batch: BatchItem) -> int:
     return batch["total"] - batch.get("rejected", 0) - dispatched_count(batch)
 
 
-def stop_batch(svc: Services, batch: BatchItem, stop: Stop) -> bool:
-    """Stop a batch from starting requests. Returns False if it was already stopped or finished."""
+def stop_batch(svc: Services, batch: BatchItem, stop: Stop, error: dict | None = None) -> bool:
+    """Stop a batch from starting requests. Returns False if it was already stopped or finished. `error`:
+    why, on the batch (a cancel by its spending cap says so)."""
     # The lanes go in the same transaction, so a stopped batch never keeps a turn at dispatch.
-    ops = [Batch.stop(svc.table, batch["id"], stop, svc.now(), OWNER_UNAUTHORIZED if stop is Stop.FAIL else None)]
+    error = OWNER_UNAUTHORIZED if stop is Stop.FAIL else error
+    ops = [Batch.stop(svc.table, batch["id"], stop, svc.now(), error)]
     ops += [Lane.remove(svc.table, m, batch) for m in batch["lanes"]]
     try:
         svc.table.transact(ops)

@@ -34,7 +34,7 @@ def index_entries(svc: Services, batch_id: str, start: int, end: int) -> list[li
 def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: RequestItem | None) -> dict:
     stop = Stop(batch["stop"]) if batch.get("stop") else None
     custom_id = entry[0]
-    if stored is None and len(entry) > 4:  # rejected at intake: its error is in its index entry
+    if stored is None and entry[1] is None:  # rejected at intake: its error is in its index entry
         stored = {"state": RequestState.FAILED.value, "error": entry[4]}
     state = RequestState(stored["state"]) if stored else None
     response = None

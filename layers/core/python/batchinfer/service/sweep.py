@@ -14,7 +14,7 @@ from ..ledger import Settlement, close_group, give_back_slots, position_item, se
 from ..records import Batch, GroupItem, InteractiveLease, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from . import webhooks
+from . import spending_cap, webhooks
 from .intake import validate_file_batch
 from .lifecycle import begin_purge, due_to_expire, purge_batch, settle_batch, stop_batch
 
@@ -205,6 +205,11 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
             overdue(now - int(after["expires_at"]))
         if stop_batch(svc, after, Stop.EXPIRE):
             done.append("expired")
+        after = settle_batch(svc, batch_id, deadline)
+        if after and after["status"] in FINAL_BATCH:
+            done.append("settled")
+    elif spending_cap.reached(svc, after):  # the next request would pass the cap: it stops as a cancel does
+        spending_cap.stop(svc, after)
         after = settle_batch(svc, batch_id, deadline)
         if after and after["status"] in FINAL_BATCH:
             done.append("settled")

@@ -84,7 +84,8 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
         return existing, False
     intake.admit(svc, principal)
     batch = _validated(svc, principal.account, payload, version)
-    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, {"anthropic_version": version})
+    cap = intake.cap_fields(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, {"anthropic_version": version, **cap})
     if created and not item["lanes"]:  # every request errored at intake: it has ended already
         item = lifecycle.settle_batch(svc, item["id"]) or item
     return item, created
@@ -95,7 +96,7 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
     limits = svc.settings
     if not isinstance(payload, dict):
         raise InvalidRequest("The body must be a JSON object with a 'requests' array.")
-    extra = sorted(set(payload) - {"requests"})
+    extra = sorted(set(payload) - {"requests", "max_cost_usd"})
     if extra:
         raise InvalidRequest(f"{extra[0]}: Extra inputs are not permitted.", param=extra[0])
     requests = payload.get("requests")
@@ -258,6 +259,10 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "created_at": _rfc3339(item["created_at"]), "expires_at": _rfc3339(item["expires_at"]),
         "archived_at": None, "cancel_initiated_at": _rfc3339(item.get("cancelling_at")),
         "results_url": f"{base_url}/v1/messages/batches/{item['id']}/results" if ended(item) else None,
+        # An extension, on a batch created with a spending cap only (the others keep Anthropic's shape): the
+        # cap, what was spent, and `error` once the cap stopped it.
+        **({"max_cost_usd": item["max_cost_usd"], "cost_usd": round(float(item.get("cost_usd", 0)), 10),
+            "error": item.get("error")} if item.get("max_cost_usd") is not None else {}),
     }
 
 

@@ -46,6 +46,8 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
         batch, extra = validate_inline_batch(svc, principal.account, payload), None
     if webhook_url := webhooks.batch_webhook_url(svc, principal, payload.get("webhook_url")):
         extra = {**(extra or {}), "webhook_url": webhook_url}
+    if cap := intake.cap_fields(payload.get("max_cost_usd")):  # an extension: the batch's spending cap
+        extra = {**(extra or {}), **cap}
     item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
     return batch_object(item), created
 
@@ -108,6 +110,7 @@ def batch_object(item: BatchItem) -> dict:
         "usage": usage_object(item),
         "cost_usd": round(float(item.get("cost_usd", 0)), 10),
         "cost_unknown_attempts": item.get("cost_unknown_attempts", 0),
+        **({"max_cost_usd": item["max_cost_usd"]} if item.get("max_cost_usd") is not None else {}),  # where one was set
         "results_expires_at": at("results_expires_at"),
         "error": item.get("error"),
     }
