@@ -82,6 +82,8 @@ class BatchObject(BaseModel):
     id: str
     object: Literal["batch"]
     endpoint: str
+    model: str | None = Field(None, description="The model every request of the batch runs on; null while a file "
+                                                "batch is validated, and for an inline batch that mixes models")
     errors: None = None
     input_file_id: str | None
     completion_window: str

@@ -95,7 +95,8 @@ def batch_object(item: BatchItem) -> dict:
         return item.get(name)
 
     return {
-        "id": item["id"], "object": "batch", "endpoint": item["endpoint"], "errors": item.get("errors"),
+        "id": item["id"], "object": "batch", "endpoint": item["endpoint"], "model": batch_model(item),
+        "errors": item.get("errors"),
         "input_file_id": item.get("input_file_id"), "completion_window": "24h", "status": item["status"],
         "output_file_id": item.get("output_file_id"), "error_file_id": item.get("error_file_id"),
         "created_at": item["created_at"], "in_progress_at": at("in_progress_at"), "expires_at": at("expires_at"),
@@ -111,6 +112,14 @@ def batch_object(item: BatchItem) -> dict:
         "results_expires_at": at("results_expires_at"),
         "error": item.get("error"),
     }
+
+
+def batch_model(item: BatchItem) -> str | None:
+    """The model the batch runs (the catalog id its requests' model named), as OpenAI's batch object has it:
+    None while a file batch awaits validation, and for an inline batch over several models (no one model is
+    the batch's)."""
+    lanes = item.get("lanes") or {}
+    return next(iter(lanes)) if len(lanes) == 1 else None
 
 
 def usage_object(item: BatchItem) -> dict:
