@@ -301,6 +301,10 @@ class MessageBatch(BaseModel):
     cancel_initiated_at: str | None = None
     archived_at: str | None = None
     results_url: str | None = Field(None, description="Set once processing_status is 'ended'")
+    usage: Usage | None = Field(None, description="Extension: the batch's tokens so far")
+    cost_usd: float | None = Field(None, description="Extension: the batch's known cost so far, in USD")
+    cost_unknown_attempts: int | None = Field(None, description="Extension: attempts whose cost is not known "
+                                                                "(not in cost_usd)")
 
 
 class MessageBatchList(BaseModel):

@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, results
+from ...service import intake, lifecycle, results, spend
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite
@@ -258,6 +258,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "created_at": _rfc3339(item["created_at"]), "expires_at": _rfc3339(item["expires_at"]),
         "archived_at": None, "cancel_initiated_at": _rfc3339(item.get("cancelling_at")),
         "results_url": f"{base_url}/v1/messages/batches/{item['id']}/results" if ended(item) else None,
+        **spend.spend_fields(item),  # an extension: the batch's tokens and known cost so far
     }
 
 

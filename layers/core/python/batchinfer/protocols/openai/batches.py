@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import intake, lifecycle, results, webhooks
+from ...service import intake, lifecycle, results, spend, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -123,14 +123,8 @@ def batch_model(item: BatchItem) -> str | None:
 
 
 def usage_object(item: BatchItem) -> dict:
-    """The batch's tokens; with DeepInfra's `input_tokens_details.cached_tokens` and
-    `output_tokens_details.reasoning_tokens` once a backend has reported any."""
-    usage = {"input_tokens": item.get("input_tokens", 0), "output_tokens": item.get("output_tokens", 0),
-             "total_tokens": item.get("input_tokens", 0) + item.get("output_tokens", 0)}
-    if "cached_tokens" in item or "reasoning_tokens" in item:
-        usage["input_tokens_details"] = {"cached_tokens": item.get("cached_tokens", 0)}
-        usage["output_tokens_details"] = {"reasoning_tokens": item.get("reasoning_tokens", 0)}
-    return usage
+    """The batch's tokens (`service.spend`, as every batch API shows them)."""
+    return spend.usage_of(item)
 
 
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
