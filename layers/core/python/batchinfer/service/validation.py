@@ -8,7 +8,9 @@ import re
 from dataclasses import dataclass
 
 from ..domain import BatchStatus
-from ..errors import ApiError, InvalidRequest
+from ..errors import QUOTED_CHARS, ApiError, InvalidRequest, clipped, quoted
+from ..jsontext import DuplicateKey, where
+from ..jsontext import loads as read_json
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem, got
 from ..runtime import Services
 from .accounts import may_use_model
@@ -79,6 +81,24 @@ def _holds_surrogate(value: object) -> bool:
 def holds_unpaired_surrogate(raw: bytes, payload: object) -> bool:
     """Whether a parsed JSON body (from `raw`) holds a string no UTF-8 encoder accepts: refuse it at once."""
     return _may_hold_surrogate(raw) and _holds_surrogate(payload)
+
+
+def duplicate_key_fault(error: DuplicateKey) -> tuple[str, str]:
+    """What a body that names a key twice is told, and the parameter: the key and where it is, with the
+    custom_id of the batch request that holds it (read as Python would, the last one winning)."""
+    param = clipped(where((*error.path, error.key)), 2 * QUOTED_CHARS)  # keys on the way may be long too
+    head, rest = param, ""
+    path = error.path
+    if len(path) >= 2 and path[0] == "requests" and isinstance(path[1], int):
+        entry = error.value.get("requests")[path[1]] if isinstance(error.value, dict) else None
+        custom_id = entry.get("custom_id") if isinstance(entry, dict) else None
+        named = isinstance(custom_id, str) and not (len(path) == 2 and error.key == "custom_id")
+        head = where(path[:2]) + (f" (custom_id {quoted(custom_id)})" if named else "")
+        rest = clipped(where((*path[2:], error.key)), 2 * QUOTED_CHARS)
+    message = (f"{head}: {rest + ': ' if rest else ''}the key {quoted(error.key)} is given more than once in one "
+               "object. A JSON body must name each key once (I-JSON, RFC 7493): readers disagree on which one "
+               "counts.")
+    return message, param
 
 
 def validate_metadata(metadata: object) -> dict | None:
@@ -270,7 +290,10 @@ def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
                                              f"{s.max_line_bytes} bytes.")
             continue
         try:
-            entry = json.loads(raw)
+            entry = read_json(raw)
+        except DuplicateKey as twice:
+            report(number, "duplicate_key", f"Line {number}: {duplicate_key_fault(twice)[0]}")
+            continue
         except ValueError:
             report(number, "invalid_json_line", "This line is not parseable as valid JSON.")
             continue
