@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...domain import FINAL_BATCH, parse_result_id
-from ...errors import Conflict, InvalidRequest, NotFound
+from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
 from ...service import intake, lifecycle, results, spend, webhooks
@@ -76,7 +76,7 @@ def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[Val
     file_id = payload["input_file_id"]
     item = files.stored_file(svc, principal.account_id, file_id) if isinstance(file_id, str) else None
     if item is None:
-        raise InvalidRequest(f"Invalid 'input_file_id': file '{file_id}' not found.", code="file_not_found",
+        raise InvalidRequest(f"Invalid 'input_file_id': file {quoted(file_id)} not found.", code="file_not_found",
                              param="input_file_id")
     if item["purpose"] != files.UPLOAD:
         raise InvalidRequest(f"Invalid 'input_file_id': file '{file_id}' has purpose '{item['purpose']}'; a batch "
@@ -130,7 +130,7 @@ def usage_object(item: BatchItem) -> dict:
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
+        raise NotFound(f"No batch found with id {quoted(batch_id)}.", code="batch_not_found", param="batch_id")
     return item
 
 
@@ -150,7 +150,8 @@ def results_page(svc: Services, principal: Principal, batch_id: str, limit: int,
     if after is not None:
         index = parse_result_id(after)
         if index is None:
-            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not '{after}'.", param="after")
+            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not {quoted(after)}.",
+                                 param="after")
         start = index + 1
     end = min(batch["total"], start + limit)
     data = list(results.iter_results(svc, batch, start, end))
