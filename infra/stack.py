@@ -104,6 +104,9 @@ class BatchInferenceStack(Stack):
             function=self.functions.api,
             log_retention=log_retention(config.log_retention_days),
         )
+        # URLs the API hands out (a Message Batch's results_url) name the API's own URL, not whatever Host
+        # header a request came with. No cycle: the HTTP API itself does not depend on the function.
+        self.functions.api.add_environment("PUBLIC_BASE_URL", self.api.url)
         self.schedules = Schedules(
             self,
             "Schedules",

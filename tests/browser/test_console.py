@@ -50,6 +50,15 @@ def message_entry(custom_id: str, content: str, model: str = "glm-5.3-flash") ->
                                                "messages": [{"role": "user", "content": content}]}}
 
 
+def message_tokens(stack) -> str:
+    """The tokens the page shows for the finished Message Batch: "total (input in, output out)", from its
+    object's `usage` (an extension), which holds the one succeeded request's tokens."""
+    ended = stack["http"].get(f"/v1/messages/batches/{stack['ids']['message']}", headers=ANTHROPIC).json()
+    usage = ended["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0 and ended["cost_usd"] > 0, ended
+    return f"{usage['total_tokens']:,} ({usage['input_tokens']:,} in, {usage['output_tokens']:,} out)"
+
+
 def wait_for(check, timeout: float = 30.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -209,6 +218,9 @@ def test_keyboard_only_sign_in_keeps_the_key_in_session_storage_only(page, stack
     expect(row(page, ids["file"])).to_contain_text("file")
     expect(row(page, ids["message"])).to_contain_text("Message Batch")
     expect(row(page, ids["message"])).to_contain_text("1 succeeded · 1 errored of 2")
+    # A Message Batch's tokens and known cost, as its object's extension fields say them.
+    expect(row(page, ids["message"])).to_contain_text(message_tokens(stack))
+    expect(row(page, ids["message"]).locator("td[data-label=Cost]")).to_contain_text("$0.")
     expect(page.locator("#list-refreshing")).to_contain_text("Refreshing every 5 s")
 
     assert page.evaluate("sessionStorage.getItem('batchinfer.console.key')") == stack["key"]
@@ -345,8 +357,10 @@ def test_a_batch_shows_its_fields_and_pages_and_filters_its_results(page, stack)
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], "no sideways scrolling"
     screenshot(page, "batch-phone")
 
-    # A Message Batch's results: its JSONL, once ended, with its own statuses.
+    # A Message Batch's results: its JSONL, once ended, with its own statuses; its tokens and cost beside them.
     open_batch(page, stack, "message")
+    expect(page.locator("#batch-fields")).to_contain_text(message_tokens(stack))
+    expect(page.locator("#batch-fields")).not_to_contain_text("Not part of")
     expect(results).to_have_count(2)
     page.get_by_label("Status").select_option("errored")
     expect(results).to_have_count(1)

@@ -16,6 +16,7 @@ from tests.e2e.conftest import local_stack
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).with_name("sdk_scripts") / "interactive_calls.py"
+DUPLICATE_KEYS = Path(__file__).with_name("sdk_scripts") / "duplicate_keys.py"
 MODEL = "glm-5.3-flash"
 
 
@@ -26,12 +27,19 @@ def stack(tmp_path_factory):
 
 
 @pytest.mark.parametrize("major", SDK_MAJORS)
-def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_path):
+def sdk_env(stack, tmp_path) -> dict[str, str]:
+    """An SDK script's environment: a new key of a pro account, the stack's base URL, no PYTHONPATH."""
     account = accounts.create_account(stack["svc"], tier="pro")
     key = accounts.create_key(stack["svc"], account["id"])
     env = {k: v for k, v in os.environ.items()
            if k != "PYTHONPATH" and not k.startswith(("OPENAI_", "ANTHROPIC_"))}
     env.update(HOME=str(tmp_path), FREEINFERENCE_BASE_URL=stack["base"], FREEINFERENCE_API_KEY=key)
+    return env
+
+
+@pytest.mark.parametrize("major", SDK_MAJORS)
+def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_path):
+    env = sdk_env(stack, tmp_path)
     run = subprocess.run([sdk_python(major), str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
@@ -59,3 +67,22 @@ def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_
         assert streamed["stop_reason"] == out["message"]["stop_reason"]
         assert streamed["usage"][0] > 0 and streamed["usage"][1] == out["message"]["output_tokens"]
         assert out["message_stream_tool"] == ["tool_use", "tool_use", "lookup", {"query": "Simulated"}]
+
+
+@pytest.mark.parametrize("major", SDK_MAJORS)
+def test_a_body_naming_a_key_twice_is_a_400_each_sdk_reads(stack, sdk_python, major, tmp_path):
+    """A key named twice (sent by rewriting the bytes the SDK sends, and by plain httpx) is refused before any
+    model runs, with an error each SDK raises as its BadRequestError, naming the key."""
+    run = subprocess.run([sdk_python(major), str(DUPLICATE_KEYS)], capture_output=True, text=True, timeout=120,
+                         env=sdk_env(stack, tmp_path))
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    status, body = out["raw"]
+    assert status == 400 and body["error"]["code"] == "duplicate_key" and body["error"]["param"] == "model", body
+    status, code, param, message = out["openai"]
+    assert (status, code, param) == (400, "duplicate_key", "model"), out["openai"]
+    assert "model: the key 'model' is given more than once" in message, message  # "Error code: 400 - {...}"
+    if major != "openai1":  # that interpreter has only openai
+        status, name, kind, message = out["anthropic"]
+        assert (status, name, kind) == (400, "BadRequestError", "invalid_request_error"), out["anthropic"]
+        assert message.startswith("model: the key 'model' is given more than once"), message

@@ -133,6 +133,21 @@ def test_openai_sdk_pages_files_and_batches_one_item_at_a_time(stack, tmp_path, 
         assert paged == one_page, (kind, paged, one_page)  # ends, every item once, nothing skipped
 
 
+@pytest.mark.parametrize("sdk_major", SDK_MAJORS)
+def test_openai_sdk_reads_the_batch_model(stack, tmp_path, sdk_python, sdk_major):
+    """`batch.model` through the SDK: the file's one model (an alias named by its catalog id) once validated,
+    null before and for an inline batch over two models; openai 1.x keeps it as an extra field."""
+    python = sdk_python(sdk_major)
+    out = subprocess.run([python, str(SDK_SCRIPTS / "batch_model.py")], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env=sdk_env(stack))
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["openai"].split(".")[0] == pinned(sdk_major)["openai"].split(".")[0], seen["openai"]
+    assert seen["modelled"] is (sdk_major != "openai1"), seen
+    assert seen["created"] is None and seen["file"] == ["completed", "glm-5.3-flash"], seen
+    assert seen["mixed"] is None, seen
+
+
 def test_cancel_delete_and_idempotency_flows(stack):
     s, base = session_for(stack), stack["base"]
     body = {"requests": [{"custom_id": f"c-{i}", "body": {"model": "qwen-35b", "messages": [

@@ -234,6 +234,12 @@ def test_sdk_flows(stack, started, sdk_major):
     assert seen["mixed_counts"] == {"processing": 0, "succeeded": succeeded, "errored": 5 - succeeded,
                                     "canceled": 0, "expired": 0}
     assert seen["mixed_results_url"].startswith(root(stack) + "/anthropic/v1/messages/batches/msgbatch_")
+    # The batch's tokens (an extension) are those of its succeeded results; its known cost is above 0.
+    tokens = [r["tokens"] for r in results.values() if r["type"] == "succeeded"]
+    usage, cost = seen["mixed_spend"]
+    assert usage == {"input_tokens": sum(t[0] for t in tokens), "output_tokens": sum(t[1] for t in tokens),
+                     "total_tokens": sum(map(sum, tokens))}, (usage, tokens)
+    assert isinstance(cost, float) and cost > 0, cost
 
     # Before it has ended: results() raises without a second request (results_url is null), and delete is a
     # 400; cancel then makes it canceling, or ended if nothing of it was running.

@@ -425,6 +425,14 @@ def test_environment_per_function(synth: Synth) -> None:
     assert env(synth, "api")["MAX_BODY_BYTES"] == "4194304"
 
 
+def test_the_api_knows_its_public_url(synth: Synth, edge_synth: Synth) -> None:
+    """PUBLIC_BASE_URL (the base of a Message Batch's results_url): the execute-api URL, or the custom domain's."""
+    public = env(synth, "api")["PUBLIC_BASE_URL"]
+    assert synth.logical_id(synth.stack.api.http_api) in json.dumps(public), public  # resolved at deploy
+    assert env(edge_synth, "api")["PUBLIC_BASE_URL"] == "https://batch.example.com"
+    assert all("PUBLIC_BASE_URL" not in env(synth, name) for name in FUNCTION_NAMES if name != "api")
+
+
 def test_handlers_and_core_package_resolve_in_packaged_assets(synth: Synth) -> None:
     for name in FUNCTION_NAMES:
         s3_key = function_resource(synth, name)[1]["Properties"]["Code"]["S3Key"]

@@ -19,7 +19,7 @@ from tests.integration.apigw import Reply
 
 # The batch object of the spec's "Create a batch" example: every field a user may rely on.
 SPEC_BATCH_FIELDS = {
-    "id", "object", "endpoint", "errors", "input_file_id", "completion_window", "status", "output_file_id",
+    "id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status", "output_file_id",
     "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
     "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata", "usage", "cost_usd",
     "cost_unknown_attempts", "results_expires_at", "error",
@@ -254,7 +254,7 @@ def test_create_spec_example(api, svc, sim_control):
     assert BATCH_ID.match(batch["id"]), batch["id"]
     assert isinstance(batch["created_at"], int) and before <= batch["created_at"] <= svc.now()
     assert batch == {
-        "id": batch["id"], "object": "batch", "endpoint": "/v1/chat/completions", "errors": None,
+        "id": batch["id"], "object": "batch", "endpoint": "/v1/chat/completions", "model": None, "errors": None,
         "input_file_id": None, "completion_window": "24h", "status": "validating", "output_file_id": None,
         "error_file_id": None, "created_at": batch["created_at"], "in_progress_at": None,
         "expires_at": batch["created_at"] + 86400, "finalizing_at": None, "completed_at": None, "failed_at": None,
@@ -281,6 +281,22 @@ def test_create_spec_example(api, svc, sim_control):
     assert [r["response"]["body"]["model"] for r in page["data"]] == ["glm-5.3-flash", "qwen3.6-35b"]
     assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in page["data"])
     assert sim_requests(sim_control) == 2
+
+
+def test_the_batch_object_names_its_one_model_and_none_for_a_mix(api, svc):
+    """`model`, as OpenAI's batch object has it: the catalog id every request runs on (an alias is named by the
+    model it points to); null for an inline batch over several models."""
+    _, key = new_key(svc)
+    one = ok(api.create(key, [req("a", model="glm-flash"), req("b", model="glm-5.3-flash")]))
+    assert one["model"] == "glm-5.3-flash"
+    assert ok(api("GET", f"/v1/batches/{one['id']}", key))["model"] == "glm-5.3-flash"
+    mixed = ok(api.create(key, [req("a"), req("b", model="qwen3.6-35b")]))
+    assert mixed["model"] is None
+    listed = {b["id"]: b["model"] for b in ok(api("GET", "/v1/batches", key))["data"]}
+    assert listed == {one["id"]: "glm-5.3-flash", mixed["id"]: None}
+    finished = finish(svc, one["id"])
+    assert finished["status"] == "completed"
+    assert ok(api("GET", f"/v1/batches/{one['id']}", key))["model"] == "glm-5.3-flash"  # kept once it ran
 
 
 def test_create_malformed_bodies_are_400(api, svc):

@@ -160,11 +160,12 @@ def test_a_batch_from_a_file_runs_and_writes_its_result_files(api, svc, sim_cont
     uploaded = ok(upload(api, key, jsonl(*lines[:3], "", *lines[3:])))  # an empty line is ignored
     created = ok(create_from(api, key, uploaded["id"], metadata={"project": "eval-42"}))
     assert created["status"] == "validating" and created["input_file_id"] == uploaded["id"]
+    assert created["model"] is None  # not known until the file's lines are read
     # Deleting the upload does not affect the batch created from it.
     ok(api("DELETE", f"/v1/files/{uploaded['id']}", key))
     final = finish(svc, created["id"])
     batch = ok(api("GET", f"/v1/batches/{created['id']}", key))
-    assert batch["status"] == "completed" and batch["errors"] is None
+    assert batch["status"] == "completed" and batch["errors"] is None and batch["model"] == "glm-5.3-flash"
     assert batch["request_counts"] == {"total": 5, "completed": 4, "failed": 1}, batch
     assert batch["finalizing_at"] is not None and final["output_file_id"] and final["error_file_id"]
     results = {r["custom_id"]: r for r in ok(api("GET", f"/v1/batches/{created['id']}/results", key))["data"]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from batchinfer.errors import QUOTED_CHARS, clipped
 from tests.helpers import new_key
 from tests.integration.test_api import ok, settings
 from tests.integration.test_message_batches import V1
@@ -82,11 +83,13 @@ def call(api, caller, route: tuple, made_up: str):
 
 
 def shape(reply, made_up: str) -> tuple:
-    """What a client sees of a refusal, with the id it sent taken out of the message."""
+    """What a client sees of a refusal, with the id it sent taken out of the message (as a message quotes it:
+    whole when short, its start and '...' when long; never the whole of a long one)."""
     body = reply.json()
     error = body["error"]
+    assert len(made_up) <= QUOTED_CHARS or made_up not in reply.text, reply.text[:300]
     return reply.status, set(body), error.get("type"), error.get("code"), error.get("param"), \
-        error["message"].replace(made_up, "<id>")
+        error["message"].replace(clipped(made_up), "<id>")
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=route_name)

@@ -6,12 +6,15 @@ reason the switch is off there); tests/e2e/test_interactive_sdk.py reads them as
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
 
 import pytest
 
+from batchinfer.cli import admin
+from batchinfer.domain import utc_day
 from batchinfer.providers import http
 from batchinfer.service import interactive
 from batchinfer.service.accounts import authenticate
@@ -140,7 +143,7 @@ def test_a_backend_that_refuses_connections_answers_503_and_costs_nothing(api, s
     assert budget(svc).get("interactive", 0) == 0
 
 
-def test_a_stream_without_usage_is_charged_an_estimate_from_its_text(api, streaming, sim_control):
+def test_a_stream_without_usage_is_charged_an_estimate_from_its_text(api, streaming, sim_control, capsys):
     """A backend that sends no usage on a stream that ran to its end (llama-cpp-python sends no usage chunk,
     even when asked) is charged for the request's text and the streamed text at 4 characters a token (the
     catalog's default), counted as an estimate, not as cost unknown."""
@@ -166,6 +169,13 @@ def test_a_stream_without_usage_is_charged_an_estimate_from_its_text(api, stream
     day = spent(svc, account["id"])
     assert day.get("cost_unknown_attempts", 0) == 0 and day["usage_estimated_attempts"] == 3
     assert expected > 0 and abs(float(day["cost_usd"]) - expected) < 1e-12
+    # `batchctl admin usage` shows the day's spending with its estimated attempts.
+    admin.run(argparse.Namespace(command="usage", account=account["id"]), svc)
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["account"] == account["id"] and len(shown["days"]) == 3
+    assert shown["days"][0] == {"day": utc_day(svc.now()), "cost_usd": round(float(day["cost_usd"]), 10),
+                                "cost_unknown_attempts": 0, "usage_estimated_attempts": 3}
+    assert all(d["cost_usd"] == 0 and d["usage_estimated_attempts"] == 0 for d in shown["days"][1:])
     assert budget(svc).get("interactive", 0) == 0 and budget(svc, CLAUDE).get("interactive", 0) == 0
 
 

@@ -127,7 +127,10 @@ def test_create_run_and_read_as_the_sdk_does(messages, svc):
     assert batch["request_counts"] == {"processing": 2, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     assert batch["created_at"].endswith("Z") and batch["ended_at"] is None and batch["cancel_initiated_at"] is None
     assert set(batch) == {"id", "type", "processing_status", "request_counts", "ended_at", "created_at",
-                          "expires_at", "archived_at", "cancel_initiated_at", "results_url"}
+                          "expires_at", "archived_at", "cancel_initiated_at", "results_url",
+                          "usage", "cost_usd", "cost_unknown_attempts"}  # the last three: an extension
+    assert batch["usage"] == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    assert batch["cost_usd"] == 0 and batch["cost_unknown_attempts"] == 0
     anthropic_error(messages("GET", f"/{batch['id']}/results"), 400, "invalid_request_error", "has not ended")
     anthropic_error(messages("DELETE", f"/{batch['id']}"), 400, "invalid_request_error", "has not ended")
     finish(svc, batch["id"])
@@ -145,9 +148,16 @@ def test_create_run_and_read_as_the_sdk_does(messages, svc):
         assert message["type"] == "message" and message["role"] == "assistant" and message["model"] == GLM
         assert message["content"][0]["type"] == "text" and "Simulated answer" in message["content"][0]["text"]
         assert message["stop_reason"] == "end_turn" and message["usage"]["output_tokens"] > 0
-    # The usage and cost of the batch are those of every attempt, as for the other batches.
+    # The usage and cost of the batch are those of every attempt, as for the other batches, and shown on its
+    # object (an extension) as the OpenAI-shaped batch object shows them.
     item = svc.table.get(*batch_key(batch["id"]))
     assert item["input_tokens"] > 0 and float(item["cost_usd"]) > 0
+    answered = [line["result"]["message"]["usage"] for line in lines]
+    assert got["usage"] == {"input_tokens": sum(u["input_tokens"] for u in answered),
+                            "output_tokens": sum(u["output_tokens"] for u in answered),
+                            "total_tokens": sum(u["input_tokens"] + u["output_tokens"] for u in answered)}
+    assert got["cost_usd"] == round(float(item["cost_usd"]), 10) > 0 and got["cost_unknown_attempts"] == 0
+    assert ok(messages("GET", ""))["data"][0]["usage"] == got["usage"]  # listed the same way
     assert ok(messages("DELETE", f"/{batch['id']}")) == {"id": batch["id"], "type": "message_batch_deleted"}
     anthropic_error(messages("GET", f"/{batch['id']}"), 404, "not_found_error")
 

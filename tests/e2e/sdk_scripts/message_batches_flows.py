@@ -86,6 +86,10 @@ out["ended"] = sorted(ended) == sorted([mixed.id, big.id, first.id])
 if mixed.id in ended:
     out["mixed_counts"] = counts(ended[mixed.id])
     out["mixed_results_url"] = ended[mixed.id].results_url
+    # The batch's tokens and known cost: extension fields, which the SDK keeps as extra fields.
+    usage = getattr(ended[mixed.id], "usage", None)
+    out["mixed_spend"] = [usage if isinstance(usage, dict) or usage is None else usage.model_dump(),
+                          getattr(ended[mixed.id], "cost_usd", None)]
     entries = []
     for entry in client.messages.batches.results(mixed.id):
         result = entry.result
@@ -95,6 +99,7 @@ if mixed.id in ended:
         elif result.type == "succeeded":
             row["text"] = "".join(b.text for b in result.message.content if b.type == "text")
             row["model"] = result.message.model
+            row["tokens"] = [result.message.usage.input_tokens, result.message.usage.output_tokens]
         entries.append(row)
     out["mixed_results"] = entries
 

@@ -104,3 +104,20 @@ class GatewayTimeout(_FixedStatus):
     """504: the backend did not answer in time."""
 
     STATUS = 504
+
+
+QUOTED_CHARS = 64  # a value a message quotes back is cut to this many characters
+
+
+def clipped(value: object, limit: int = QUOTED_CHARS) -> str:
+    """`value` as a message echoes it: at most `limit` characters of it, and '...' past them. A message that
+    echoes what a client sent must stay short whatever it sent (a made-up id in a path, a model name or a
+    key in a body may be megabytes): the answer, a log line or a proxy's error page holding it should not
+    carry the whole of it, and its start is enough to recognize."""
+    text = str(value)
+    return f"{text[:limit]}..." if len(text) > limit else text
+
+
+def quoted(value: object, limit: int = QUOTED_CHARS) -> str:
+    """`value` quoted in a message ('x'), cut as `clipped` cuts it."""
+    return f"'{clipped(value, limit)}'"

@@ -45,6 +45,82 @@ def parse_object(text: str) -> Text:
     return Text(value, text)
 
 
+# --- Reading a client's JSON: I-JSON (RFC 7493) --------------------------------------------------------------
+
+class DuplicateKey(ValueError):
+    """A JSON object names `key` twice. RFC 7493 (I-JSON) forbids it: readers disagree on which one counts
+    (Python's json takes the last, others the first), so a proxy or firewall in front could read another
+    request than the one that runs. `path`: where the object is, from the top ('requests', 3, 'body'), and
+    `value`: the text read as Python would (the last one winning), to say more of where it is."""
+
+    def __init__(self, key: str, path: tuple[str | int, ...], value: object) -> None:
+        super().__init__(f"the key {key!r} appears more than once in one object")
+        self.key = key
+        self.path = path
+        self.value = value
+
+
+class _Twice(Exception):
+    """Raised by `_unique` mid-parse: cheap, no path (found afterwards, only for a refused body)."""
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise _Twice
+    return value
+
+
+class _Pairs(dict):
+    """An object read by the slow second pass, with its first key named twice (or None)."""
+
+    __slots__ = ("twice",)
+
+
+def _marking(pairs: list[tuple[str, object]]) -> _Pairs:
+    value = _Pairs(pairs)
+    value.twice = None
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        value.twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return value
+
+
+def _first_twice(value: object) -> tuple[str, tuple[str | int, ...]] | None:
+    """The first object (depth first, in document order) that names a key twice: (key, its path)."""
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, _Pairs):
+            if node.twice is not None:
+                return node.twice, path
+            stack.extend((v, (*path, k)) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, (*path, i)) for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+def loads(text: str | bytes) -> object:
+    """A client's JSON, read as `json.loads` reads it, but refusing an object that names a key twice
+    (DuplicateKey, a ValueError). The check costs one dict build per object; where the key is, is looked
+    for only in a body that is refused."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique)
+    except _Twice:
+        value = json.loads(text, object_pairs_hook=_marking)
+        found = _first_twice(value)
+        assert found is not None  # the first pass found one
+        raise DuplicateKey(found[0], found[1], value) from None
+
+
+def where(path: tuple[str | int, ...]) -> str:
+    """A path as a parameter's name: ('requests', 3, 'body') -> 'requests[3].body'."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
 def text_of(value: dict) -> str:
     """A JSON object's text: a `Text`'s own, else compact JSON."""
     return value.text if isinstance(value, Text) else json.dumps(value, separators=(",", ":"))

@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     local_pollers_per_queue: int = 0  # local worker invocations per queue at once; 0: the model's budget
 
     batches_enabled: bool = True  # off: every batch route answers 404 "unavailable at the moment"
+    # The API's public base URL (scheme and host, and a stage path if any, e.g. https://api.example.com), where
+    # URLs the API hands out point (a Message Batch's results_url). Unset: the host the request came to (its
+    # Host header), which a client, or a proxy in front, chooses.
+    public_base_url: str | None = None
 
     # Extensions (each its own issue); off in a deployment unless the operator turns them on.
     file_batches_enabled: bool = False
@@ -115,6 +119,17 @@ class Settings(BaseSettings):
     webhook_secret_overlap_seconds: int = 24 * 3600  # after a rotation, the old secret signs beside the new
     webhook_event_retention_seconds: int = 30 * 24 * 3600  # events (and their attempts) listed this long
     webhook_relay_seconds: int = Field(default=120, ge=1)  # a pending event not heard of this long is resent
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _check_base_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        scheme, _, rest = value.partition("://")
+        if scheme not in ("http", "https") or not rest or rest.startswith("/") or any(c in rest for c in "?#"):
+            raise ValueError("PUBLIC_BASE_URL must be an http(s) URL without query or fragment, e.g. "
+                             "https://api.example.com")
+        return value.rstrip("/")
 
     @field_validator("tier_limits", mode="before")
     @classmethod

@@ -87,6 +87,8 @@ class BatchObject(BaseModel):
     id: str
     object: Literal["batch"]
     endpoint: str
+    model: str | None = Field(None, description="The model every request of the batch runs on; null while a file "
+                                                "batch is validated, and for an inline batch that mixes models")
     errors: None = None
     input_file_id: str | None
     completion_window: str
@@ -310,9 +312,12 @@ class MessageBatch(BaseModel):
     cancel_initiated_at: str | None = None
     archived_at: str | None = None
     results_url: str | None = Field(None, description="Set once processing_status is 'ended'")
+    usage: Usage | None = Field(None, description="Extension: the batch's tokens so far")
+    cost_usd: float | None = Field(None, description="Extension: the batch's known cost so far, in USD")
+    cost_unknown_attempts: int | None = Field(None, description="Extension: attempts whose cost is not known "
+                                                                "(not in cost_usd)")
     # Extensions, on a batch created with a spending cap only.
     max_cost_usd: float | None = Field(None, description="An extension: the spending cap, where one was set")
-    cost_usd: float | None = Field(None, description="An extension, with max_cost_usd: what the batch spent")
     error: dict | None = Field(None, description="An extension, with max_cost_usd: {code: max_cost_reached, "
                                                  "message} once the cap stopped the batch")
 

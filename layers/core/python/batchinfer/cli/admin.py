@@ -95,6 +95,9 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
                        ("delete-account", "mark an account deleted"), ("show", "print an account as JSON")):
         admin.add_parser(name, help=text).add_argument("--account", required=True)
 
+    p = admin.add_parser("usage", help="an account's spending on each day kept (today first), as JSON")
+    p.add_argument("--account", required=True)
+
     p = admin.add_parser("set", help="set an account's tier, batch access or daily quota")
     p.add_argument("--account", required=True)
     p.add_argument("--tier", choices=["free", "pro", "internal"])
@@ -122,6 +125,12 @@ def run(args: argparse.Namespace, svc) -> None:
         if not fields:
             raise CliError("nothing to set: give --tier, --batch-access or --daily-quota-usd")
         accounts.update_account(svc, args.account, **fields)
+    elif args.command == "usage":
+        account = accounts.get_account(svc, args.account)
+        if account is None:
+            raise CliError(f"account {args.account} not found")
+        print(json.dumps({"account": account["id"], "daily_quota_usd": float(account.get("daily_quota_usd", 0)),
+                          "days": accounts.daily_usage(svc, account["id"])}, indent=2))
     elif args.command == "show":
         account = accounts.get_account(svc, args.account)
         if account is None:

@@ -110,6 +110,24 @@ def spent_today(svc: Services, account_id: str) -> float:
     return float(item.get("cost_usd", 0)) if item else 0.0
 
 
+USAGE_DAYS = 3  # the day's usage items are kept this many days (records.Usage)
+
+
+def daily_usage(svc: Services, account_id: str) -> list[dict]:
+    """The account's spending on each UTC day still kept, today first: `cost_usd` (batch and interactive),
+    `cost_unknown_attempts` (attempts whose outcome was lost after they were sent: not in cost_usd) and
+    `usage_estimated_attempts` (streams that ended without usage, charged an estimate: in cost_usd)."""
+    now = svc.now()
+    days = []
+    for back in range(USAGE_DAYS):
+        day = utc_day(now - back * 86400)
+        item = Usage.get(svc.table, account_id, day) or {}
+        days.append({"day": day, "cost_usd": round(float(item.get("cost_usd", 0)), 10),
+                     "cost_unknown_attempts": int(item.get("cost_unknown_attempts", 0)),
+                     "usage_estimated_attempts": int(item.get("usage_estimated_attempts", 0))})
+    return days
+
+
 def quota_used_up(svc: Services, account: dict) -> bool:
     return spent_today(svc, account["id"]) >= float(account.get("daily_quota_usd", 0))
 

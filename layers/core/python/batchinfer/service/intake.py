@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 
 from ..errors import Conflict, Gone, InvalidRequest, PayloadTooLarge, PermissionDenied, RateLimited
+from ..jsontext import DuplicateKey
+from ..jsontext import loads as read_json
 from ..layout import (
     INDEX_CHUNK,
     batch_prefix,
@@ -32,6 +34,7 @@ from .validation import (
     RejectedRequest,
     ValidatedBatch,
     ValidRequest,
+    duplicate_key_fault,
     holds_unpaired_surrogate,
     validate_file_lines,
 )
@@ -62,7 +65,10 @@ def body_hash(payload: object) -> str:
 def parse_json_body(raw: bytes) -> object:
     """A create call's body, parsed; anything JSON (or UTF-8) cannot hold is the caller's 400."""
     try:
-        payload = json.loads(raw) if raw.strip() else None
+        payload = read_json(raw) if raw.strip() else None
+    except DuplicateKey as twice:
+        message, param = duplicate_key_fault(twice)
+        raise InvalidRequest(message, code="duplicate_key", param=param) from None
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("The body is not valid JSON.") from None
     except RecursionError:

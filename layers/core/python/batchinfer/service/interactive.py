@@ -21,7 +21,7 @@ import anyio
 
 from ..catalog import MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, Relay, new_token, next_utc_midnight
-from ..errors import ApiError, GatewayTimeout, InvalidRequest, NotFound, RateLimited, ServiceUnavailable
+from ..errors import ApiError, GatewayTimeout, InvalidRequest, NotFound, RateLimited, ServiceUnavailable, quoted
 from ..protocols.anthropic.message_batches import ParamsError, params_model
 from ..records import InteractiveLease, Usage
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
@@ -31,7 +31,7 @@ from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import BackendKeyNotSet
 from . import inference
 from .accounts import Principal, may_use_model, quota_used_up
-from .validation import non_finite
+from .validation import non_finite_at, non_finite_fault
 
 OPENAI_ENDPOINTS = (CHAT, EMBEDDINGS, RESPONSES)
 NO_STREAM = ("stream: streaming answers are not served here: behind API Gateway and Lambda an answer is sent "
@@ -63,7 +63,7 @@ def route(svc: Services, account: dict, name: object, endpoint: str) -> Model:
     (`Catalog.route`)."""
     model = svc.catalog.lookup(name) if isinstance(name, str) and name else None
     if model is None or not may_use_model(account, model.id):
-        raise NotFound(f"The model '{name}' does not exist or you do not have access to it.",
+        raise NotFound(f"The model {quoted(name)} does not exist or you do not have access to it.",
                        code="model_not_found", param="model")
     if model.auto:
         chosen = svc.catalog.route(model, endpoint, lambda m: may_use_model(account, m.id))
@@ -198,8 +198,9 @@ async def serve_openai(svc: Services, principal: Principal, endpoint: str, paylo
     streams = payload.get("stream") is True
     if streams:
         _check_stream(svc, endpoint)
-    if non_finite(payload):
-        raise InvalidRequest("The body holds NaN or Infinity, which is not valid JSON.")
+    at = non_finite_at(payload)
+    if at is not None:
+        raise InvalidRequest(non_finite_fault(at), param=at or None)
     if endpoint == RESPONSES and payload.get("store") is True:
         raise InvalidRequest("store: responses are not stored here; send store false (or leave it out).",
                              param="store")
@@ -263,6 +264,6 @@ def one_model(svc: Services, principal: Principal, model_id: str) -> dict:
     model = svc.catalog.lookup(model_id)
     if model is None or model.id != model_id or not may_use_model(principal.account, model.id) or (
             not model.auto and model.backend is None):
-        raise NotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
+        raise NotFound(f"The model {quoted(model_id)} does not exist or you do not have access to it.",
                        code="model_not_found", param="model")
     return model_object(model)

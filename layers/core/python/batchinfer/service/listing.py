@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..domain import IdKind
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, quoted
 from ..runtime import Services
 from .accounts import Principal
 
@@ -23,7 +23,7 @@ def owner_page(svc: Services, principal: Principal, record: Any, *, ids: IdKind,
     if after:
         anchor = record.get(svc.table, after) if ids.names(after) else None
         if anchor is None or anchor.get("account_id") != principal.account_id:
-            raise InvalidRequest(f"after: no {noun} found with id '{after}'.", param="after")
+            raise InvalidRequest(f"after: no {noun} found with id {quoted(after)}.", param="after")
         start = record.owner_cursor(anchor)
     items, has_more = collect_owned(
         lambda begin, n: record.of_owner(svc.table, principal.account_id, n, begin, newest_first=newest_first,

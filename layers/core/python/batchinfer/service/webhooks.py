@@ -33,7 +33,7 @@ from standardwebhooks.webhooks import Webhook as Signer
 from .. import protocols
 from ..addresses import UrlRefused, WebhookTarget, check_url
 from ..domain import EVENT_IDS, BatchStatus, new_event_id
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..errors import Conflict, InvalidRequest, NotFound, quoted
 from ..layout import due_lateness
 from ..providers.webhook import post_event
 from ..records import BatchItem, Op, Webhook, WebhookEvent
@@ -209,7 +209,7 @@ def events_page(svc: Services, principal: Principal, limit: int, after: str | No
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100.", param="limit")
     if after is not None and not EVENT_IDS.names(after):  # a cursor: any event id, listed or not
-        raise InvalidRequest(f"after must be an event id such as evt_..., not {after!r}.", param="after")
+        raise InvalidRequest(f"after must be an event id such as evt_..., not {quoted(after)}.", param="after")
     items, more = WebhookEvent.of_account(svc.table, principal.account_id, limit, after)
     data = [event_object(item) for item in items]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

@@ -192,7 +192,8 @@
       const c = raw.request_counts;
       return {id: raw.id, api: "message", kind: "Message Batch", status: raw.processing_status,
               final: raw.processing_status === "ended", created: raw.created_at, ended: raw.ended_at,
-              counts: c, total: c.processing + c.succeeded + c.errored + c.canceled + c.expired, raw};
+              counts: c, total: c.processing + c.succeeded + c.errored + c.canceled + c.expired,
+              usage: raw.usage, cost: raw.cost_usd, costUnknown: raw.cost_unknown_attempts, raw};
     }
     const ended = raw.completed_at || raw.failed_at || raw.expired_at || raw.cancelled_at || null;
     return {id: raw.id, api: "openai", kind: raw.input_file_id ? "file" : "inline", status: raw.status,
@@ -509,8 +510,7 @@
       if (r.cancel_initiated_at) items.push(field("Cancel initiated", timeNode(r.cancel_initiated_at)));
       items.push(field("Ended", timeNode(r.ended_at)));
       if (r.archived_at) items.push(field("Archived", timeNode(r.archived_at)));
-      items.push(field("Tokens and cost", el("span", {class: "muted",
-        text: "Not part of a Message Batch object (see each result's usage)."})));
+      items.push(field("Tokens", tokensText(b)), field("Cost", costNode(b)));
     }
     $("batch-fields").replaceChildren(...items.flat());
     renderActions();

@@ -52,8 +52,10 @@ def _add_routes(prefix: str) -> None:
     base = prefix + "/v1/messages/batches"
 
     def base_url(request: Request) -> str:
-        """Where the client reached this API: results_url goes back to the same host and base path."""
-        return str(request.base_url).rstrip("/") + prefix
+        """Where results_url points: the configured public base URL (PUBLIC_BASE_URL), else where the client
+        reached this API (its Host header), and the base path the client used."""
+        public = services_of(request).settings.public_base_url
+        return (public or str(request.base_url).rstrip("/")) + prefix
 
     @router.post(base, summary="Create a Message Batch", responses=error_responses(ANTHROPIC, 403, 409, 410, 413, 429),
                  openapi_extra=_extra(CREATE_MESSAGE_BATCH_BODY, MESSAGE_BATCH))

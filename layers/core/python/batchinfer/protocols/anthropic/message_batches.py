@@ -22,15 +22,15 @@ from collections.abc import Iterator
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
-from ...errors import InvalidRequest, NotFound, PermissionDenied
+from ...errors import InvalidRequest, NotFound, PermissionDenied, clipped, quoted
 from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, results
+from ...service import intake, lifecycle, results, spend
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
-from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite
+from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
 from . import PROTOCOL
 
 IDS = PROTOCOL.batch_ids
@@ -151,8 +151,9 @@ def params_model(svc: Services, account: dict, params: object, version: str) -> 
     unknown = sorted(set(params) - VERSIONS[version])
     if unknown:
         raise ParamsError(f"{unknown[0]}: not a parameter of the Messages API at anthropic-version {version}.")
-    if non_finite(params):
-        raise ParamsError("params: holds NaN or Infinity, which is not valid JSON.")
+    at = non_finite_at(params)
+    if at is not None:
+        raise ParamsError(non_finite_fault(at))
     name = params.get("model")
     if name is None:
         raise ParamsError("model: Field required (a string).")
@@ -186,7 +187,7 @@ def params_model(svc: Services, account: dict, params: object, version: str) -> 
         raise ParamsError(refused)
     model = svc.catalog.lookup(name)
     if model is None or not may_use_model(account, model.id):
-        raise ParamsError(f"model: {name}", kind="not_found_error", code="model_not_found")
+        raise ParamsError(f"model: {clipped(name)}", kind="not_found_error", code="model_not_found")
     if model.auto:
         raise ParamsError(f"model: '{name}' is an auto model; auto models cannot be used in a batch.",
                        code="model_not_found")
@@ -259,10 +260,10 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "created_at": _rfc3339(item["created_at"]), "expires_at": _rfc3339(item["expires_at"]),
         "archived_at": None, "cancel_initiated_at": _rfc3339(item.get("cancelling_at")),
         "results_url": f"{base_url}/v1/messages/batches/{item['id']}/results" if ended(item) else None,
-        # An extension, on a batch created with a spending cap only (the others keep Anthropic's shape): the
-        # cap, what was spent, and `error` once the cap stopped it.
-        **({"max_cost_usd": item["max_cost_usd"], "cost_usd": round(float(item.get("cost_usd", 0)), 10),
-            "error": item.get("error")} if item.get("max_cost_usd") is not None else {}),
+        **spend.spend_fields(item),  # an extension: the batch's tokens and known cost so far
+        # An extension, on a batch created with a spending cap only: the cap, and `error` once it stopped it.
+        **({"max_cost_usd": item["max_cost_usd"], "error": item.get("error")}
+           if item.get("max_cost_usd") is not None else {}),
     }
 
 
@@ -270,7 +271,7 @@ def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
     item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise NotFound(f"No Message Batch found with id '{batch_id}'.", code="batch_not_found")
+        raise NotFound(f"No Message Batch found with id {quoted(batch_id)}.", code="batch_not_found")
     return item
 
 
@@ -288,7 +289,7 @@ def list_page(svc: Services, principal: Principal, limit: int, after_id: str | N
         name = "after_id" if after_id else "before_id"
         anchor = Batch.get(svc.table, anchor_id) if IDS.names(anchor_id) else None
         if anchor is None or anchor.get("account_id") != principal.account_id:
-            raise InvalidRequest(f"{name}: no Message Batch found with id '{anchor_id}'.", param=name)
+            raise InvalidRequest(f"{name}: no Message Batch found with id {quoted(anchor_id)}.", param=name)
         start = Batch.owner_cursor(anchor)
     newest_first = before_id is None
     items, has_more = collect_owned(

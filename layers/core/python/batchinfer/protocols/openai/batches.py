@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...domain import FINAL_BATCH, parse_result_id
-from ...errors import Conflict, InvalidRequest, NotFound
+from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import intake, lifecycle, results, webhooks
+from ...service import intake, lifecycle, results, spend, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -78,7 +78,7 @@ def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[Val
     file_id = payload["input_file_id"]
     item = files.stored_file(svc, principal.account_id, file_id) if isinstance(file_id, str) else None
     if item is None:
-        raise InvalidRequest(f"Invalid 'input_file_id': file '{file_id}' not found.", code="file_not_found",
+        raise InvalidRequest(f"Invalid 'input_file_id': file {quoted(file_id)} not found.", code="file_not_found",
                              param="input_file_id")
     if item["purpose"] != files.UPLOAD:
         raise InvalidRequest(f"Invalid 'input_file_id': file '{file_id}' has purpose '{item['purpose']}'; a batch "
@@ -97,7 +97,8 @@ def batch_object(item: BatchItem) -> dict:
         return item.get(name)
 
     return {
-        "id": item["id"], "object": "batch", "endpoint": item["endpoint"], "errors": item.get("errors"),
+        "id": item["id"], "object": "batch", "endpoint": item["endpoint"], "model": batch_model(item),
+        "errors": item.get("errors"),
         "input_file_id": item.get("input_file_id"), "completion_window": "24h", "status": item["status"],
         "output_file_id": item.get("output_file_id"), "error_file_id": item.get("error_file_id"),
         "created_at": item["created_at"], "in_progress_at": at("in_progress_at"), "expires_at": at("expires_at"),
@@ -116,21 +117,23 @@ def batch_object(item: BatchItem) -> dict:
     }
 
 
+def batch_model(item: BatchItem) -> str | None:
+    """The model the batch runs (the catalog id its requests' model named), as OpenAI's batch object has it:
+    None while a file batch awaits validation, and for an inline batch over several models (no one model is
+    the batch's)."""
+    lanes = item.get("lanes") or {}
+    return next(iter(lanes)) if len(lanes) == 1 else None
+
+
 def usage_object(item: BatchItem) -> dict:
-    """The batch's tokens; with DeepInfra's `input_tokens_details.cached_tokens` and
-    `output_tokens_details.reasoning_tokens` once a backend has reported any."""
-    usage = {"input_tokens": item.get("input_tokens", 0), "output_tokens": item.get("output_tokens", 0),
-             "total_tokens": item.get("input_tokens", 0) + item.get("output_tokens", 0)}
-    if "cached_tokens" in item or "reasoning_tokens" in item:
-        usage["input_tokens_details"] = {"cached_tokens": item.get("cached_tokens", 0)}
-        usage["output_tokens_details"] = {"reasoning_tokens": item.get("reasoning_tokens", 0)}
-    return usage
+    """The batch's tokens (`service.spend`, as every batch API shows them)."""
+    return spend.usage_of(item)
 
 
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
+        raise NotFound(f"No batch found with id {quoted(batch_id)}.", code="batch_not_found", param="batch_id")
     return item
 
 
@@ -150,7 +153,8 @@ def results_page(svc: Services, principal: Principal, batch_id: str, limit: int,
     if after is not None:
         index = parse_result_id(after)
         if index is None:
-            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not '{after}'.", param="after")
+            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not {quoted(after)}.",
+                                 param="after")
         start = index + 1
     end = min(batch["total"], start + limit)
     data = list(results.iter_results(svc, batch, start, end))

@@ -11,7 +11,7 @@ import hashlib
 import time
 
 from ...domain import FILE_IDS, new_file_id
-from ...errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge, RateLimited
+from ...errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge, RateLimited, clipped
 from ...layout import file_object
 from ...records import Account, File, FileItem
 from ...runtime import Services
@@ -54,7 +54,7 @@ def file_object_of(item: FileItem) -> dict:
 
 
 def _not_found(file_id: str) -> ApiError:
-    return NotFound(f"No such File object: {file_id}", code="file_not_found", param="file_id")
+    return NotFound(f"No such File object: {clipped(file_id)}", code="file_not_found", param="file_id")
 
 
 def stored_file(svc: Services, account_id: str, file_id: str) -> FileItem | None:

@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Iterator
 
 from ...domain import UPLOAD_IDS, new_file_id, new_upload_id
-from ...errors import ApiError, InternalError, InvalidRequest, NotFound, PayloadTooLarge
+from ...errors import ApiError, InternalError, InvalidRequest, NotFound, PayloadTooLarge, clipped
 from ...layout import file_object, upload_part_object, upload_parts_prefix
 from ...records import File, Upload, UploadItem
 from ...runtime import Services
@@ -109,7 +109,7 @@ def owned_upload(svc: Services, principal: Principal, upload_id: str) -> UploadI
     item = Upload.get(svc.table, upload_id) if UPLOAD_IDS.names(upload_id) else None
     if (item is None or item.get("account_id") != principal.account_id
             or (item["status"] == Upload.PENDING and item["expires_at"] <= svc.now())):
-        raise NotFound(f"No such Upload object: {upload_id}", code="upload_not_found", param="upload_id")
+        raise NotFound(f"No such Upload object: {clipped(upload_id)}", code="upload_not_found", param="upload_id")
     return item
 
 
