@@ -106,6 +106,8 @@ class BatchObject(BaseModel):
     cost_unknown_attempts: int
     results_expires_at: int | None
     error: dict | None
+    paused_at: int | None = Field(None, description="An extension: when the batch was paused (Unix seconds), "
+                                                    "null unless it is paused")
 
 
 class BatchList(BaseModel):
@@ -299,6 +301,8 @@ class MessageBatch(BaseModel):
     cancel_initiated_at: str | None = None
     archived_at: str | None = None
     results_url: str | None = Field(None, description="Set once processing_status is 'ended'")
+    paused_at: str | None = Field(None, description="An extension: when the batch was paused (RFC 3339), null "
+                                                    "unless it is paused")
 
 
 class MessageBatchList(BaseModel):

@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, results
+from ...service import intake, lifecycle, pausing, results
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite
@@ -258,6 +258,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "created_at": _rfc3339(item["created_at"]), "expires_at": _rfc3339(item["expires_at"]),
         "archived_at": None, "cancel_initiated_at": _rfc3339(item.get("cancelling_at")),
         "results_url": f"{base_url}/v1/messages/batches/{item['id']}/results" if ended(item) else None,
+        "paused_at": _rfc3339(pausing.paused_at(item)),  # an extension: null unless the batch is paused
     }
 
 
@@ -320,6 +321,15 @@ def results_lines(svc: Services, principal: Principal, batch_id: str) -> Iterato
 def cancel(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """Canceling until its running requests finish, then ended with the unstarted ones canceled."""
     return lifecycle.cancel(svc, owned(svc, principal, batch_id))
+
+
+def pause(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
+    """Start no more of its requests (running ones finish) until resumed; the window keeps running."""
+    return pausing.pause(svc, owned(svc, principal, batch_id))
+
+
+def resume(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
+    return pausing.resume(svc, owned(svc, principal, batch_id))
 
 
 def delete(svc: Services, principal: Principal, batch_id: str) -> dict:
