@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -24,14 +25,18 @@ from tests.integration.test_faults import (
     GLM,
     Clock,
     Serialized,
+    budget_in_flight,
     configure,
     get_batch,
     pump,
     requests_by_custom_id,
     results_by_custom_id,
+    run_pump,
     run_queued,
     set_budgets,
+    sim_config,
     sim_stats,
+    slot_leases,
     submit,
 )
 from tests.invariants import assert_ledger_consistent, budget_of
@@ -214,3 +219,34 @@ def test_a_workers_stale_look_at_a_paused_batch_racing_its_resume_leaves_nothing
     final = pump(svc, batch_id)
     assert final["status"] == "completed"
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pause_while_a_pump_holds_claimed_work_hands_it_back(svc, sim_control):
+    """A worker's slot pump runs a batch (2 slots, work claimed ahead in its lease); the batch is paused
+    mid-way: the calls running finish, what the pump had claimed but not started goes back to wait, its
+    claims are refused from then on, and it gives its slots back. Resumed, every request runs once."""
+    configure(svc, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    sim_config(sim_control, latency_seconds=0.1)
+    who, batch_id, requests = new_batch(svc, 30)
+    ran: list = []
+    worker = threading.Thread(target=lambda: ran.append(run_pump(svc, slots=2)))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while get_batch(svc, batch_id)["completed"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pausing.pause(svc, get_batch(svc, batch_id))
+    worker.join(timeout=30)
+    assert not worker.is_alive() and ran
+    paused = get_batch(svc, batch_id)
+    assert 4 <= paused["completed"] < 30, paused
+    assert paused["in_flight"] == 0 and budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    started = sim_stats(sim_control, settle=True)["total_requests"]
+    assert started == paused["completed"]  # nothing started after the running calls
+    assert Dispatcher(svc).pass_once() == 0
+    sim_config(sim_control, latency_seconds=0)
+    pausing.resume(svc, get_batch(svc, batch_id))
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 30
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 30  # every request ran once
