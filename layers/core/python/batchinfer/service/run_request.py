@@ -159,7 +159,7 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
         outcome, stop = early
         try:
             settle(svc, req, outcome, stop)
-            if batch.get("paused_at"):
+            if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
                 pausing.after_wait(svc, batch["id"])
             return outcome.to.value
         except ConditionFailed:
@@ -248,7 +248,7 @@ def _close_without_running(svc: Services, group: dict, batch: dict | None) -> Co
         items = [position_item(svc, group, p, outcome, attempt=0, stop=stop) for p in group["positions"]]
         try:
             close_group(svc, group, [], items)
-            if batch.get("paused_at"):
+            if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
                 pausing.after_wait(svc, batch["id"])
             return Counter({outcome.to.value: len(items)})
         except ConditionFailed:
