@@ -288,6 +288,42 @@ def test_delete_and_cancel_while_running_explain_the_apis_refusals(page, stack):
     assert stack["http"].get(f"/v1/batches/{ids['running']}").status_code == 404
 
 
+def test_pause_and_resume_a_running_batch(page, stack):
+    """Pause (no request starts, running ones finish) and Resume, with no confirmation (both undo the other):
+    the batch shows "paused" and since when, in its page and in the list, until it is resumed."""
+    http, sim = stack["http"], stack["sim"]
+    sim.put("/_sim/config", json={"latency_seconds": 2})  # 40 requests, 16 at a time: some 6 s of work
+    try:
+        answer = http.post("/v1/batches", json={"requests": [chat_request(f"p-{i}", f"pause {i}") for i in range(40)]})
+        assert answer.status_code == 200, answer.text
+        batch_id = stack["ids"]["paused"] = answer.json()["id"]
+        sign_in(page, stack)
+        open_batch(page, stack, "paused")
+        actions = page.locator("#batch-actions")
+        actions.get_by_role("button", name="Pause batch").click()
+        alert = page.locator("#batch-alert")
+        expect(alert).to_contain_text("Paused: no request starts until you resume it")
+        expect(page.locator("#batch-fields")).to_contain_text("paused")
+        expect(page.locator("#batch-fields")).to_contain_text("Paused since")
+        expect(actions.get_by_role("button", name="Pause batch")).to_have_count(0)
+        assert http.get(f"/v1/batches/{batch_id}").json()["paused_at"] is not None
+        page.goto(f"{stack['url']}/console#/batches")
+        expect(row(page, batch_id)).to_contain_text("paused")
+        screenshot(page, "list-paused")
+        open_batch(page, stack, "paused")
+        page.locator("#batch-actions").get_by_role("button", name="Resume batch").click()
+        expect(page.locator("#batch-alert")).to_contain_text("Resumed: its requests start again within seconds.")
+        expect(page.locator("#batch-fields")).not_to_contain_text("Paused since")
+        expect(page.locator("#batch-actions").get_by_role("button", name="Pause batch")).to_be_visible()
+        sim.put("/_sim/config", json={"latency_seconds": 0})
+        expect(page.locator("#batch-fields .status").first).to_have_text("completed", timeout=30_000)
+        expect(page.locator("#batch-fields")).not_to_contain_text("paused")
+        # Gone again, so that the list the next tests page through is the one the stack made.
+        assert http.delete(f"/v1/batches/{stack['ids'].pop('paused')}").status_code == 200
+    finally:
+        sim.put("/_sim/config", json={"latency_seconds": 0})
+
+
 def test_the_list_pages_through_both_apis_newest_first(page, stack):
     sign_in(page, stack)
     page.locator("#list-size").select_option("5")

@@ -1,8 +1,8 @@
 """The real `./batchctl` against a running local stack, on what looks like a fresh machine: no AWS_* variable
 and an empty HOME (no ~/.aws). It needs no flags and no credentials, and every error is one line.
 
-The user commands (submit, status, list, wait, results, cancel, delete) run as a script would run them: not
-on a terminal, so their progress is the plain periodic lines, checked here too."""
+The user commands (submit, status, list, wait, results, cancel, pause, resume, delete) run as a script would
+run them: not on a terminal, so their progress is the plain periodic lines, checked here too."""
 
 from __future__ import annotations
 
@@ -278,6 +278,30 @@ def test_interrupt_cancel_and_delete_of_a_running_batch(stack, fresh_env, tmp_pa
         [message_id, "canceling"], [message_id, "ended"])
     ok(batchctl(stack["dir"], fresh_env, "wait", message_id), 3)  # ended after a cancel: not completed
     ok(batchctl(stack["dir"], fresh_env, "delete", message_id))
+
+
+def test_pause_and_resume_of_either_kind_of_batch(stack, fresh_env, tmp_path, slow_backend):
+    prompts = tmp_path / "paused.txt"
+    prompts.write_text("".join(f"paused prompt {i}\n" for i in range(40)))
+    batch_id = ok(batchctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL)).stdout.strip()
+    paused = ok(batchctl(stack["dir"], fresh_env, "pause", batch_id)).stdout.split()
+    assert paused[0] == batch_id and paused[-1] == "paused", paused
+    assert ok(batchctl(stack["dir"], fresh_env, "pause", batch_id)).stdout.split() == paused  # again: unchanged
+    shown = ok(batchctl(stack["dir"], fresh_env, "status", batch_id)).stdout
+    assert shown.splitlines()[0].endswith("(paused)") and f"batchctl resume {batch_id}" in shown, shown
+    resumed = json.loads(ok(batchctl(stack["dir"], fresh_env, "resume", batch_id, "--json")).stdout)
+    assert resumed["id"] == batch_id and resumed["paused_at"] is None
+    waited = json.loads(ok(batchctl(stack["dir"], fresh_env, "wait", batch_id, "--json")).stdout)
+    assert waited["status"] == "completed" and waited["request_counts"]["completed"] == 40
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "pause", batch_id))
+    assert line == f"batchctl: 409 Batch '{batch_id}' has ended (completed): it cannot be paused."
+
+    params = {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "paused"}]}
+    message_id = message_batch(stack, [{"custom_id": f"m{i}", "params": params} for i in range(20)])
+    assert ok(batchctl(stack["dir"], fresh_env, "pause", message_id)).stdout.split() == [
+        message_id, "in_progress", "paused"]
+    assert ok(batchctl(stack["dir"], fresh_env, "resume", message_id)).stdout.split() == [message_id, "in_progress"]
+    ok(batchctl(stack["dir"], fresh_env, "wait", message_id))  # ended, every request succeeded
 
 
 @pytest.mark.parametrize("args", [[], ["submit"], ["status"], ["list", "--limit", "0"], ["wait", "x", "--nope"],

@@ -81,7 +81,6 @@ def seed(svc) -> World:
     finished = create([chat_request("ok-1", "one"), chat_request("bad", "[[sim:400]] two"),
                        chat_request("ok-2", "three")], metadata={"purpose": "openapi"})
     assert drive(svc, finished, clock_step=2)["status"] == "completed"
-    queued = create([chat_request(f"q-{i}", f"queued {i}") for i in range(3)])
     cancelled = create([chat_request("c-1", "cancel me")])
     batches.cancel_batch(svc, who, cancelled)
     _, other_key = new_key(svc)
@@ -94,6 +93,8 @@ def seed(svc) -> World:
 
     ended = create_messages([message_entry("ok", "one"), message_entry("bad", "two", model="nope")])
     assert drive(svc, ended, clock_step=2)["status"] == "completed"
+    # Created after the last batch was driven to its end, so that they are still unfinished.
+    queued = create([chat_request(f"q-{i}", f"queued {i}") for i in range(3)])
     running = create_messages([message_entry(f"m-{i}", f"queued {i}") for i in range(3)])
     message_ids = [ended, running]
     # Every request errored at intake: ended at once. Each base URL's delete gets its own (the first to run
@@ -184,8 +185,9 @@ def openapi_schema():
 
 def operations(schema) -> list:
     found = [result.ok() for result in schema.get_all_operations()]
-    # Deletes last, so the operations before them meet the stored batches.
-    return sorted(found, key=lambda op: op.method.upper() == "DELETE")
+    # Deletes last, so the operations before them meet the stored batches; cancels just before them, so the
+    # operations before them (pause, resume) meet unfinished ones.
+    return sorted(found, key=lambda op: (op.method.upper() == "DELETE", op.path.endswith("/cancel")))
 
 
 def run_operation(operation, world: World) -> dict[str, str]:
@@ -225,18 +227,21 @@ def test_every_operation_answers_as_its_document_says(svc, openapi_schema):
     assert not failures, "\n\n".join(f"{label}\n{text}" for label, text in failures.items())
     # The run reached what it is for: every operation, real objects in the answers the schemas describe, and
     # refusals of a missing or unknown key.
-    assert len(ops) == 40, [op.label for op in ops]
+    assert len(ops) == 46, [op.label for op in ops]
     statuses: dict[str, set[int]] = {}
     for label, status in world.seen:
         statuses.setdefault(label, set()).add(status)
     for label in ("GET /v1/models", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
                   "GET /v1/batches/{batch_id}/results", "GET /v1/batches/{batch_id}/output.jsonl",
-                  "POST /v1/batches/{batch_id}/cancel", "DELETE /v1/batches/{batch_id}"):
+                  "POST /v1/batches/{batch_id}/cancel", "POST /v1/batches/{batch_id}/pause",
+                  "POST /v1/batches/{batch_id}/resume", "DELETE /v1/batches/{batch_id}"):
         assert 200 in statuses[label], (label, statuses[label])
     for prefix in ("", "/anthropic"):
         for label in ("POST {}/v1/messages/batches", "GET {}/v1/messages/batches",
                       "GET {}/v1/messages/batches/{{batch_id}}", "GET {}/v1/messages/batches/{{batch_id}}/results",
-                      "POST {}/v1/messages/batches/{{batch_id}}/cancel", "DELETE {}/v1/messages/batches/{{batch_id}}"):
+                      "POST {}/v1/messages/batches/{{batch_id}}/cancel",
+                      "POST {}/v1/messages/batches/{{batch_id}}/pause",
+                      "POST {}/v1/messages/batches/{{batch_id}}/resume", "DELETE {}/v1/messages/batches/{{batch_id}}"):
             label = label.format(prefix)
             assert 200 in statuses[label], (label, statuses[label])
     assert all(401 in statuses[op.label] for op in ops if op.path != "/health"), statuses

@@ -54,6 +54,10 @@ class Stop(StrEnum):
 
 # Batches that may still be stopped (cancelled, expired, failed): the rest are ending or ended.
 STOPPABLE_BATCH = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS})
+# Batches that may be paused or resumed. Pausing is not a status (a paused batch stays validating or in
+# progress): it is a flag (`paused_at`) that stops requests from starting, so only a batch that may still
+# start requests takes it; no transition is involved.
+PAUSABLE_BATCH = STOPPABLE_BATCH
 
 
 class IllegalTransition(ValueError):

@@ -35,6 +35,7 @@ from .records import (
 )
 from .runtime import Services
 from .spending import settled_delta
+from .storage.dynamo import ConditionFailed
 
 SLOT_HOLDERS = (RequestState.DISPATCHED, RequestState.RUNNING)
 GROUP_MAX = 25  # requests per group (the outcome transaction of a group that never ran writes each of them)
@@ -365,6 +366,29 @@ def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap:
     if lease_id:
         return {**claimed, "slot_lease": lease_id}
     return {**claimed, "budget_shard": shard}
+
+
+# A request of a paused batch whose window has already closed is due again this long after it was put back:
+# the sweeper expires such a batch by then.
+PAUSED_RECHECK_SECONDS = 60
+
+
+def paused_until(batch: BatchItem, now: int) -> int:
+    """When a request of a paused batch, put back to wait, is due again: at its window's end, when the
+    sweeper expires the batch if it is still paused (a resume makes it due at once before that)."""
+    return max(int(batch["expires_at"]), now + PAUSED_RECHECK_SECONDS)
+
+
+def defer_while_paused(svc: Services, req: RequestItem, batch: BatchItem) -> bool:
+    """A waiting request of a paused batch: due again only when `paused_until` says, so that dispatchers
+    stop looking at it. Fenced on the batch still being paused (a resume that came first leaves it due) and
+    on the request still waiting. False when either changed."""
+    t = svc.table
+    try:
+        t.transact([Request.defer(t, req, paused_until(batch, svc.now())), Batch.still_paused(t, batch["id"])])
+    except ConditionFailed:
+        return False
+    return True
 
 
 def take_slots(svc: Services, model_id: str, parts: list[tuple[Draw, int]]) -> dict:

@@ -31,7 +31,7 @@ from ..service.validation import duplicate_key_fault
 
 SCOPE_KEY = "batchinfer.envelope"
 FINAL_STATUSES = (410, 413)  # answers a retry cannot change
-FINAL_CODES = ("idempotency_key_reused",)
+FINAL_CODES = ("idempotency_key_reused", "batch_ended", "batch_not_running")  # the last two: a pause or resume
 
 
 ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or expired API key",

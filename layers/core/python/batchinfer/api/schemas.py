@@ -114,6 +114,8 @@ class BatchObject(BaseModel):
     cost_unknown_attempts: int
     results_expires_at: int | None
     error: dict | None
+    paused_at: int | None = Field(None, description="An extension: when the batch was paused (Unix seconds), "
+                                                    "null unless it is paused")
 
 
 class BatchList(BaseModel):
@@ -320,6 +322,8 @@ class MessageBatch(BaseModel):
     max_cost_usd: float | None = Field(None, description="An extension: the spending cap, where one was set")
     error: dict | None = Field(None, description="An extension, with max_cost_usd: {code: max_cost_reached, "
                                                  "message} once the cap stopped the batch")
+    paused_at: str | None = Field(None, description="An extension: when the batch was paused (RFC 3339), null "
+                                                    "unless it is paused")
 
 
 class MessageBatchList(BaseModel):

@@ -1,5 +1,5 @@
-"""batchctl's user commands: submit, status, list, wait, results, cancel and delete, as a client of the
-service's own HTTP API (never its storage). Batch ids (`batch_...`) go to `/v1/batches`, Message Batch ids
+"""batchctl's user commands: submit, status, list, wait, results, cancel, pause, resume and delete, as a client
+of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to `/v1/batches`, Message Batch ids
 (`msgbatch_...`) to `/v1/messages/batches`; the commands are the same for both.
 
 stdout carries only what a command answers (a batch id, a status, results, or one JSON document with
@@ -121,6 +121,16 @@ def cmd_cancel(client: ApiClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_pause(client: ApiClient, args: argparse.Namespace) -> int:
+    """Pause or resume (args.resume): the batch as it is now, `<id> <status> paused` while paused."""
+    view = BatchView.of(client.post(batch_path(args.id) + ("/resume" if args.resume else "/pause")))
+    if args.json:
+        _print_json(view.raw)
+    else:
+        print(f"{view.id} {view.status}" + (" paused" if view.raw.get("paused_at") else ""))
+    return EXIT_OK
+
+
 def cmd_delete(client: ApiClient, args: argparse.Namespace) -> int:
     answer = client.delete(batch_path(args.id))
     if args.json:
@@ -226,6 +236,15 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p = groups.add_parser("cancel", parents=[common], help="cancel a batch (running requests finish)")
     p.add_argument("id", metavar="ID")
     p.set_defaults(handler=cmd_cancel)
+
+    p = groups.add_parser("pause", parents=[common], help="pause a batch: no request starts (running ones "
+                          "finish) until it is resumed; its window keeps running")
+    p.add_argument("id", metavar="ID")
+    p.set_defaults(handler=cmd_pause, resume=False)
+
+    p = groups.add_parser("resume", parents=[common], help="resume a paused batch")
+    p.add_argument("id", metavar="ID")
+    p.set_defaults(handler=cmd_pause, resume=True)
 
     p = groups.add_parser("delete", parents=[common], help="delete a batch with its results")
     p.add_argument("id", metavar="ID")

@@ -110,8 +110,11 @@ def describe(view: BatchView) -> str:
         rows += [("error", f"line {e.get('line')}: {e.get('code')}: {e.get('message')}") for e in errors[:5]]
         if raw.get("error"):
             rows.append(("error", f"{raw['error'].get('code')}: {raw['error'].get('message')}"))
+    if raw.get("paused_at"):  # an extension of both APIs: it starts no request until resumed
+        rows.insert(1, ("paused", f"since {_time(raw['paused_at'])} (batchctl resume {view.id})"))
     width = max(len(k) for k, _ in rows)
-    return "\n".join([f"{view.id}  {view.status}", *(f"  {k:<{width}}  {v}" for k, v in rows)])
+    head = f"{view.id}  {view.status}" + (" (paused)" if raw.get("paused_at") else "")
+    return "\n".join([head, *(f"  {k:<{width}}  {v}" for k, v in rows)])
 
 
 def list_batches(client: ApiClient, limit: int) -> tuple[list[BatchView], bool]:

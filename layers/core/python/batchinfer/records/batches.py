@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..domain import STOPPABLE_BATCH, BatchStatus, Stop, batch_transition, batches_that_may_become
+from ..domain import PAUSABLE_BATCH, STOPPABLE_BATCH, BatchStatus, Stop, batch_transition, batches_that_may_become
 from ..layout import (
     ACTIVE_PARTITIONS,
     LANES_END,
@@ -77,7 +77,7 @@ class Batch:
                   **may_vals, **vals},
             names={"#m": model_id},
             condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
-                      f"AND expires_at > :now AND {may}" + fence)
+                      f"AND attribute_not_exists(paused_at) AND expires_at > :now AND {may}" + fence)
 
     @staticmethod
     def _commit(batch: BatchItem, worst_usd: float | None) -> tuple[str, str, dict]:
@@ -100,12 +100,13 @@ class Batch:
 
     @staticmethod
     def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
-        """The check a start makes on its batch: not stopped, not being deleted, and for a first attempt the
-        window still open (the window only stops requests from starting)."""
+        """The check a start makes on its batch: not stopped, not paused, not being deleted, and for a first
+        attempt the window still open (the window only stops requests from starting)."""
         if first_attempt:
             return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists("
-                              "deleting) AND expires_at > :now", vals={":now": now})
-        return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists(deleting)")
+                              "deleting) AND attribute_not_exists(paused_at) AND expires_at > :now", vals={":now": now})
+        return t.op_check(*batch_key(batch_id), "attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
+                          "AND attribute_not_exists(paused_at)")
 
     @staticmethod
     def take_retry_slot(t: Table, batch_id: str, capped: BatchItem | None = None, worst_usd: float | None = None
@@ -114,7 +115,29 @@ class Batch:
         committed against (see `claim_lane`)."""
         add, fence, vals = Batch._commit(capped, worst_usd) if capped else ("", "", {})
         return t.op_update(*batch_key(batch_id), "ADD in_flight :one" + add, vals={":one": 1, **vals},
-                           condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)" + fence)
+                           condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
+                                     "AND attribute_not_exists(paused_at)" + fence)
+
+    @staticmethod
+    def pause(t: Table, batch_id: str, now: int) -> Op:
+        """Pause a batch: it starts no request until resumed. Fenced on it not being paused, stopped or
+        deleted, and on a status that may still start requests (pausing is a flag, not a status)."""
+        pausable, vals = _in("status", PAUSABLE_BATCH)
+        return t.op_update(*batch_key(batch_id), "SET paused_at = :now", vals={**vals, ":now": now},
+                           condition="attribute_not_exists(paused_at) AND attribute_not_exists(#stop) "
+                                     f"AND attribute_not_exists(deleting) AND {pausable}")
+
+    @staticmethod
+    def resume(t: Table, batch_id: str, paused_at: int) -> Op:
+        """Resume the batch paused at `paused_at` (fenced on that pause, and on it not stopped or deleted)."""
+        return t.op_update(*batch_key(batch_id), "REMOVE paused_at", vals={":at": paused_at},
+                           condition="paused_at = :at AND attribute_not_exists(#stop) "
+                                     "AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def still_paused(t: Table, batch_id: str) -> Op:
+        """The check a write made because the batch is paused makes: it still is."""
+        return t.op_check(*batch_key(batch_id), "attribute_exists(paused_at) AND attribute_not_exists(#stop)")
 
     @staticmethod
     def add(t: Table, batch_id: str, counters: dict[str, float]) -> Op | None:
@@ -202,15 +225,17 @@ class Batch:
                  condition=condition + " AND attribute_not_exists(deleting)")
 
     @staticmethod
-    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int) -> Op:
-        """A file batch whose every line is valid: its requests may now be dispatched."""
+    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int, paused: bool = False) -> Op:
+        """A file batch whose every line is valid: its requests may now be dispatched. Fenced on it being
+        paused or not as `paused` says (a paused one gets its lanes when it is resumed)."""
         return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now "
                            "REMOVE awaiting_validation",
                            vals={":n": sum(lanes.values()), ":lanes": {m: {"next": 0, "total": n}
                                                                        for m, n in lanes.items()},
                                  ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True},
                            condition="#status = :v AND awaiting_validation = :yes AND attribute_not_exists(#stop) "
-                                     "AND attribute_not_exists(deleting)")
+                                     "AND attribute_not_exists(deleting) AND "
+                                     + ("attribute_exists(paused_at)" if paused else "attribute_not_exists(paused_at)"))
 
     @staticmethod
     def mark_deleting(t: Table, batch: BatchItem, now: int, purge_items: bool) -> Op:

@@ -151,6 +151,14 @@ class Request:
                            condition="#state = :w AND #token = :old")
 
     @staticmethod
+    def defer(t: Table, req: RequestItem, due_at: int) -> Op:
+        """Move a waiting request's due time (its batch was paused or resumed); fenced on its state and
+        token, so a claim made meanwhile wins. Not a state change: it keeps its token."""
+        return t.op_update(*request_key(req["batch_id"], req["index"]), "SET due_at = :at",
+                           vals={":at": due_at, ":w": RequestState.WAITING.value, ":t": req["token"]},
+                           condition="#state = :w AND #token = :t")
+
+    @staticmethod
     def between(t: Table, batch: BatchItem, start: int, end: int) -> Iterator[RequestItem]:
         """The stored requests with index start..end (inclusive)."""
         return t.query_all("pk = :pk AND sk BETWEEN :a AND :b",

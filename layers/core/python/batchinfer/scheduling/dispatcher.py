@@ -10,8 +10,8 @@ import time
 
 from ..catalog import Model
 from ..domain import RequestState
-from ..ledger import claim_retry, queue_message
-from ..records import Request
+from ..ledger import claim_retry, defer_while_paused, queue_message
+from ..records import Batch, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from .capacity import Draws, InteractiveMemory, effective_budget, probe_up, read_budget
@@ -124,6 +124,11 @@ class Dispatcher:
                     scope.draws.took(draw.shard, 1)
             except ConditionFailed:
                 # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
+                # A paused batch's request is put off until its window's end (a resume brings it back), so
+                # that it does not stand at the head of the due retries pass after pass.
+                batch = Batch.get(svc.table, req["batch_id"])
+                if batch and batch.get("paused_at") and not batch.get("stop"):
+                    defer_while_paused(svc, req, batch)
                 continue
             except Throttled:
                 free = 0  # DynamoDB is busy: stop claiming this pass, but send what was claimed

@@ -237,7 +237,9 @@ class Lanes:
         """How many of the batch's requests on the model a claim could dispatch now."""
         if left_behind(batch, model_id):
             return 0
-        if self.svc.now() >= batch["expires_at"]:
+        # A paused batch's lanes were removed with its pause; one read just before takes no work (not
+        # discarded: a resume may have put it back since).
+        if self.svc.now() >= batch["expires_at"] or batch.get("paused_at"):
             return 0
         state = batch["lanes"][model_id]
         return policy.lane_room(int(state["total"]), int(state["next"]))

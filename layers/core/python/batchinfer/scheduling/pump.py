@@ -329,9 +329,9 @@ class SlotPump:
         return time.monotonic() - self.cap_read_at > self.config.stale_cap_seconds
 
     def _may_start(self, batch: dict) -> bool:
-        """A first attempt starts only while its batch runs and its window is open (the claim checked both;
-        a stop seen since, or the window closing, hands it back)."""
-        return not batch.get("stop") and self.svc.now() < batch["expires_at"]
+        """A first attempt starts only while its batch runs, unpaused, and its window is open (the claim
+        checked all three; a stop or a pause seen since, or the window closing, hands it back)."""
+        return not batch.get("stop") and not batch.get("paused_at") and self.svc.now() < batch["expires_at"]
 
     # --- Claims --------------------------------------------------------------------------------------
 
@@ -472,7 +472,8 @@ class SlotPump:
         self.wake.set()
 
     def _refresh_stops(self) -> None:
-        """Look again, at most every half second, whether a batch with queued requests was stopped."""
+        """Look again, at most every half second, whether a batch with queued requests was stopped or
+        paused."""
         now = time.monotonic()
         for batch_id in {m.run.batch["id"] for m in self.queue if m.run is not None}:
             if now - self.looked_at.get(batch_id, 0.0) < self.config.stop_look_seconds:
@@ -481,6 +482,10 @@ class SlotPump:
             current = Batch.get(self.svc.table, batch_id) or {"deleting": True}
             if current.get("stop") or current.get("deleting"):
                 self.batches[batch_id]["stop"] = current.get("stop") or "deleting"
+            if current.get("paused_at"):
+                self.batches[batch_id]["paused_at"] = current["paused_at"]
+            else:
+                self.batches[batch_id].pop("paused_at", None)
 
     # --- Outcomes ------------------------------------------------------------------------------------
 

@@ -256,17 +256,25 @@ def validate_file_batch(svc: Services, batch: BatchItem) -> str:
         return "failed" if fail_validation(svc, batch, problems) else "stale"
     lanes = write_requests(svc, batch["id"], requests, batch["endpoint"])
     t = svc.table
-    ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now()),
-           Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
-    ops += [Lane.create(t, model_id, batch) for model_id in lanes]
-    try:
-        t.transact(ops)
-    except ConditionFailed:
-        current = Batch.get(t, batch["id"])
-        if current is None or not current.get("awaiting_validation") or current.get("stop"):
-            return "stale"  # validated by another run, or cancelled meanwhile: the sweeper settles it
-        problems = [{"code": "too_many_requests", "param": None, "line": None,
-                     "message": f"The file's {len(requests)} requests would take your unfinished batch "
-                                f"requests past the limit of {svc.settings.max_unfinished_requests}."}]
-        return "failed" if fail_validation(svc, current, problems) else "stale"
-    return "validated"
+    for _ in range(3):
+        # A paused batch gets no lanes yet: its resume creates them.
+        paused = bool(batch.get("paused_at"))
+        ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now(), paused=paused),
+               Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
+        ops += [] if paused else [Lane.create(t, model_id, batch) for model_id in lanes]
+        try:
+            t.transact(ops)
+            return "validated"
+        except ConditionFailed:
+            current = Batch.get(t, batch["id"])
+            if current is None or not current.get("awaiting_validation") or current.get("stop"):
+                return "stale"  # validated by another run, or cancelled meanwhile: the sweeper settles it
+            if bool(current.get("paused_at")) == paused:
+                break
+            batch = current  # paused or resumed meanwhile: again, as it is now
+    else:
+        return "stale"  # paused and resumed over and over: the next sweep validates it
+    problems = [{"code": "too_many_requests", "param": None, "line": None,
+                 "message": f"The file's {len(requests)} requests would take your unfinished batch "
+                            f"requests past the limit of {svc.settings.max_unfinished_requests}."}]
+    return "failed" if fail_validation(svc, current, problems) else "stale"

@@ -179,8 +179,12 @@ def _prepare_writers(svc: Services, batch: BatchItem, now: int, with_files: bool
 
 
 def due_to_expire(batch: BatchItem, now: int) -> bool:
-    """Whether the batch's window closed with requests of it not yet started (and nothing stopped it)."""
-    return not batch.get("stop") and now >= batch["expires_at"] and undispatched_count(batch) > 0
+    """Whether the batch's window closed with requests of it not yet started (and nothing stopped it). A
+    paused batch whose window closed expires too while requests of it wait (its retries would not run)."""
+    if batch.get("stop") or now < batch["expires_at"]:
+        return False
+    waiting = int(batch.get("open", 0)) - int(batch.get("in_flight", 0))
+    return undispatched_count(batch) > 0 or bool(batch.get("paused_at")) and waiting > 0
 
 
 # What a cancel does before it answers: enough to end a small batch at once; closing the waiting requests and

@@ -33,6 +33,7 @@ from ..layout import group_key, requests_object, result_object
 from ..ledger import (
     Settlement,
     close_group,
+    paused_until,
     position_item,
     queue_message,
     record_position,
@@ -47,7 +48,7 @@ from ..scheduling.config import scheduler_config
 from ..scheduling.pump import SlotPump
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import BackendKeyNotSet
-from . import inference
+from . import inference, pausing
 from .accounts import key_problem, may_use_model
 from .inference import backend_key
 from .lifecycle import settle_batch, stop_batch
@@ -78,6 +79,8 @@ def _precheck(svc: Services, req: dict, batch: dict) -> tuple[Settlement, Stop |
         return not_run(Stop(batch["stop"]))
     if never_ran and now >= batch["expires_at"]:  # the completion window stops requests from starting
         return not_run(_stopped(svc, batch, Stop.EXPIRE))
+    if batch.get("paused_at"):  # back to waiting, holding no slot, until a resume (or the window's end)
+        return Settlement(to=RequestState.WAITING, retry_at=paused_until(batch, now), error=req.get("error")), None
     key_item, account, usage = key_account_and_usage(svc.table, batch["key_hash"], batch["account_id"], utc_day(now))
     if key_problem(svc, key_item, account):
         return not_run(_stopped(svc, batch, Stop.FAIL))
@@ -156,6 +159,8 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
         outcome, stop = early
         try:
             settle(svc, req, outcome, stop)
+            if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
+                pausing.after_wait(svc, batch["id"])
             return outcome.to.value
         except ConditionFailed:
             req = Request.get(svc.table, req["batch_id"], req["index"])
@@ -243,6 +248,8 @@ def _close_without_running(svc: Services, group: dict, batch: dict | None) -> Co
         items = [position_item(svc, group, p, outcome, attempt=0, stop=stop) for p in group["positions"]]
         try:
             close_group(svc, group, [], items)
+            if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
+                pausing.after_wait(svc, batch["id"])
             return Counter({outcome.to.value: len(items)})
         except ConditionFailed:
             current = svc.table.get(group["pk"], group["sk"])

@@ -152,6 +152,8 @@
     "download:message:400": "A Message Batch's results can be read once it has ended; cancel it to end it sooner.",
     "results:message:400": "A Message Batch's results can be read once it has ended.",
     "cancel:openai:409": "The batch cannot be cancelled in its current state.",
+    "pause:409": "Only a batch that is still running can be paused: this one has ended or is stopping.",
+    "resume:409": "Only a batch that is still running can be resumed: this one has ended or is stopping.",
     "webhook:400": "The webhook was not saved: check the URL (an https:// address the service can reach).",
   };
   const BY_STATUS = {
@@ -192,12 +194,14 @@
       const c = raw.request_counts;
       return {id: raw.id, api: "message", kind: "Message Batch", status: raw.processing_status,
               final: raw.processing_status === "ended", created: raw.created_at, ended: raw.ended_at,
+              paused: raw.paused_at || null,
               counts: c, total: c.processing + c.succeeded + c.errored + c.canceled + c.expired,
               usage: raw.usage, cost: raw.cost_usd, costUnknown: raw.cost_unknown_attempts, raw};
     }
     const ended = raw.completed_at || raw.failed_at || raw.expired_at || raw.cancelled_at || null;
     return {id: raw.id, api: "openai", kind: raw.input_file_id ? "file" : "inline", status: raw.status,
             final: FINAL.has(raw.status), created: raw.created_at, ended, counts: raw.request_counts,
+            paused: raw.paused_at || null,
             total: raw.request_counts.total, usage: raw.usage, cost: raw.cost_usd,
             costUnknown: raw.cost_unknown_attempts, raw};
   }
@@ -251,6 +255,13 @@
   }
 
   function statusNode(status) { return el("span", {class: `status s-${status}`, text: status}); }
+
+  /** A batch's status, and "paused" beside it while it is paused (an extension: it starts no request). */
+  function batchStatusNode(batch) {
+    const status = statusNode(batch.status);
+    if (!batch.paused) return status;
+    return el("span", {class: "status-pair"}, status, " ", el("span", {class: "status s-paused", text: "paused"}));
+  }
 
   function batchLink(id) {
     return el("a", {href: `#/batches/${encodeURIComponent(id)}`, class: "mono", dataset: {focusKey: `open:${id}`},
@@ -403,7 +414,7 @@
     const rows = batches.map((b) => el("tr", {dataset: {batchId: b.id}},
       el("td", {"data-label": "Batch"}, batchLink(b.id)),
       el("td", {"data-label": "Kind", text: b.kind}),
-      el("td", {"data-label": "Status"}, statusNode(b.status)),
+      el("td", {"data-label": "Status"}, batchStatusNode(b)),
       el("td", {"data-label": "Progress"}, progressNode(b)),
       el("td", {"data-label": "Tokens", text: tokensText(b)}),
       el("td", {"data-label": "Cost"}, costNode(b)),
@@ -483,7 +494,12 @@
   function renderBatch() {
     const b = view.batch;
     const r = b.raw;
-    const items = [field("Status", statusNode(b.status)), field("Kind", b.kind), field("Progress", progressNode(b))];
+    const items = [field("Status", batchStatusNode(b)), field("Kind", b.kind), field("Progress", progressNode(b))];
+    if (b.paused) {
+      items.push(field("Paused since", timeNode(b.paused),
+                       el("span", {class: "muted", text: " (no request starts until it is resumed; its window " +
+                                                        "keeps running)"})));
+    }
     if (b.api === "openai") {
       items.push(field("Endpoint", el("span", {class: "mono", text: r.endpoint})),
                  field("Tokens", tokensText(b)), field("Cost", costNode(b)),
@@ -522,6 +538,11 @@
     const buttons = [];
     const stopping = b.status === "cancelling" || b.status === "canceling" || b.status === "finalizing";
     if (!b.final && !stopping) {
+      buttons.push(b.paused
+        ? el("button", {type: "button", dataset: {focusKey: "resume"}, onclick: () => pauseBatch(false),
+                        text: "Resume batch"})
+        : el("button", {type: "button", dataset: {focusKey: "pause"}, onclick: () => pauseBatch(true),
+                        text: "Pause batch"}));
       buttons.push(el("button", {type: "button", dataset: {focusKey: "cancel"}, onclick: cancelBatch,
                                  text: "Cancel batch"}));
     }
@@ -613,6 +634,28 @@
       return;
     }
     notify(box, "ok", "Cancelling: requests not yet started are cancelled, running ones finish first.", null);
+    box.focus();
+    openBatch(b.id, false);
+  }
+
+  /** Pause (or resume) the open batch: reversible, so no confirmation. */
+  async function pauseBatch(pause) {
+    const b = view.batch;
+    const what = pause ? "pause" : "resume";
+    const box = $("batch-alert");
+    try {
+      if (b.api === "message") {
+        await api(`v1/messages/batches/${encodeURIComponent(b.id)}/${what}`, {method: "POST", anthropic: true});
+      } else {
+        await api(`v1/batches/${encodeURIComponent(b.id)}/${what}`, {method: "POST"});
+      }
+    } catch (error) {
+      if (apiKey()) showError(box, error, what, b.api);
+      return;
+    }
+    notify(box, "ok", pause
+      ? "Paused: no request starts until you resume it; running ones finish. Its completion window keeps running."
+      : "Resumed: its requests start again within seconds.", null);
     box.focus();
     openBatch(b.id, false);
   }

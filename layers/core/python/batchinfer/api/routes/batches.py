@@ -72,6 +72,18 @@ def output(batch_id: str, who: Principal = Depends(caller),
                              headers={"Content-Disposition": f'attachment; filename="{batch_id}.jsonl"'})
 
 
+@router.post("/{batch_id}/pause", summary="Pause (an extension): no request starts, running ones finish",
+             responses=error_responses(OPENAI, 409), openapi_extra=BATCH_OBJECT)
+def pause(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
+    return batches.pause_batch(svc, who, batch_id)
+
+
+@router.post("/{batch_id}/resume", summary="Resume a paused batch (an extension)",
+             responses=error_responses(OPENAI, 409), openapi_extra=BATCH_OBJECT)
+def resume(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
+    return batches.resume_batch(svc, who, batch_id)
+
+
 @router.post("/{batch_id}/cancel", summary="Cancel: unstarted requests are cancelled, running ones finish",
              responses=error_responses(OPENAI), openapi_extra=BATCH_OBJECT)
 def cancel(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:

@@ -101,6 +101,18 @@ def _add_routes(prefix: str) -> None:
             return RedirectResponse(location, status_code=302)
         return StreamingResponse(message_batches.results_lines(svc, who, batch_id), media_type="application/x-jsonl")
 
+    @router.post(base + "/{batch_id}/pause", summary="Pause (an extension): no request starts, running ones finish",
+                 responses=error_responses(ANTHROPIC, 409), openapi_extra=_extra(MESSAGE_BATCH))
+    def pause_message_batch(request: Request, batch_id: str, who: Principal = Depends(caller),
+                            version: str = Depends(anthropic_version), svc: Services = Depends(services_of)) -> dict:
+        return message_batches.message_batch_object(message_batches.pause(svc, who, batch_id), base_url(request))
+
+    @router.post(base + "/{batch_id}/resume", summary="Resume a paused Message Batch (an extension)",
+                 responses=error_responses(ANTHROPIC, 409), openapi_extra=_extra(MESSAGE_BATCH))
+    def resume_message_batch(request: Request, batch_id: str, who: Principal = Depends(caller),
+                             version: str = Depends(anthropic_version), svc: Services = Depends(services_of)) -> dict:
+        return message_batches.message_batch_object(message_batches.resume(svc, who, batch_id), base_url(request))
+
     @router.post(base + "/{batch_id}/cancel", summary="Cancel: canceling until its running requests finish",
                  responses=error_responses(ANTHROPIC), openapi_extra=_extra(MESSAGE_BATCH))
     def cancel_message_batch(request: Request, batch_id: str, who: Principal = Depends(caller),

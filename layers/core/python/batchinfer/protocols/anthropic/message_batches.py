@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, results, spend
+from ...service import intake, lifecycle, pausing, results, spend
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
@@ -264,6 +264,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         # An extension, on a batch created with a spending cap only: the cap, and `error` once it stopped it.
         **({"max_cost_usd": item["max_cost_usd"], "error": item.get("error")}
            if item.get("max_cost_usd") is not None else {}),
+        "paused_at": _rfc3339(pausing.paused_at(item)),  # an extension: null unless the batch is paused
     }
 
 
@@ -326,6 +327,15 @@ def results_lines(svc: Services, principal: Principal, batch_id: str) -> Iterato
 def cancel(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """Canceling until its running requests finish, then ended with the unstarted ones canceled."""
     return lifecycle.cancel(svc, owned(svc, principal, batch_id))
+
+
+def pause(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
+    """Start no more of its requests (running ones finish) until resumed; the window keeps running."""
+    return pausing.pause(svc, owned(svc, principal, batch_id))
+
+
+def resume(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
+    return pausing.resume(svc, owned(svc, principal, batch_id))
 
 
 def delete(svc: Services, principal: Principal, batch_id: str) -> dict:

@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import intake, lifecycle, results, spend, webhooks
+from ...service import intake, lifecycle, pausing, results, spend, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -114,6 +114,7 @@ def batch_object(item: BatchItem) -> dict:
         **({"max_cost_usd": item["max_cost_usd"]} if item.get("max_cost_usd") is not None else {}),  # where one was set
         "results_expires_at": at("results_expires_at"),
         "error": item.get("error"),
+        "paused_at": pausing.paused_at(item),  # an extension: null unless the batch is paused
     }
 
 
@@ -183,6 +184,15 @@ def export_location(svc: Services, principal: Principal, batch_id: str) -> str |
 
 def cancel_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
     return batch_object(lifecycle.cancel(svc, owned_batch(svc, principal, batch_id)))
+
+
+def pause_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
+    """Start no more of its requests (running ones finish) until resumed; the window keeps running."""
+    return batch_object(pausing.pause(svc, owned_batch(svc, principal, batch_id)))
+
+
+def resume_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
+    return batch_object(pausing.resume(svc, owned_batch(svc, principal, batch_id)))
 
 
 def delete_batch(svc: Services, principal: Principal, batch_id: str) -> dict:

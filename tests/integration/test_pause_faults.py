@@ -1,0 +1,252 @@
+"""Pause and resume under races: a pause landing between a dispatcher's read and its claim, or between a
+worker's check and its start; a resume racing the completion window's end, or a worker's stale look at a
+paused batch. Every scenario ends with the shared ledger checker (tests/invariants.py): nothing lost or
+doubled, every slot given back, counts and costs adding up."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from batchinfer import ledger
+from batchinfer.errors import Conflict
+from batchinfer.records import Batch, Request
+from batchinfer.scheduling import dispatcher as claim_pass
+from batchinfer.scheduling import lanes
+from batchinfer.scheduling.dispatcher import Dispatcher
+from batchinfer.service import pausing, run_request
+from batchinfer.service.accounts import authenticate
+from batchinfer.service.sweep import sweep_once
+from tests.helpers import chat_request, new_key
+from tests.integration.test_faults import (
+    GLM,
+    Clock,
+    Serialized,
+    budget_in_flight,
+    configure,
+    get_batch,
+    pump,
+    requests_by_custom_id,
+    results_by_custom_id,
+    run_pump,
+    run_queued,
+    set_budgets,
+    sim_config,
+    sim_stats,
+    slot_leases,
+    submit,
+)
+from tests.invariants import assert_ledger_consistent, budget_of
+
+
+@pytest.fixture
+def svc(svc):
+    """The fault suite's services: each DynamoDB and SQS call atomic, a clock tests move forward."""
+    lock = threading.RLock()
+    svc.table.client = Serialized(svc.table.client, lock)
+    svc.queues.sqs = Serialized(svc.queues.sqs, lock)
+    svc.clock = Clock()
+    return svc
+
+
+def new_batch(svc, n: int, content: str = "pause") -> tuple[object, str, list[dict]]:
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"p-{i}", f"{content} {i}") for i in range(n)]
+    return who, submit(svc, who, requests), requests
+
+
+def assert_nothing_held(svc, batch_id: str) -> None:
+    batch = get_batch(svc, batch_id)
+    assert batch["in_flight"] == 0 and budget_of(svc, GLM)["in_flight"] == 0, (batch, budget_of(svc, GLM))
+    groups = svc.table.query_all("pk = :pk AND begins_with(sk, :g)", {":pk": f"BATCH#{batch_id}", ":g": "GRP#"},
+                                 consistent=True)
+    assert list(groups) == []
+
+
+def test_pause_racing_a_claim_dispatches_nothing(svc, sim_control, monkeypatch):
+    """The dispatcher read the lane and the batch, then the pause committed, then the claim was written: the
+    claim is refused (it is fenced on the batch not being paused), nothing holds a slot."""
+    who, batch_id, requests = new_batch(svc, 5)
+    real = lanes.claim_from_lane
+    raced = []
+
+    def paused_first(*args, **kwargs):
+        if not raced:
+            raced.append(pausing.pause(svc, get_batch(svc, batch_id)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lanes, "claim_from_lane", paused_first)
+    assert Dispatcher(svc).pass_once() == 0 and raced
+    assert_nothing_held(svc, batch_id)
+    monkeypatch.setattr(lanes, "claim_from_lane", real)
+    for _ in range(3):
+        assert Dispatcher(svc).pass_once() == 0
+    assert sim_stats(sim_control)["total_requests"] == 0
+    pausing.resume(svc, get_batch(svc, batch_id))
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 5
+
+
+def test_pause_racing_a_retry_claim_puts_the_retry_off_until_resumed(svc, sim_control, monkeypatch):
+    """A request waiting for its retry is read as due, the pause commits, the claim is refused: the request is
+    put off until the window's end (it holds no slot and no dispatcher trips on it), and a resume makes it
+    due again."""
+    configure(svc, lease_seconds=3600)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("flaky", "[[sim:flaky:1:500]] once"), chat_request("plain", "twice")]
+    batch_id = submit(svc, who, requests)
+    assert Dispatcher(svc).pass_once() == 2
+    run_queued(svc)  # "flaky" failed once and waits for its retry, due a second later
+    assert requests_by_custom_id(svc, batch_id)["flaky"]["state"] == "waiting"
+    svc.clock.advance(2)
+    real = claim_pass.claim_retry
+    raced = []
+
+    def paused_first(*args, **kwargs):
+        if not raced:
+            raced.append(pausing.pause(svc, get_batch(svc, batch_id)))
+            # The pause found the request waiting and put it off itself; make it due again, as a retry that
+            # began waiting just after the pause's look would be.
+            waiting = requests_by_custom_id(svc, batch_id)["flaky"]
+            svc.table.transact([Request.defer(svc.table, waiting, svc.now())])
+            args = (args[0], requests_by_custom_id(svc, batch_id)["flaky"], *args[2:])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(claim_pass, "claim_retry", paused_first)
+    assert Dispatcher(svc).pass_once() == 0 and raced
+    monkeypatch.setattr(claim_pass, "claim_retry", real)
+    waiting = requests_by_custom_id(svc, batch_id)["flaky"]
+    assert waiting["state"] == "waiting" and waiting["due_at"] == get_batch(svc, batch_id)["expires_at"]
+    assert_nothing_held(svc, batch_id)
+    assert Dispatcher(svc).pass_once() == 0
+    pausing.resume(svc, get_batch(svc, batch_id))
+    assert requests_by_custom_id(svc, batch_id)["flaky"]["due_at"] <= svc.now()
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert requests_by_custom_id(svc, batch_id)["flaky"]["attempt"] == 2
+
+
+def test_pause_racing_a_workers_start_sends_the_group_back_to_wait(svc, sim_control, monkeypatch):
+    """The worker checked the batch (running), the pause committed, then the worker started the group: the
+    start is refused (fenced on the batch not being paused) and the group's requests go back to wait, their
+    slots given back."""
+    configure(svc, lease_seconds=3600)
+    who, batch_id, requests = new_batch(svc, 3)
+    assert Dispatcher(svc).pass_once() == 3
+    real = run_request.start_group
+    raced = []
+
+    def paused_first(*args, **kwargs):
+        if not raced:
+            raced.append(pausing.pause(svc, get_batch(svc, batch_id)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_request, "start_group", paused_first)
+    run_queued(svc)
+    assert raced and sim_stats(sim_control)["total_requests"] == 0
+    assert_nothing_held(svc, batch_id)
+    assert {r["state"] for r in requests_by_custom_id(svc, batch_id).values()} == {"waiting"}
+    monkeypatch.setattr(run_request, "start_group", real)
+    pausing.resume(svc, get_batch(svc, batch_id))
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 3
+
+
+def test_resume_just_before_the_window_closes_then_the_sweeper_expires_it(svc, sim_control):
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    set_budgets(svc, {GLM: 1})
+    who, batch_id, requests = new_batch(svc, 4)
+    assert Dispatcher(svc).pass_once() == 1
+    run_queued(svc)  # p-0 completed
+    assert Dispatcher(svc).pass_once() == 1  # p-1 dispatched, then the batch is paused
+    pausing.pause(svc, get_batch(svc, batch_id))
+    run_queued(svc)  # p-1 goes back to wait
+    svc.clock.advance(599)
+    pausing.resume(svc, get_batch(svc, batch_id))
+    svc.clock.advance(2)  # the window closes before any dispatcher pass
+    final = pump(svc, batch_id)
+    assert final["status"] == "expired"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    statuses = {c: r["status"] for c, r in results_by_custom_id(svc, who, batch_id).items()}
+    assert statuses == {"p-0": "completed", "p-1": "expired", "p-2": "expired", "p-3": "expired"}
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 1
+
+
+def test_resume_after_the_sweeper_expired_the_paused_batch_is_refused(svc, sim_control):
+    configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
+    who, batch_id, requests = new_batch(svc, 3)
+    paused = pausing.pause(svc, get_batch(svc, batch_id))
+    svc.clock.advance(601)
+    sweep_once(svc)
+    expired = get_batch(svc, batch_id)
+    assert expired["status"] == "expired" and pausing.paused_at(expired) is None
+    try:
+        pausing.resume(svc, paused)  # as read before the sweeper's run
+    except Conflict as refused:
+        assert refused.code == "batch_ended"
+    else:
+        raise AssertionError("a resume of an expired batch was accepted")
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control)["total_requests"] == 0
+
+
+def test_a_workers_stale_look_at_a_paused_batch_racing_its_resume_leaves_nothing_put_off(svc, sim_control):
+    """A worker read the batch paused; the resume committed and looked for waiting requests before the worker
+    put its group back to wait: the worker sees the resume after its write and makes them due again, so
+    they run now rather than at the window's end."""
+    configure(svc, lease_seconds=3600)
+    who, batch_id, requests = new_batch(svc, 3)
+    model = svc.catalog.get(GLM)
+    groups = Dispatcher(svc).claim(model)
+    stale = pausing.pause(svc, get_batch(svc, batch_id))
+    pausing.resume(svc, get_batch(svc, batch_id))
+    for group in groups:
+        asyncio.run(run_request.process(svc, ledger.queue_message(group), batch=stale))
+    waiting = requests_by_custom_id(svc, batch_id)
+    assert {r["state"] for r in waiting.values()} == {"waiting"}
+    assert all(r["due_at"] <= svc.now() for r in waiting.values()), waiting
+    assert Batch.get(svc.table, batch_id)["in_flight"] == 0
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_pause_while_a_pump_holds_claimed_work_hands_it_back(svc, sim_control):
+    """A worker's slot pump runs a batch (2 slots, work claimed ahead in its lease); the batch is paused
+    mid-way: the calls running finish, what the pump had claimed but not started goes back to wait, its
+    claims are refused from then on, and it gives its slots back. Resumed, every request runs once."""
+    configure(svc, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    sim_config(sim_control, latency_seconds=0.1)
+    who, batch_id, requests = new_batch(svc, 30)
+    ran: list = []
+    worker = threading.Thread(target=lambda: ran.append(run_pump(svc, slots=2)))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while get_batch(svc, batch_id)["completed"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pausing.pause(svc, get_batch(svc, batch_id))
+    worker.join(timeout=30)
+    assert not worker.is_alive() and ran
+    paused = get_batch(svc, batch_id)
+    assert 4 <= paused["completed"] < 30, paused
+    assert paused["in_flight"] == 0 and budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    started = sim_stats(sim_control, settle=True)["total_requests"]
+    assert started == paused["completed"]  # nothing started after the running calls
+    assert Dispatcher(svc).pass_once() == 0
+    sim_config(sim_control, latency_seconds=0)
+    pausing.resume(svc, get_batch(svc, batch_id))
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 30
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 30  # every request ran once
