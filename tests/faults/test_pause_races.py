@@ -9,8 +9,6 @@ import asyncio
 import threading
 import time
 
-import pytest
-
 from batchinfer import ledger
 from batchinfer.errors import Conflict
 from batchinfer.records import Batch, Request
@@ -20,11 +18,8 @@ from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import pausing, run_request
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.sweep import sweep_once
-from tests.helpers import chat_request, new_key
-from tests.integration.test_faults import (
+from tests.faults.harness import (
     GLM,
-    Clock,
-    Serialized,
     budget_in_flight,
     configure,
     get_batch,
@@ -39,17 +34,8 @@ from tests.integration.test_faults import (
     slot_leases,
     submit,
 )
+from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, budget_of
-
-
-@pytest.fixture
-def svc(svc):
-    """The fault suite's services: each DynamoDB and SQS call atomic, a clock tests move forward."""
-    lock = threading.RLock()
-    svc.table.client = Serialized(svc.table.client, lock)
-    svc.queues.sqs = Serialized(svc.queues.sqs, lock)
-    svc.clock = Clock()
-    return svc
 
 
 def new_batch(svc, n: int, content: str = "pause") -> tuple[object, str, list[dict]]:
