@@ -27,7 +27,8 @@ from ..protocols import Protocol
 
 SCOPE_KEY = "batchinfer.envelope"
 FINAL_STATUSES = (410, 413)  # answers a retry cannot change
-FINAL_CODES = ("idempotency_key_reused",)
+# batch_not_ended: a retry in place of a batch still running; the SDK's own retries must not make it once it ends.
+FINAL_CODES = ("idempotency_key_reused", "batch_not_ended")
 
 
 ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or expired API key",
