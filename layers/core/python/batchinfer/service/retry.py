@@ -126,6 +126,9 @@ def retry(svc: Services, principal: Principal, batch: BatchItem, wanted: RetryFi
     lanes_back = (never > 0 and never_stop is not None and wanted.custom_ids is None
                   and wanted.takes(None, *never_ran_shown(never_stop)))
     nothing = f"No request of batch '{batch['id']}' that did not succeed matches {described}."
+    if batch["total"] - batch.get("rejected", 0) <= 0:
+        raise InvalidRequest(f"Batch '{batch['id']}' holds no request that could run: nothing to retry.",
+                             code="nothing_to_retry")
     if batch["total"] - batch.get("completed", 0) - batch.get("rejected", 0) <= 0:
         raise InvalidRequest(f"Every request of batch '{batch['id']}' that could run succeeded: nothing to retry.",
                              code="nothing_to_retry")

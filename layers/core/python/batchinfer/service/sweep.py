@@ -179,6 +179,8 @@ def _purge(svc: Services, item: dict, deadline: float | None) -> bool:
     batch = svc.table.get(item["pk"], item["sk"])
     if batch is None:
         return False
+    if not batch.get("deleting") and batch["status"] not in FINAL_BATCH:
+        return False  # retried in place since it was read as due: it runs again, its retention clock stopped
     if not batch.get("deleting"):  # its retention ended: request items are left to their TTL
         begin_purge(svc, batch, purge_items=False)
         batch = svc.table.get(item["pk"], item["sk"])
