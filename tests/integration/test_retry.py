@@ -8,7 +8,9 @@ import json
 import pytest
 
 from batchinfer.layout import batch_key
+from batchinfer.service import retry as retry_module
 from batchinfer.service.accounts import authenticate
+from local.lambda_runtime import invoke
 from tests.helpers import new_key
 from tests.integration.test_api import _tick, anthropic_error, error, finish, ok, req, settings, sim_requests, step
 from tests.integration.test_files import content, create_from, jsonl, line, upload
@@ -83,6 +85,27 @@ def test_a_retry_runs_again_what_failed_and_keeps_every_success(api, svc, sim_co
     _, other = new_key(svc)
     error(retry(api, other, batch["id"]), 404)
     error(retry(api, key, "batch_" + "0" * 32), 404)
+
+
+def test_a_large_retry_answers_at_once_and_the_sweeper_finishes_re_queueing(api, svc, monkeypatch):
+    """The call re-queues for a few seconds at most (CALL_SECONDS; none here) and answers; the sweeper carries
+    the walk on a page at a time, and the batch does not end before the walk is over."""
+    settings(svc, max_attempts=1)
+    monkeypatch.setattr(retry_module, "RETRY_PAGE", 4)
+    monkeypatch.setattr(retry_module, "CALL_SECONDS", 0.0)
+    _, key = new_key(svc)
+    ids = [f"f-{i}" for i in range(12)]
+    batch = api.created(key, [req(c, f"[[sim:flaky:1:500]] {c}") for c in ids] + [req("ok")])
+    finish(svc, batch["id"])
+    again = ok(retry(api, key, batch["id"]))
+    assert again["status"] == "in_progress" and again["request_counts"]["failed"] == 12  # nothing moved yet
+    assert svc.table.get(*batch_key(batch["id"]))["retrying"]["n"] == 1
+    invoke("sweeper", {})
+    walked = svc.table.get(*batch_key(batch["id"]))
+    assert "retrying" not in walked and (walked["failed"], walked["open"]) == (0, 12)
+    final = finish(svc, batch["id"])
+    assert final["status"] == "completed" and final["completed"] == 13
+    assert_ledger_consistent(svc, batch["id"], authenticate(svc, key), ids + ["ok"])
 
 
 def test_every_success_is_kept_and_nothing_to_retry_is_a_400(api, svc):
