@@ -181,7 +181,7 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
             assert line == {k: result[k] for k in ("id", "custom_id", "response", "error")}, \
                 "export differs from results"
 
-    stop = batch.get("stop")
+    stop = batch.get("stop") or batch.get("parked")  # parked: never-run requests a retry left as they ended
     for index, result in enumerate(results):
         assert result["status"] in FINAL_RESULT, f"result {index} not final: {result['status']}"
         item = by_index.get(index)
@@ -235,7 +235,7 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
     cost = 0.0
     attempts = 0
     for item in by_index.values():
-        attempts += item.get("attempt", 0)
+        attempts += item.get("attempt", 0) + item.get("earlier_attempts", 0)  # and those before a retry
         if item["state"] != RequestState.COMPLETED.value:
             continue  # failed attempts in these scenarios answer without usage
         usage = results_module.stored_response(svc, item)["body"]["usage"]

@@ -445,6 +445,41 @@ def test_deleting_a_finished_batch_after_confirming(page, stack):
     assert stack["http"].get(f"/v1/batches/{ids['doomed']}").status_code == 404
 
 
+def test_retry_runs_again_what_did_not_succeed_or_says_why_not(page, stack):
+    ids, http, sim = stack["ids"], stack["http"], stack["sim"]
+    sign_in(page, stack)
+    # Every request succeeded: no Retry.
+    open_batch(page, stack, "xss")
+    expect(page.locator("#batch-actions").get_by_role("button", name="Delete batch")).to_be_visible()
+    expect(page.locator("#batch-actions").get_by_role("button", name="Retry")).to_have_count(0)
+    # Failed only for their input: the API takes nothing by default, and the console says why.
+    open_batch(page, stack, "mixed")
+    confirm(page, "Retry", "Retry")
+    alert = page.locator("#batch-alert")
+    expect(alert).to_contain_text("Nothing to retry: every request that did not succeed failed for its input")
+    expect(alert).to_contain_text("No request of batch")  # the API's own message
+
+    # A batch cancelled with requests never started: retried, they run, and it completes.
+    sim.put("/_sim/config", json={"latency_seconds": 2})
+    answer = http.post("/v1/batches", json={"requests": [chat_request(f"c-{i}", f"cancel me {i}")
+                                                         for i in range(24)]})
+    batch_id = answer.json()["id"]
+    assert http.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
+    sim.put("/_sim/config", json={"latency_seconds": 0})
+    wait_for(lambda: http.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelled", 30, "the cancel")
+    if http.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] == 24:
+        pytest.fail("every request ran before the cancel")
+    ids["retried"] = batch_id
+    open_batch(page, stack, "retried")
+    confirm(page, "Retry", "Retry")
+    expect(page.locator("#batch-alert")).to_contain_text("Retrying: the requests that did not succeed are queued")
+    expect(page.locator("#batch-fields .status")).to_have_text("completed", timeout=30_000)
+    expect(page.locator("#batch-fields")).to_contain_text("Retried")
+    expect(page.locator("#batch-actions").get_by_role("button", name="Retry")).to_have_count(0)
+    assert http.get(f"/v1/batches/{batch_id}").json()["request_counts"] == {"total": 24, "completed": 24,
+                                                                             "failed": 0}
+
+
 def test_html_in_custom_ids_and_metadata_shows_as_text(page, stack):
     sign_in(page, stack)
     open_batch(page, stack, "xss")

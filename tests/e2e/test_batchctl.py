@@ -231,6 +231,21 @@ def test_message_batches_work_with_the_same_commands(stack, fresh_env, tmp_path)
     assert line == f"batchctl: 404 No Message Batch found with id '{batch_id}'."
 
 
+def test_retry_runs_again_what_did_not_succeed(stack, fresh_env):
+    batch_id = ok(batchctl(stack["dir"], fresh_env, "submit", "-", "--model", MODEL,
+                           stdin="fine\n[[sim:400]] refused\n")).stdout.strip()
+    ok(batchctl(stack["dir"], fresh_env, "wait", batch_id))
+    # The refused request's input is at fault: the default retries nothing; naming its code retries it.
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "retry", batch_id))
+    assert line.startswith("batchctl: 400 No request of batch") and "the retry" in line
+    retried = ok(batchctl(stack["dir"], fresh_env, "retry", batch_id, "--error-code", "invalid_request"))
+    assert retried.stdout.strip() == f"{batch_id} in_progress (retried 1 times)"
+    ok(batchctl(stack["dir"], fresh_env, "wait", batch_id))
+    status = json.loads(ok(batchctl(stack["dir"], fresh_env, "status", batch_id, "--json")).stdout)
+    assert status["retry_count"] == 1 and status["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    assert ok(batchctl(stack["dir"], fresh_env, "retry", "--help")).stdout.count("--custom-id") >= 1
+
+
 @pytest.fixture
 def slow_backend(stack):
     """Every backend call takes 1.5 s for the test's length: 150 requests, at most 16 at once (the model's

@@ -227,21 +227,23 @@ def test_every_operation_answers_as_its_document_says(svc, openapi_schema):
     assert not failures, "\n\n".join(f"{label}\n{text}" for label, text in failures.items())
     # The run reached what it is for: every operation, real objects in the answers the schemas describe, and
     # refusals of a missing or unknown key.
-    assert len(ops) == 46, [op.label for op in ops]
+    assert len(ops) == 49, [op.label for op in ops]
     statuses: dict[str, set[int]] = {}
     for label, status in world.seen:
         statuses.setdefault(label, set()).add(status)
     for label in ("GET /v1/models", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
                   "GET /v1/batches/{batch_id}/results", "GET /v1/batches/{batch_id}/output.jsonl",
                   "POST /v1/batches/{batch_id}/cancel", "POST /v1/batches/{batch_id}/pause",
-                  "POST /v1/batches/{batch_id}/resume", "DELETE /v1/batches/{batch_id}"):
+                  "POST /v1/batches/{batch_id}/resume", "DELETE /v1/batches/{batch_id}",
+                  "POST /v1/batches/{batch_id}/retry"):
         assert 200 in statuses[label], (label, statuses[label])
     for prefix in ("", "/anthropic"):
         for label in ("POST {}/v1/messages/batches", "GET {}/v1/messages/batches",
                       "GET {}/v1/messages/batches/{{batch_id}}", "GET {}/v1/messages/batches/{{batch_id}}/results",
                       "POST {}/v1/messages/batches/{{batch_id}}/cancel",
                       "POST {}/v1/messages/batches/{{batch_id}}/pause",
-                      "POST {}/v1/messages/batches/{{batch_id}}/resume", "DELETE {}/v1/messages/batches/{{batch_id}}"):
+                      "POST {}/v1/messages/batches/{{batch_id}}/resume", "DELETE {}/v1/messages/batches/{{batch_id}}",
+                      "POST {}/v1/messages/batches/{{batch_id}}/retry"):
             label = label.format(prefix)
             assert 200 in statuses[label], (label, statuses[label])
     assert all(401 in statuses[op.label] for op in ops if op.path != "/health"), statuses
@@ -282,6 +284,21 @@ def test_document_declares_the_create_body_and_each_apis_error_envelope():
     assert deref(requests["items"])["required"] == ["custom_id", "body"]
     headers = [p["name"] for p in document["paths"]["/v1/batches"]["post"]["parameters"] if p["in"] == "header"]
     assert headers == ["Idempotency-Key"]
+
+    # Retry in place (an extension): an optional body naming what it takes, the Idempotency-Key, the batch back.
+    for path, model, statuses in (("/v1/batches/{batch_id}/retry", "RetryBatch", ["failed", "expired", "cancelled"]),
+                                  ("/anthropic/v1/messages/batches/{batch_id}/retry", "RetryMessageBatch",
+                                   ["errored", "expired", "canceled"])):
+        operation = document["paths"][path]["post"]
+        assert operation["requestBody"].get("required", False) is False
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        retry_body = deref(next(o for o in schema.get("anyOf", [schema]) if "$ref" in o))  # or no body at all
+        assert retry_body["title"] == model and set(retry_body["properties"]) == {"custom_ids", "error_codes",
+                                                                                  "statuses"}
+        shown = next(o for o in retry_body["properties"]["statuses"]["anyOf"] if o.get("type") == "array")
+        assert deref(shown["items"])["enum"] == statuses
+        assert "Idempotency-Key" in [p["name"] for p in operation["parameters"] if p["in"] == "header"]
+        assert "409" in operation["responses"] and "200" in operation["responses"]
 
     checked = 0
     for path, operations_of_path in document["paths"].items():

@@ -154,3 +154,40 @@ def test_a_capped_file_batch_with_a_line_without_a_worst_case_fails_validation_n
     [problem] = failed["errors"]["data"]
     assert problem["param"] == "max_cost_usd" and "custom_id 'pic'" in problem["message"], problem
     assert sim_requests(sim_control) == 0  # nothing of it ran
+
+
+def test_a_retry_with_a_higher_cap_lets_a_batch_its_cap_stopped_go_on(api, svc, sim_control):
+    account, key = new_key(svc)
+    requests = capped_requests(12)
+    worst = max(worst_case(svc, r) for r in requests)
+    batch = ok(api("POST", "/v1/batches", key, json_body={"requests": requests, "max_cost_usd": 2.5 * worst}))
+    finish(svc, batch["id"], timeout=60)
+    stopped = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+    assert stopped["error"]["code"] == "max_cost_reached" and stopped["request_counts"]["completed"] < 12
+    # A cap below what was spent, or on a batch made without one, names max_cost_usd and changes nothing.
+    error(api("POST", f"/v1/batches/{batch['id']}/retry", key, json_body={"max_cost_usd": stopped["cost_usd"] / 2}),
+          400, "spent", param="max_cost_usd")
+    error(api("POST", f"/v1/batches/{batch['id']}/retry", key, json_body={"max_cost_usd": -1}), 400,
+          param="max_cost_usd")
+    assert ok(api("GET", f"/v1/batches/{batch['id']}", key))["status"] == "cancelled"
+
+    cap = 100 * worst
+    again = ok(api("POST", f"/v1/batches/{batch['id']}/retry", key, json_body={"max_cost_usd": cap}))
+    assert again["status"] == "in_progress" and again["max_cost_usd"] == pytest.approx(cap)
+    assert again["error"] is None and again["retry_count"] == 1
+    finish(svc, batch["id"], timeout=60)
+    done = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+    assert done["status"] == "completed", done
+    assert done["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
+    assert 0 < done["cost_usd"] <= cap
+    assert sim_requests(sim_control) == 12  # each request ran once over both runs
+    assert_ledger_consistent(svc, batch["id"], Principal(key_hash="", account=account))
+
+
+def test_a_retry_cannot_add_a_cap_to_a_batch_made_without_one(api, svc):
+    _, key = new_key(svc)
+    batch = ok(api("POST", "/v1/batches", key, json_body={"requests": capped_requests(2)}))
+    finish(svc, batch["id"], timeout=60)
+    ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key))
+    error(api("POST", f"/v1/batches/{batch['id']}/retry", key, json_body={"max_cost_usd": 1.0}), 400,
+          "without a spending cap", param="max_cost_usd")

@@ -26,12 +26,13 @@ from batchinfer.domain import (
 from batchinfer.jsontext import Text
 
 
-def test_final_statuses_have_no_way_out():
-    for status in FINAL_BATCH:
-        assert status not in BATCH_TRANSITIONS
-        assert not any(can_transition(status, other) for other in BatchStatus)
-    for state in FINAL_REQUEST:
-        assert state not in REQUEST_TRANSITIONS
+def test_final_statuses_have_no_way_out_but_a_retry():
+    for status in FINAL_BATCH:  # a retry in place runs an ended batch again
+        assert BATCH_TRANSITIONS[status] == {BatchStatus.IN_PROGRESS}
+        assert [other for other in BatchStatus if can_transition(status, other)] == [BatchStatus.IN_PROGRESS]
+    assert RequestState.COMPLETED not in REQUEST_TRANSITIONS  # a success is never run again
+    for state in FINAL_REQUEST - {RequestState.COMPLETED}:  # what did not succeed waits to run again
+        assert REQUEST_TRANSITIONS[state] == {RequestState.WAITING}
 
 
 def test_every_unfinished_batch_status_can_reach_a_final_one():

@@ -41,6 +41,9 @@ BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
     ),
     BatchStatus.FINALIZING: frozenset(FINAL_BATCH),
     BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
+    # Retry in place (service.retry): an ended batch runs again the requests of it that did not succeed, and
+    # ends again. Only a retry takes an ended batch back; nothing else leaves an ended status.
+    **{final: frozenset({BatchStatus.IN_PROGRESS}) for final in FINAL_BATCH},
 }
 
 
@@ -115,6 +118,10 @@ REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
         {RequestState.COMPLETED, RequestState.FAILED, RequestState.WAITING, RequestState.UNSTARTED}
     ),
     RequestState.WAITING: frozenset({RequestState.DISPATCHED, RequestState.FAILED, RequestState.UNSTARTED}),
+    # Retry in place: a request of an ended batch that failed or never started waits to run again (its batch
+    # was retried, service.retry); a success is never run again.
+    RequestState.FAILED: frozenset({RequestState.WAITING}),
+    RequestState.UNSTARTED: frozenset({RequestState.WAITING}),
 }
 
 
@@ -152,6 +159,12 @@ def unstarted_error(stop: Stop | None) -> dict | None:
     if stop is Stop.EXPIRE:
         return {"code": "batch_expired", "message": "Not run: the completion window closed first."}
     return None
+
+
+def unstarted_stop(error: dict | None) -> Stop:
+    """The stop a never-started request ended under, from the error it carries (see `unstarted_error`)."""
+    code = (error or {}).get("code")
+    return Stop.FAIL if code == "batch_failed" else Stop.EXPIRE if code == "batch_expired" else Stop.CANCEL
 
 
 def backend_key_not_set_error(model_id: str) -> dict:

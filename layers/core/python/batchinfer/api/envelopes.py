@@ -31,7 +31,9 @@ from ..service.validation import duplicate_key_fault
 
 SCOPE_KEY = "batchinfer.envelope"
 FINAL_STATUSES = (410, 413)  # answers a retry cannot change
-FINAL_CODES = ("idempotency_key_reused", "batch_ended", "batch_not_running")  # the last two: a pause or resume
+# batch_ended, batch_not_running: a pause or resume; batch_not_ended: a retry in place of a batch still
+# running. The SDK's own retries must not repeat them.
+FINAL_CODES = ("idempotency_key_reused", "batch_ended", "batch_not_running", "batch_not_ended")
 
 
 ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or expired API key",

@@ -116,6 +116,37 @@ class BatchObject(BaseModel):
     error: dict | None
     paused_at: int | None = Field(None, description="An extension: when the batch was paused (Unix seconds), "
                                                     "null unless it is paused")
+    retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
+
+
+class RetryBatch(BaseModel):
+    """What a retry in place re-queues, among the requests that did not succeed (an extension). No body, or
+    no field: every one of them but those whose input is at fault (`invalid_request` and the like), which a
+    retry takes only when named by custom id or error code."""
+
+    model_config = ConfigDict(extra="forbid")
+    custom_ids: list[str] | None = Field(None, min_length=1, max_length=50_000, description="Only these requests")
+    error_codes: list[str] | None = Field(None, min_length=1, max_length=100,
+                                          description="Only requests whose error has one of these codes, as the "
+                                                      "results show them (rate_limited, timeout, batch_expired, ...)")
+    statuses: list[Literal["failed", "expired", "cancelled"]] | None = Field(
+        None, min_length=1, max_length=3, description="Only requests whose result has one of these statuses")
+    max_cost_usd: float | None = Field(None, description="A new spending cap, for a batch created with one: at "
+                                                     "least what it has spent (a batch its cap stopped goes on)")
+
+
+class RetryMessageBatch(BaseModel):
+    """What a retry in place of a Message Batch re-queues (an extension): as `RetryBatch`, with statuses named
+    as the batch's result types."""
+
+    model_config = ConfigDict(extra="forbid")
+    custom_ids: list[str] | None = Field(None, min_length=1, max_length=50_000, description="Only these requests")
+    error_codes: list[str] | None = Field(None, min_length=1, max_length=100,
+                                          description="Only requests whose error has one of these codes")
+    statuses: list[Literal["errored", "expired", "canceled"]] | None = Field(
+        None, min_length=1, max_length=3, description="Only requests whose result has one of these types")
+    max_cost_usd: float | None = Field(None, description="A new spending cap, for a batch created with one: at "
+                                                     "least what it has spent (a batch its cap stopped goes on)")
 
 
 class BatchList(BaseModel):
@@ -211,6 +242,10 @@ IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
                                   "with the batch the first call created (and `idempotent-replayed: true`); "
                                   "another body is a 409, and once that batch is deleted, a 410.",
                    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"}}
+# The same header on a retry in place: a second call with the key and body answers as the first did.
+RETRY_IDEMPOTENCY_KEY = {**IDEMPOTENCY_KEY, "description": "1-255 printable ASCII characters. A second call "
+                         "with the same key and body retries nothing more: it answers with the batch as it is "
+                         "now (and `idempotent-replayed: true`); another body is a 409."}
 CREATE_BATCH_BODY = {"parameters": [IDEMPOTENCY_KEY],
                      "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(CreateBatch)}}}}
 BATCH_OBJECT = _ok(BatchObject, "The batch")
@@ -324,6 +359,7 @@ class MessageBatch(BaseModel):
                                                  "message} once the cap stopped the batch")
     paused_at: str | None = Field(None, description="An extension: when the batch was paused (RFC 3339), null "
                                                     "unless it is paused")
+    retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
 
 
 class MessageBatchList(BaseModel):

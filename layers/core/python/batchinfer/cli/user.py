@@ -1,6 +1,6 @@
-"""batchctl's user commands: submit, status, list, wait, results, cancel, pause, resume and delete, as a client
-of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to `/v1/batches`, Message Batch ids
-(`msgbatch_...`) to `/v1/messages/batches`; the commands are the same for both.
+"""batchctl's user commands: submit, status, list, wait, results, cancel, pause, resume, retry and delete,
+as a client of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to `/v1/batches`,
+Message Batch ids (`msgbatch_...`) to `/v1/messages/batches`; the commands are the same for both.
 
 stdout carries only what a command answers (a batch id, a status, results, or one JSON document with
 --json); progress and notes go to stderr, and every failure is one line there: `batchctl: <message>`.
@@ -128,6 +128,19 @@ def cmd_pause(client: ApiClient, args: argparse.Namespace) -> int:
         _print_json(view.raw)
     else:
         print(f"{view.id} {view.status}" + (" paused" if view.raw.get("paused_at") else ""))
+    return 0
+
+
+def cmd_retry(client: ApiClient, args: argparse.Namespace) -> int:
+    """Retry in place (an extension): the batch's requests that did not succeed run again; no option, every
+    one of them but those whose input is at fault (named by --custom-id or --error-code, those too)."""
+    wanted = {name: values for name, values in (("custom_ids", args.custom_id), ("error_codes", args.error_code),
+                                                ("statuses", args.status)) if values}
+    view = BatchView.of(client.post(batch_path(args.id) + "/retry", wanted or None))
+    if args.json:
+        _print_json(view.raw)
+    else:
+        print(f"{view.id} {view.status} (retried {view.raw.get('retry_count', 0)} times)")
     return EXIT_OK
 
 
@@ -245,6 +258,20 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p = groups.add_parser("resume", parents=[common], help="resume a paused batch")
     p.add_argument("id", metavar="ID")
     p.set_defaults(handler=cmd_pause, resume=True)
+
+    p = groups.add_parser("retry", parents=[common], help="run again an ended batch's requests that did not succeed",
+                          description="Retry in place (an extension): an ended batch runs again its requests that did "
+                                      "not succeed, keeping every success. With no option, every one of them but "
+                                      "those whose input is at fault (invalid_request and the like), which run "
+                                      "again only when named by --custom-id or --error-code.")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--custom-id", action="append", metavar="X", help="only this request (repeatable)")
+    p.add_argument("--error-code", action="append", metavar="C",
+                   help="only requests whose error has this code, as the results show it (repeatable)")
+    p.add_argument("--status", action="append", metavar="S",
+                   help="only requests with this result status (repeatable): failed, expired, cancelled; for a "
+                        "Message Batch errored, expired, canceled")
+    p.set_defaults(handler=cmd_retry)
 
     p = groups.add_parser("delete", parents=[common], help="delete a batch with its results")
     p.add_argument("id", metavar="ID")

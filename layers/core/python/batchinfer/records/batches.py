@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..domain import PAUSABLE_BATCH, STOPPABLE_BATCH, BatchStatus, Stop, batch_transition, batches_that_may_become
+from ..domain import (
+    FINAL_BATCH,
+    PAUSABLE_BATCH,
+    STOPPABLE_BATCH,
+    BatchStatus,
+    Stop,
+    batch_transition,
+    batches_that_may_become,
+)
 from ..layout import (
     ACTIVE_PARTITIONS,
     LANES_END,
@@ -67,7 +75,8 @@ class Batch:
         Fenced on the lane's position (one claimant wins) and on the batch still running. `commit_usd`: the
         claimed requests' worst case, committed against the batch's spending cap (`_commit`)."""
         status = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
-        may, may_vals = _in("status", batches_that_may_become(status) | {status})
+        # An ended batch runs again only through a retry, never through a claim.
+        may, may_vals = _in("status", (batches_that_may_become(status) - FINAL_BATCH) | {status})
         add, fence, vals = Batch._commit(batch, commit_usd)
         return t.op_update(
             *batch_key(batch["id"]),
@@ -238,6 +247,77 @@ class Batch:
                                      + ("attribute_exists(paused_at)" if paused else "attribute_not_exists(paused_at)"))
 
     @staticmethod
+    def retry(t: Table, batch: BatchItem, *, now: int, expires_at: int, window_seconds: int, keep_until: int,
+              retrying: dict,
+              uncount: dict[str, int], parked: str | None, forget_idempotency_key: bool,
+              cap: float | None = None) -> Op:
+        """An ended batch runs again (retry in place, service.retry): in progress with a new window, back in
+        `by_active`, its ending undone (ending times, retention clock, stop, result files and export no longer
+        named) and `retrying` holding the walk that re-queues its requests. `uncount`: what the never-dispatched
+        requests re-queued with their lanes leave (failed, unstarted); `parked`: the stop under which the
+        never-dispatched requests that stay as they are ended (None: none stay); `keep_until`: the latest its
+        retention may end (its first request items' TTL, less a day). Fenced on the status and retry count it
+        was decided from, and on nothing of it open."""
+        to = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
+        removes = ["#stop", "stopped_at", "paused_at", "cancelling_at", "finalizing_at", "results_expires_at", "due_pk",
+                   "due_at", "#error", "export_object", "output_file_id", "error_file_id", "result_file_ids",
+                   "writing", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
+        sets = ["#status = :to", "expires_at = :exp", "active_pk = :apk", "active_sk = :id",
+                "retrying = :retrying", "retry_count = if_not_exists(retry_count, :zero) + :one",
+                "keep_until = if_not_exists(keep_until, :keep)",
+                "window_seconds = if_not_exists(window_seconds, :window)", "retried_at = :now"]
+        vals = {":to": to.value, ":exp": expires_at, ":apk": active_partition(batch["id"]), ":id": batch["id"],
+                ":retrying": retrying, ":zero": 0, ":one": 1, ":keep": keep_until,
+                ":window": window_seconds, ":now": now, ":old": batch["status"],
+                ":seen": int(batch.get("retry_count", 0)), ":failed": -uncount.get("failed", 0),
+                ":unstarted": -uncount.get("unstarted", 0)}
+        if parked is None:
+            removes.append("parked")
+        else:
+            sets.append("parked = :parked")
+            vals[":parked"] = parked
+        if cap is not None:  # a raised spending cap (service.retry checks it is not below what was spent)
+            sets.append("max_cost_usd = :cap")
+            vals[":cap"] = cap
+        if forget_idempotency_key:  # its record is gone: the next ending must not write one back
+            removes.append("idempotency_key")
+        return t.op_update(
+            *batch_key(batch["id"]),
+            "SET " + ", ".join(sets) + " ADD failed :failed, unstarted :unstarted REMOVE " + ", ".join(removes),
+            vals=vals,
+            condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
+                      "AND attribute_not_exists(retrying) AND "
+                      + ("retry_count = :seen" if vals[":seen"] else "attribute_not_exists(retry_count)"))
+
+    @staticmethod
+    def requeue_step(t: Table, batch_id: str, retry: int, cursor: str | None, new_cursor: str | None,
+                     counters: dict[str, int]) -> Op:
+        """One step of a retry's walk over the batch's request items: its cursor moved past the items read
+        (`new_cursor`; None: the walk is over and `retrying` goes), with the counters the requests it re-queued
+        move. Fenced on the walk and its cursor (two walkers move one step once) and on the batch being neither
+        stopped nor deleted meanwhile (a stopped batch re-queues nothing more)."""
+        vals: dict = {":n": retry, **{f":{k.lstrip('#')}": v for k, v in counters.items()}}
+        adds = [f"{k} :{k.lstrip('#')}" for k in counters]
+        if new_cursor is None:
+            expression = "REMOVE retrying"
+        else:
+            expression, vals[":new"] = "SET retrying.#cursor = :new", new_cursor
+        if adds:
+            expression += " ADD " + ", ".join(adds)
+        if cursor is None:
+            at = "attribute_not_exists(retrying.#cursor)"
+        else:
+            at, vals[":at"] = "retrying.#cursor = :at", cursor
+        return t.op_update(*batch_key(batch_id), expression, vals=vals,
+                           condition=f"retrying.#n = :n AND {at} AND attribute_not_exists(#stop) "
+                                     "AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def end_requeue(t: Table, batch_id: str, retry: int) -> None:
+        """A retry's walk ends early: its batch was stopped (or is being deleted) meanwhile."""
+        t.update(*batch_key(batch_id), "REMOVE retrying", vals={":n": retry}, condition="retrying.#n = :n")
+
+    @staticmethod
     def mark_deleting(t: Table, batch: BatchItem, now: int, purge_items: bool) -> Op:
         """The batch reads as deleted from now on, stops, leaves `by_active`, and is due for the sweeper's
         purge at once (`by_due` PURGE). Fenced on no request of it holding a slot, on the status it was read
@@ -370,6 +450,20 @@ class Idempotency:
         # A record past its TTL may linger until DynamoDB deletes it; it no longer holds the key.
         pk, sk = idempotency_key(account_id, key)
         return t.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "body_hash": body_hash},
+                        condition="attribute_not_exists(pk) OR #ttl <= :now", vals={":now": now})
+
+    @staticmethod
+    def hold(t: Table, account_id: str, key: str, batch_id: str) -> Op:
+        """The key that created a batch being retried is held again while it runs (no TTL), fenced on it still
+        naming that batch."""
+        return t.op_update(*idempotency_key(account_id, key), "REMOVE #ttl",
+                           vals={":b": batch_id}, condition="batch_id = :b AND attribute_not_exists(deleted)")
+
+    @staticmethod
+    def claim_until(t: Table, account_id: str, key: str, batch_id: str, body_hash: str, now: int, until: int) -> Op:
+        """A key sent with a call that is not a create (a retry), remembered until `until`."""
+        pk, sk = idempotency_key(account_id, key)
+        return t.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "body_hash": body_hash, "ttl": until},
                         condition="attribute_not_exists(pk) OR #ttl <= :now", vals={":now": now})
 
     @staticmethod

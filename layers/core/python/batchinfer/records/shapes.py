@@ -43,6 +43,12 @@ class BatchItem(TypedDict, total=False):
     stop: str  # Stop, once the batch stopped starting requests
     deleting: bool
     export_object: str  # output.jsonl written to S3 when the batch ended large
+    retry_count: int  # how many times the batch was retried in place (service.retry)
+    retrying: dict  # while a retry re-queues its requests: the filter, the walk's cursor, what it replaces
+    parked: str  # Stop under which its never-dispatched requests ended, when a retry left them as they were
+    window_seconds: int  # once retried: its completion window's length, which each retry opens anew
+    retried_at: int  # when it was last retried
+    keep_until: int  # once retried: the latest its retention may end (its first request items' TTL less a day)
 
 
 class GroupItem(TypedDict, total=False):
@@ -89,6 +95,7 @@ class RequestItem(TypedDict, total=False):
     slot_lease: str  # a retry dispatched in a SlotLease's slots
     budget_shard: int  # a retry dispatched in a slot of its own: the budget shard it came from (0 if absent)
     tally: dict  # for a group member: what its outcome adds to the counters
+    earlier_attempts: int  # attempts it used before its batch was retried (service.retry)
     ttl: int
 
 

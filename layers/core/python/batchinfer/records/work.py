@@ -159,6 +159,21 @@ class Request:
                            condition="#state = :w AND #token = :t")
 
     @staticmethod
+    def requeue(t: Table, req: RequestItem, new_token: str, now: int) -> Op:
+        """A failed or never-started request of a retried batch waits to run again, due at once: its attempts
+        count afresh (those it used stay in `earlier_attempts`), and its last error goes, so that it reads as
+        queued until its new outcome. Fenced on its state and token."""
+        to = request_transition(req["state"], RequestState.WAITING)
+        return t.op_update(
+            *request_key(req["batch_id"], req["index"]),
+            "SET #state = :to, #token = :new, updated_at = :now, due_pk = :due, due_at = :now, attempt = :zero, "
+            "earlier_attempts = if_not_exists(earlier_attempts, :zero) + :used "
+            "REMOVE #error, slot_lease, budget_shard",
+            vals={":to": to.value, ":new": new_token, ":now": now, ":due": retry_due(req["model"]), ":zero": 0,
+                  ":used": int(req.get("attempt", 0)), ":expect": req["state"], ":token": req["token"]},
+            condition="#state = :expect AND #token = :token")
+
+    @staticmethod
     def between(t: Table, batch: BatchItem, start: int, end: int) -> Iterator[RequestItem]:
         """The stored requests with index start..end (inclusive)."""
         return t.query_all("pk = :pk AND sk BETWEEN :a AND :b",

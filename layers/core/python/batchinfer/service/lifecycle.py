@@ -41,9 +41,15 @@ def dispatched_count(batch: BatchItem) -> int:
     return sum(lane["next"] for lane in batch["lanes"].values())
 
 
-def undispatched_count(batch: BatchItem) -> int:
-    """How many of the batch's requests are still to be dispatched (those rejected at intake never are)."""
+def never_dispatched_count(batch: BatchItem) -> int:
+    """How many of the batch's requests its lanes have not dispatched (those rejected at intake never are)."""
     return batch["total"] - batch.get("rejected", 0) - dispatched_count(batch)
+
+
+def undispatched_count(batch: BatchItem) -> int:
+    """How many of the batch's requests are still to be dispatched: none while a retry left its
+    never-dispatched ones as they ended (`parked`: counted then, and in no lane)."""
+    return 0 if batch.get("parked") else never_dispatched_count(batch)
 
 
 def stop_batch(svc: Services, batch: BatchItem, stop: Stop, error: dict | None = None) -> bool:
@@ -84,6 +90,8 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
     batch = Batch.get(svc.table, batch_id)
     if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
         return batch
+    if batch.get("retrying"):
+        return batch  # a retry is still re-queueing its requests (service.retry carries it on)
     stop = Stop(batch["stop"]) if batch.get("stop") else None
     if batch.get("awaiting_validation") and stop is None:
         return batch  # a file batch whose lines are still being checked
@@ -114,9 +122,12 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
         if batch.get("input_file_id"):
             sets["output_file_id"], sets["error_file_id"] = writing["output"]["file"], writing["error"]["file"]
     never_started = undispatched_count(batch)
-    final = final_status(stop)
+    # A retried batch whose never-dispatched requests stayed as they were keeps the fate they ended with.
+    final = final_status(stop or (Stop(batch["parked"]) if batch.get("parked") else None))
+    # A retried batch is kept no longer than the request items of its first run (their TTL).
+    retention_ends = min(now + svc.settings.batch_retention_seconds, int(batch.get("keep_until", now + 10**9)))
     ops = [Batch.finalize(svc.table, batch, final, stop, now,
-                          retention_ends=now + svc.settings.batch_retention_seconds,
+                          retention_ends=retention_ends,
                           never_started_failed=never_started if counts_as_failed_unstarted(stop) else 0,
                           never_started=never_started, export=None, sets=sets),
            Account.release_unfinished(svc.table, batch["account_id"], batch["total"])]

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 
 from .. import protocols
-from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error
+from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error, unstarted_stop
 from ..jsontext import parse_object, to_json
 from ..layout import INDEX_CHUNK, index_object
 from ..records import BatchItem, Group, Request, RequestItem
@@ -33,10 +33,14 @@ def index_entries(svc: Services, batch_id: str, start: int, end: int) -> list[li
 
 def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: RequestItem | None) -> dict:
     stop = Stop(batch["stop"]) if batch.get("stop") else None
+    if stored is None and batch.get("parked"):  # never dispatched, left as it ended by a retry of its batch
+        stop = Stop(batch["parked"])
     custom_id = entry[0]
     if stored is None and entry[1] is None:  # rejected at intake: its error is in its index entry
         stored = {"state": RequestState.FAILED.value, "error": entry[4]}
     state = RequestState(stored["state"]) if stored else None
+    if state is RequestState.UNSTARTED and batch.get("retry_count"):
+        stop = unstarted_stop(stored.get("error"))  # a retry may have left it from an earlier ending
     response = None
     error = shown_error(stored.get("error")) if stored else unstarted_error(stop)
     if state is RequestState.COMPLETED:

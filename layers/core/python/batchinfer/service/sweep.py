@@ -14,7 +14,7 @@ from ..ledger import Settlement, close_group, give_back_slots, position_item, se
 from ..records import Batch, GroupItem, InteractiveLease, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from . import spending_cap, webhooks
+from . import retry, spending_cap, webhooks
 from .intake import validate_file_batch
 from .lifecycle import begin_purge, due_to_expire, purge_batch, settle_batch, stop_batch
 
@@ -179,6 +179,8 @@ def _purge(svc: Services, item: dict, deadline: float | None) -> bool:
     batch = svc.table.get(item["pk"], item["sk"])
     if batch is None:
         return False
+    if not batch.get("deleting") and batch["status"] not in FINAL_BATCH:
+        return False  # retried in place since it was read as due: it runs again, its retention clock stopped
     if not batch.get("deleting"):  # its retention ended: request items are left to their TTL
         begin_purge(svc, batch, purge_items=False)
         batch = svc.table.get(item["pk"], item["sk"])
@@ -192,6 +194,11 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
     """Settle one unfinished batch; expire it if its window closed with requests not yet started."""
     done: list[str] = []
     after = settle_batch(svc, batch_id, deadline)
+    if after is not None and after.get("retrying"):  # a retry still re-queueing its requests: carry it on
+        after = retry.carry_on(svc, after, deadline)
+        if after is None or after.get("retrying"):
+            return done
+        after = settle_batch(svc, batch_id, deadline)
     if after is not None and after.get("awaiting_validation") and not after.get("stop"):
         if deadline is not None and time.monotonic() + VALIDATION_RESERVE_SECONDS > deadline:
             return done  # not enough time left for the whole step (fenced, safe to repeat): the next run

@@ -154,6 +154,12 @@
     "cancel:openai:409": "The batch cannot be cancelled in its current state.",
     "pause:409": "Only a batch that is still running can be paused: this one has ended or is stopping.",
     "resume:409": "Only a batch that is still running can be resumed: this one has ended or is stopping.",
+    "retry:openai:400": "Nothing to retry: every request that did not succeed failed for its input (retry those " +
+                        "by error code with batchctl or the API).",
+    "retry:message:400": "Nothing to retry: every request that did not succeed failed for its input (retry those " +
+                         "by error code with batchctl or the API).",
+    "retry:openai:409": "The batch is running again already; it can be retried once it has ended.",
+    "retry:message:409": "The batch is running again already; it can be retried once it has ended.",
     "webhook:400": "The webhook was not saved: check the URL (an https:// address the service can reach).",
   };
   const BY_STATUS = {
@@ -477,6 +483,7 @@
     view.batch = normalize(raw);
     renderBatch();
     await loadResults();
+    if (view.id !== id || !view.batch) return;  // another batch was opened meanwhile: its own call goes on
     clearTimeout(timers.batch);
     if (!view.batch.final) timers.batch = setTimeout(refreshBatch, REFRESH_MS);
   }
@@ -528,6 +535,7 @@
       if (r.archived_at) items.push(field("Archived", timeNode(r.archived_at)));
       items.push(field("Tokens", tokensText(b)), field("Cost", costNode(b)));
     }
+    if (r.retry_count) items.push(field("Retried", `${r.retry_count} time${r.retry_count === 1 ? "" : "s"}`));
     $("batch-fields").replaceChildren(...items.flat());
     renderActions();
   }
@@ -545,6 +553,10 @@
                         text: "Pause batch"}));
       buttons.push(el("button", {type: "button", dataset: {focusKey: "cancel"}, onclick: cancelBatch,
                                  text: "Cancel batch"}));
+    }
+    if (b.final && notSucceeded(b) > 0) {  // retry in place (an extension): what did not succeed runs again
+      buttons.push(el("button", {type: "button", dataset: {focusKey: "retry"}, onclick: retryBatch,
+                                 text: "Retry"}));
     }
     buttons.push(el("button", {type: "button", class: "danger", dataset: {focusKey: "delete"}, onclick: deleteBatch,
                                text: "Delete batch"}));
@@ -656,6 +668,34 @@
     notify(box, "ok", pause
       ? "Paused: no request starts until you resume it; running ones finish. Its completion window keeps running."
       : "Resumed: its requests start again within seconds.", null);
+    box.focus();
+    openBatch(b.id, false);
+  }
+
+  /** How many of an ended batch's requests did not succeed (failed, errored, expired, cancelled). */
+  function notSucceeded(batch) {
+    const c = batch.counts;
+    return batch.api === "message" ? c.errored + c.canceled + c.expired : c.total - c.completed;
+  }
+
+  async function retryBatch() {
+    const b = view.batch;
+    const sure = await confirmDialog(`Retry ${b.id}?`, "Its requests that did not succeed run again, under a new " +
+      "completion window; every success is kept. Requests refused for their input run again only when named " +
+      "(with batchctl or the API). Result files are written anew when it ends again.", "Retry");
+    if (!sure) return;
+    const box = $("batch-alert");
+    try {
+      if (b.api === "message") {
+        await api(`v1/messages/batches/${encodeURIComponent(b.id)}/retry`, {method: "POST", anthropic: true});
+      } else {
+        await api(`v1/batches/${encodeURIComponent(b.id)}/retry`, {method: "POST"});
+      }
+    } catch (error) {
+      if (apiKey()) showError(box, error, "retry", b.api);
+      return;
+    }
+    notify(box, "ok", "Retrying: the requests that did not succeed are queued again.", null);
     box.focus();
     openBatch(b.id, false);
   }

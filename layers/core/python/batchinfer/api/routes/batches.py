@@ -15,7 +15,15 @@ from ...service.accounts import Principal
 from ..auth import caller, services_of
 from ..bodies import declared_over
 from ..envelopes import error_responses, route_class
-from ..schemas import BATCH_LIST, BATCH_OBJECT, CREATE_BATCH_BODY, DELETED_BATCH, RESULTS_PAGE
+from ..schemas import (
+    BATCH_LIST,
+    BATCH_OBJECT,
+    CREATE_BATCH_BODY,
+    DELETED_BATCH,
+    RESULTS_PAGE,
+    RETRY_IDEMPOTENCY_KEY,
+    RetryBatch,
+)
 
 router = APIRouter(prefix="/v1/batches", route_class=route_class(OPENAI), tags=["batches"])
 
@@ -88,6 +96,16 @@ def resume(batch_id: str, who: Principal = Depends(caller), svc: Services = Depe
              responses=error_responses(OPENAI), openapi_extra=BATCH_OBJECT)
 def cancel(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
     return batches.cancel_batch(svc, who, batch_id)
+
+
+@router.post("/{batch_id}/retry", summary="Retry in place: run again the requests that did not succeed (an extension)",
+             responses=error_responses(OPENAI, 409, 410, 429),
+             openapi_extra={"parameters": [RETRY_IDEMPOTENCY_KEY], **BATCH_OBJECT})
+def retry(batch_id: str, request: Request, wanted: RetryBatch | None = None, who: Principal = Depends(caller),
+          svc: Services = Depends(services_of)) -> JSONResponse:
+    obj, replayed = batches.retry_batch(svc, who, batch_id, wanted.model_dump() if wanted else {},
+                                        request.headers.get("idempotency-key"))
+    return JSONResponse(obj, headers={"idempotent-replayed": "true"} if replayed else None)
 
 
 @router.delete("/{batch_id}", summary="Delete a batch with its results", responses=error_responses(OPENAI, 409),

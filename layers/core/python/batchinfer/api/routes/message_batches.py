@@ -23,6 +23,8 @@ from ..schemas import (
     DELETED_MESSAGE_BATCH,
     MESSAGE_BATCH,
     MESSAGE_BATCH_LIST,
+    RETRY_IDEMPOTENCY_KEY,
+    RetryMessageBatch,
 )
 
 PREFIXES = ("", ANTHROPIC.base_path)  # the service's own base URL, and the one Anthropic clients are given
@@ -118,6 +120,18 @@ def _add_routes(prefix: str) -> None:
     def cancel_message_batch(request: Request, batch_id: str, who: Principal = Depends(caller),
                              version: str = Depends(anthropic_version), svc: Services = Depends(services_of)) -> dict:
         return message_batches.message_batch_object(message_batches.cancel(svc, who, batch_id), base_url(request))
+
+    @router.post(base + "/{batch_id}/retry",
+                 summary="Retry in place: run again the requests that did not succeed (an extension)",
+                 responses=error_responses(ANTHROPIC, 409, 410, 429),
+                 openapi_extra=_extra({"parameters": [RETRY_IDEMPOTENCY_KEY]}, MESSAGE_BATCH))
+    def retry_message_batch(request: Request, batch_id: str, wanted: RetryMessageBatch | None = None,
+                            who: Principal = Depends(caller), version: str = Depends(anthropic_version),
+                            svc: Services = Depends(services_of)) -> JSONResponse:
+        item, replayed = message_batches.retry_batch(svc, who, batch_id, wanted.model_dump() if wanted else {},
+                                                     request.headers.get("idempotency-key"))
+        return JSONResponse(message_batches.message_batch_object(item, base_url(request)),
+                            headers={"idempotent-replayed": "true"} if replayed else None)
 
     @router.delete(base + "/{batch_id}", summary="Delete an ended Message Batch with its results",
                    responses=error_responses(ANTHROPIC), openapi_extra=_extra(DELETED_MESSAGE_BATCH))

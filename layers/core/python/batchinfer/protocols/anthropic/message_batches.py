@@ -27,10 +27,11 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, pausing, results, spend
+from ...service import intake, lifecycle, pausing, results, retry, spend
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
+from ...spending import parse_cap
 from . import PROTOCOL
 
 IDS = PROTOCOL.batch_ids
@@ -237,7 +238,7 @@ def request_counts(item: BatchItem) -> dict:
     total = item["total"]
     if not ended(item):
         return {"processing": total, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
-    stop = item.get("stop")
+    stop = item.get("stop") or item.get("parked")  # parked: never-dispatched ones a retry left as they ended
     unstarted = int(item.get("unstarted", 0))
     canceled = unstarted if stop == Stop.CANCEL.value else 0
     expired = unstarted if stop == Stop.EXPIRE.value else 0
@@ -265,6 +266,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         **({"max_cost_usd": item["max_cost_usd"], "error": item.get("error")}
            if item.get("max_cost_usd") is not None else {}),
         "paused_at": _rfc3339(pausing.paused_at(item)),  # an extension: null unless the batch is paused
+        **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
     }
 
 
@@ -342,3 +344,20 @@ def delete(svc: Services, principal: Principal, batch_id: str) -> dict:
     item = _ended_batch(svc, principal, batch_id, "it can be deleted")
     lifecycle.delete(svc, item)  # at once; the sweeper removes what it holds
     return {"id": batch_id, "type": "message_batch_deleted"}
+
+
+# --- Retry in place (an extension) -------------------------------------------------------------------
+
+# A Message Batch's result types of requests that did not succeed -> the service's result statuses.
+RETRY_STATUSES = {"errored": "failed", "expired": "expired", "canceled": "cancelled"}
+
+
+def retry_batch(svc: Services, principal: Principal, batch_id: str, wanted: dict,
+                idem_key: str | None) -> tuple[BatchItem, bool]:
+    """Run again the requests of an ended Message Batch that did not succeed (those `wanted` narrows to).
+    Returns (the batch, replayed)."""
+    item = owned(svc, principal, batch_id)
+    wanted = dict(wanted)
+    cap = parse_cap(wanted.pop("max_cost_usd", None))
+    return retry.retry(svc, principal, item, retry.filter_of(wanted, RETRY_STATUSES), retry.described(wanted),
+                       idem_key, cap)

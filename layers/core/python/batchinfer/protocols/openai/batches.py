@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import intake, lifecycle, pausing, results, spend, webhooks
+from ...service import intake, lifecycle, pausing, results, retry, spend, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -22,6 +22,7 @@ from ...service.validation import (
     validate_inline_batch,
     validate_metadata,
 )
+from ...spending import parse_cap
 from ...storage.dynamo import ConditionFailed
 from . import PROTOCOL, files
 
@@ -115,6 +116,7 @@ def batch_object(item: BatchItem) -> dict:
         "results_expires_at": at("results_expires_at"),
         "error": item.get("error"),
         "paused_at": pausing.paused_at(item),  # an extension: null unless the batch is paused
+        **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
     }
 
 
@@ -205,3 +207,21 @@ def delete_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
     except ConditionFailed:
         raise Conflict(BATCH_RUNNING, code="batch_running") from None
     return {"id": batch_id, "object": "batch.deleted", "deleted": True}
+
+
+# --- Retry in place (an extension) -------------------------------------------------------------------
+
+RETRY_STATUSES = ("failed", "expired", "cancelled")  # as results show them
+
+
+def retry_batch(svc: Services, principal: Principal, batch_id: str, wanted: dict,
+                idem_key: str | None) -> tuple[dict, bool]:
+    """Run again the requests of an ended batch that did not succeed (those `wanted` narrows to: custom_ids,
+    error_codes, statuses). Returns (batch object, replayed)."""
+    batch = owned_batch(svc, principal, batch_id)
+    wanted = dict(wanted)
+    cap = parse_cap(wanted.pop("max_cost_usd", None))
+    item, replayed = retry.retry(svc, principal, batch, retry.filter_of(wanted, {s: s for s in RETRY_STATUSES}),
+                                 retry.described(wanted), idem_key, cap)
+    return batch_object(item), replayed
+
