@@ -4,19 +4,12 @@ given back, counts, usage and costs adding up to the stored requests."""
 
 from __future__ import annotations
 
-import threading
-
-import pytest
-
 from batchinfer.domain import RequestState
 from batchinfer.protocols.openai import batches
 from batchinfer.service import retry, run_request
 from batchinfer.service.accounts import authenticate
-from tests.helpers import chat_request, new_key
-from tests.integration.test_faults import (
+from tests.faults.harness import (
     GLM,
-    Clock,
-    Serialized,
     configure,
     get_batch,
     pump,
@@ -27,19 +20,10 @@ from tests.integration.test_faults import (
     sim_stats,
     submit,
 )
+from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, budget_of
 
-FLAKY = "[[sim:flaky:1:500]] once"
-
-
-@pytest.fixture
-def svc(svc):
-    """The fault suite's services: calls to moto serialized (workers run records in threads), a clock to move."""
-    lock = threading.RLock()
-    svc.table.client = Serialized(svc.table.client, lock)
-    svc.queues.sqs = Serialized(svc.queues.sqs, lock)
-    svc.clock = Clock()
-    return svc  # fails the first time this exact body is sent, then answers
+FLAKY = "[[sim:flaky:1:500]] once"  # fails the first time this exact body is sent, then answers
 
 
 def test_a_worker_dying_during_a_retried_run_is_recovered_and_counted_once(svc, sim_control, monkeypatch):
