@@ -96,7 +96,10 @@ def seed(svc) -> World:
     # Created after the last batch was driven to its end, so that they are still unfinished.
     queued = create([chat_request(f"q-{i}", f"queued {i}") for i in range(3)])
     running = create_messages([message_entry(f"m-{i}", f"queued {i}") for i in range(3)])
-    message_ids = [ended, running]
+    # Cancelled before it ran: ended with a canceled request, which a retry in place runs again.
+    canceled = create_messages([message_entry("c", "cancel me")])
+    message_batches.cancel(svc, who, canceled)
+    message_ids = [ended, running, canceled]
     # Every request errored at intake: ended at once. Each base URL's delete gets its own (the first to run
     # would delete every one of them).
     to_delete = {prefix: [create_messages([message_entry("x", "ended at once", model="nope")]) for _ in range(2)]
@@ -208,7 +211,8 @@ def run_operation(operation, world: World) -> dict[str, str]:
         try:
             check()
         except (Exception, schemathesis.errors.FailureGroup) as error:  # collect (shrunk), go on
-            failures[f"{operation.label} ({group} cases)"] = f"{type(error).__name__}: {error}"
+            parts = error.exceptions if isinstance(error, BaseExceptionGroup) else (error,)
+            failures[f"{operation.label} ({group} cases)"] = "\n".join(f"{type(e).__name__}: {e}" for e in parts)
     return failures
 
 
@@ -293,7 +297,7 @@ def test_document_declares_the_create_body_and_each_apis_error_envelope():
         assert operation["requestBody"].get("required", False) is False
         schema = operation["requestBody"]["content"]["application/json"]["schema"]
         retry_body = deref(next(o for o in schema.get("anyOf", [schema]) if "$ref" in o))  # or no body at all
-        assert retry_body["title"] == model and set(retry_body["properties"]) == {"custom_ids", "error_codes",
+        assert retry_body["title"] == model and set(retry_body["properties"]) == {"custom_ids", "error_codes", "max_cost_usd",
                                                                                   "statuses"}
         shown = next(o for o in retry_body["properties"]["statuses"]["anyOf"] if o.get("type") == "array")
         assert deref(shown["items"])["enum"] == statuses
