@@ -297,8 +297,8 @@ def test_document_declares_the_create_body_and_each_apis_error_envelope():
         assert operation["requestBody"].get("required", False) is False
         schema = operation["requestBody"]["content"]["application/json"]["schema"]
         retry_body = deref(next(o for o in schema.get("anyOf", [schema]) if "$ref" in o))  # or no body at all
-        assert retry_body["title"] == model and set(retry_body["properties"]) == {"custom_ids", "error_codes", "max_cost_usd",
-                                                                                  "statuses"}
+        assert retry_body["title"] == model and set(retry_body["properties"]) == {"custom_ids", "error_codes",
+                                                                                  "max_cost_usd", "statuses"}
         shown = next(o for o in retry_body["properties"]["statuses"]["anyOf"] if o.get("type") == "array")
         assert deref(shown["items"])["enum"] == statuses
         assert "Idempotency-Key" in [p["name"] for p in operation["parameters"] if p["in"] == "header"]
