@@ -42,6 +42,11 @@ class OutputExpiresAfter(BaseModel):
     seconds: int = Field(..., ge=3600, le=2592000)
 
 
+Priority = Literal["high", "normal", "low"]
+PRIORITY_DESCRIPTION = ("An extension beyond the OpenAI and Anthropic APIs: the batch's priority among its own "
+                        "account's batches (`normal` by default); never over another account's")
+
+
 class CreateBatch(BaseModel):
     """Either `requests` (an inline batch) or `input_file_id` with `endpoint` and `completion_window` (a
     batch from an uploaded file, as the OpenAI SDK creates one)."""
@@ -54,6 +59,7 @@ class CreateBatch(BaseModel):
     metadata: dict[str, str] | None = Field(None, description="Up to 16 pairs; keys <= 64, values <= 512 chars")
     webhook_url: str | None = Field(None, description="Where this batch's ending is announced instead of the "
                                                       "account's webhook (signed with the account's secret)")
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class RequestCounts(BaseModel):
@@ -106,6 +112,7 @@ class BatchObject(BaseModel):
     cost_unknown_attempts: int
     results_expires_at: int | None
     error: dict | None
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class BatchList(BaseModel):
@@ -278,6 +285,7 @@ class MessageBatchRequest(BaseModel):
 class CreateMessageBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests: list[MessageBatchRequest] = Field(..., min_length=1, max_length=50_000)
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class MessageBatchRequestCounts(BaseModel):
@@ -299,6 +307,7 @@ class MessageBatch(BaseModel):
     cancel_initiated_at: str | None = None
     archived_at: str | None = None
     results_url: str | None = Field(None, description="Set once processing_status is 'ended'")
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class MessageBatchList(BaseModel):
@@ -323,6 +332,15 @@ CREATE_MESSAGE_BATCH_BODY = {"parameters": [IDEMPOTENCY_KEY],
 MESSAGE_BATCH = _ok(MessageBatch, "The Message Batch")
 MESSAGE_BATCH_LIST = _ok(MessageBatchList, "A page of Message Batches")
 DELETED_MESSAGE_BATCH = _ok(DeletedMessageBatch, "Deleted")
+
+
+# --- A batch's priority (an extension: POST .../{batch_id}/priority) ---------------------------------------
+
+class SetPriority(BaseModel):
+    """The body of `POST /v1/batches/{batch_id}/priority` (and of a Message Batch's): read by the route."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: Priority = Field(..., description="high, normal or low: among the account's own batches")
 
 
 # --- Completion webhooks (/v1/batch_webhook) ---------------------------------------------------------------

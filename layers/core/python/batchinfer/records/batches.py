@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..domain import STOPPABLE_BATCH, BatchStatus, Stop, batch_transition, batches_that_may_become
+from ..domain import FINAL_BATCH, STOPPABLE_BATCH, BatchStatus, Stop, batch_transition, batches_that_may_become
 from ..layout import (
     ACTIVE_PARTITIONS,
     LANES_END,
@@ -74,6 +74,13 @@ class Batch:
             names={"#m": model_id},
             condition="lanes.#m.#next = :old AND attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
                       f"AND expires_at > :now AND {may}")
+
+    @staticmethod
+    def set_priority(t: Table, batch_id: str, priority: str) -> Op:
+        """The batch's priority within its account, while it has not ended (nor is being deleted)."""
+        final, vals = _in("status", FINAL_BATCH)
+        return t.op_update(*batch_key(batch_id), "SET #priority = :p", vals={":p": priority, **vals},
+                           condition=f"attribute_exists(pk) AND attribute_not_exists(deleting) AND NOT {final}")
 
     @staticmethod
     def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
@@ -256,7 +263,13 @@ class Lane:
     def create(t: Table, model_id: str, batch: BatchItem) -> Op:
         pk, sk = lane_key(model_id, batch["created_at"], batch["id"])
         return t.op_put({"pk": pk, "sk": sk, "batch_id": batch["id"], "account_id": batch["account_id"],
-                         "model": model_id})
+                         "model": model_id, **({"priority": batch["priority"]} if batch.get("priority") else {})})
+
+    @staticmethod
+    def set_priority(t: Table, model_id: str, batch: BatchItem, priority: str) -> Op:
+        """The lane's priority within its account (its batch's), fenced on the lane still being there."""
+        return t.op_update(*lane_key(model_id, batch["created_at"], batch["id"]), "SET #priority = :p",
+                           vals={":p": priority}, condition="attribute_exists(pk)")
 
     @staticmethod
     def remove(t: Table, model_id: str, batch: BatchItem) -> Op:

@@ -15,7 +15,7 @@ from ...service.accounts import Principal
 from ..auth import caller, services_of
 from ..bodies import declared_over
 from ..envelopes import error_responses, route_class
-from ..schemas import BATCH_LIST, BATCH_OBJECT, CREATE_BATCH_BODY, DELETED_BATCH, RESULTS_PAGE
+from ..schemas import BATCH_LIST, BATCH_OBJECT, CREATE_BATCH_BODY, DELETED_BATCH, RESULTS_PAGE, SetPriority
 
 router = APIRouter(prefix="/v1/batches", route_class=route_class(OPENAI), tags=["batches"])
 
@@ -76,6 +76,13 @@ def output(batch_id: str, who: Principal = Depends(caller),
              responses=error_responses(OPENAI), openapi_extra=BATCH_OBJECT)
 def cancel(batch_id: str, who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> dict:
     return batches.cancel_batch(svc, who, batch_id)
+
+
+@router.post("/{batch_id}/priority", summary="Change a running batch's priority among your batches (an extension)",
+             responses=error_responses(OPENAI, 409), openapi_extra=BATCH_OBJECT)
+def set_priority(batch_id: str, body: SetPriority, who: Principal = Depends(caller),
+                 svc: Services = Depends(services_of)) -> dict:
+    return batches.set_priority(svc, who, batch_id, body.priority)
 
 
 @router.delete("/{batch_id}", summary="Delete a batch with its results", responses=error_responses(OPENAI, 409),

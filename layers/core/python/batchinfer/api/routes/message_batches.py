@@ -23,6 +23,7 @@ from ..schemas import (
     DELETED_MESSAGE_BATCH,
     MESSAGE_BATCH,
     MESSAGE_BATCH_LIST,
+    SetPriority,
 )
 
 PREFIXES = ("", ANTHROPIC.base_path)  # the service's own base URL, and the one Anthropic clients are given
@@ -104,6 +105,15 @@ def _add_routes(prefix: str) -> None:
     def cancel_message_batch(request: Request, batch_id: str, who: Principal = Depends(caller),
                              version: str = Depends(anthropic_version), svc: Services = Depends(services_of)) -> dict:
         return message_batches.message_batch_object(message_batches.cancel(svc, who, batch_id), base_url(request))
+
+    @router.post(base + "/{batch_id}/priority",
+                 summary="Change a running Message Batch's priority among your batches (an extension)",
+                 responses=error_responses(ANTHROPIC, 409), openapi_extra=_extra(MESSAGE_BATCH))
+    def set_message_batch_priority(request: Request, batch_id: str, body: SetPriority,
+                                   who: Principal = Depends(caller), version: str = Depends(anthropic_version),
+                                   svc: Services = Depends(services_of)) -> dict:
+        return message_batches.message_batch_object(message_batches.set_priority(svc, who, batch_id, body.priority),
+                                                    base_url(request))
 
     @router.delete(base + "/{batch_id}", summary="Delete an ended Message Batch with its results",
                    responses=error_responses(ANTHROPIC), openapi_extra=_extra(DELETED_MESSAGE_BATCH))

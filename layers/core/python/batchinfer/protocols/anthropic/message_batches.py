@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, results
+from ...service import intake, lifecycle, priority, results
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite
@@ -84,7 +84,8 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
         return existing, False
     intake.admit(svc, principal)
     batch = _validated(svc, principal.account, payload, version)
-    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, {"anthropic_version": version})
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL,
+                                 {"anthropic_version": version, "priority": priority.parse(payload.get("priority"))})
     if created and not item["lanes"]:  # every request errored at intake: it has ended already
         item = lifecycle.settle_batch(svc, item["id"]) or item
     return item, created
@@ -95,7 +96,7 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
     limits = svc.settings
     if not isinstance(payload, dict):
         raise InvalidRequest("The body must be a JSON object with a 'requests' array.")
-    extra = sorted(set(payload) - {"requests"})
+    extra = sorted(set(payload) - {"requests", "priority"})  # priority: an extension of this service
     if extra:
         raise InvalidRequest(f"{extra[0]}: Extra inputs are not permitted.", param=extra[0])
     requests = payload.get("requests")
@@ -258,6 +259,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "created_at": _rfc3339(item["created_at"]), "expires_at": _rfc3339(item["expires_at"]),
         "archived_at": None, "cancel_initiated_at": _rfc3339(item.get("cancelling_at")),
         "results_url": f"{base_url}/v1/messages/batches/{item['id']}/results" if ended(item) else None,
+        "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
     }
 
 
@@ -320,6 +322,11 @@ def results_lines(svc: Services, principal: Principal, batch_id: str) -> Iterato
 def cancel(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """Canceling until its running requests finish, then ended with the unstarted ones canceled."""
     return lifecycle.cancel(svc, owned(svc, principal, batch_id))
+
+
+def set_priority(svc: Services, principal: Principal, batch_id: str, value: str) -> BatchItem:
+    """Change a Message Batch's priority among its account's batches while it runs (409 once ended)."""
+    return priority.change(svc, owned(svc, principal, batch_id), value)
 
 
 def delete(svc: Services, principal: Principal, batch_id: str) -> dict:

@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import intake, lifecycle, results, webhooks
+from ...service import intake, lifecycle, priority, results, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -46,6 +46,7 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
         batch, extra = validate_inline_batch(svc, principal.account, payload), None
     if webhook_url := webhooks.batch_webhook_url(svc, principal, payload.get("webhook_url")):
         extra = {**(extra or {}), "webhook_url": webhook_url}
+    extra = {**(extra or {}), "priority": priority.parse(payload.get("priority"))}
     item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
     return batch_object(item), created
 
@@ -110,6 +111,7 @@ def batch_object(item: BatchItem) -> dict:
         "cost_unknown_attempts": item.get("cost_unknown_attempts", 0),
         "results_expires_at": at("results_expires_at"),
         "error": item.get("error"),
+        "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
     }
 
 
@@ -176,6 +178,11 @@ def export_location(svc: Services, principal: Principal, batch_id: str) -> str |
 
 def cancel_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
     return batch_object(lifecycle.cancel(svc, owned_batch(svc, principal, batch_id)))
+
+
+def set_priority(svc: Services, principal: Principal, batch_id: str, value: str) -> dict:
+    """Change a batch's priority among its account's batches while it runs (409 once it has ended)."""
+    return batch_object(priority.change(svc, owned_batch(svc, principal, batch_id), value))
 
 
 def delete_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
