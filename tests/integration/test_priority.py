@@ -4,6 +4,7 @@ while it runs, refused in each API's envelope; and what it changes in the claims
 
 from __future__ import annotations
 
+from batchinfer.layout import model_budget_key
 from batchinfer.records import Lane
 from tests.helpers import new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, settings, tiny
@@ -109,3 +110,49 @@ def test_message_batches_take_a_priority_on_create_and_change_it_under_both_base
     assert plain["priority"] == "normal"
     anthropic_error(Messages(api, key)("POST", json_body={"requests": [entry("q-0")], "priority": 2}), 400,
                     "invalid_request_error", "priority", ALLOWED)
+
+
+# --- What priority changes in the claims -----------------------------------------------------------------
+
+def claimed_by_batch(svc, after: str | None = None) -> dict[str, int]:
+    """One claim pass of a fresh dispatcher (its turn after the lane of batch `after`, if given): how many
+    first attempts each batch got."""
+    from batchinfer.scheduling.dispatcher import Dispatcher
+
+    model = svc.catalog.get(GLM)
+    dispatcher = Dispatcher(svc)
+    if after is not None:
+        lanes, _ = Lane.in_turn(svc.table, GLM, None, 100)
+        dispatcher.lanes.last_served[GLM] = next(lane["sk"] for lane in lanes if lane["batch_id"] == after)
+    got: dict[str, int] = {}
+    for unit in dispatcher.claim(model):
+        got[unit["batch_id"]] = got.get(unit["batch_id"], 0) + len(unit.get("positions", [unit]))
+    return got
+
+
+def test_an_accounts_high_batch_takes_its_slots_before_its_large_normal_one(api, svc):
+    _, key = new_key(svc)  # pro: 16 slots, the model's whole budget
+    large = api.created(key, [tiny(i) for i in range(200)])
+    urgent = api.created(key, [tiny(i) for i in range(30)], priority="high")
+    assert claimed_by_batch(svc) == {urgent["id"]: 16}
+    # Lowered below the large one, it waits for it.
+    ok(api("POST", f"/v1/batches/{urgent['id']}/priority", key, json_body={"priority": "low"}))
+    settings(svc, tier_limits={**svc.settings.tier_limits, "pro": 32})  # room for the account, none for the model
+    assert claimed_by_batch(svc) == {}  # the model is full
+    # As if the model's slots came back (the account still holds its 16, within its new limit of 32).
+    svc.table.update(*model_budget_key(GLM), "SET in_flight = :z", vals={":z": 0})
+    assert claimed_by_batch(svc) == {large["id"]: 16}
+
+
+def test_priority_never_takes_slots_from_another_account(api, svc):
+    _, key_a = new_key(svc)
+    _, key_b = new_key(svc)
+    a_low = api.created(key_a, [tiny(i) for i in range(100)], priority="low")
+    b_normal = api.created(key_b, [tiny(i) for i in range(100)])
+    a_high = api.created(key_a, [tiny(i) for i in range(100)], priority="high")
+    # Three lanes, 16 free slots: a quantum (8) per lane in turn. Whichever turn is A's, its high batch uses
+    # it; B gets the turn it would get with every batch at one priority.
+    assert claimed_by_batch(svc, after=a_high["id"]) == {a_high["id"]: 8, b_normal["id"]: 8}
+    svc.table.update(*model_budget_key(GLM), "SET in_flight = :z", vals={":z": 0})  # as if the slots came back
+    settings(svc, tier_limits={**svc.settings.tier_limits, "pro": 64})
+    assert claimed_by_batch(svc, after=a_low["id"]) == {b_normal["id"]: 8, a_high["id"]: 8}

@@ -124,10 +124,13 @@ class Lanes:
                 Lane.discard(self.svc.table, lane)  # so it takes no more turns
         wants = [policy.LaneWant(key=lane["sk"], account=lane["account_id"],
                                  held=int((batches[lane["batch_id"]] or {}).get("in_flight", 0)),
-                                 room=self._room(batches[lane["batch_id"]], model.id)) for lane in lanes]
+                                 room=self._room(batches[lane["batch_id"]], model.id),
+                                 rank=policy.rank(lane.get("priority"))) for lane in lanes]
         # Accounts are read only for the lanes that could take work, as they are met.
         room = {want.account: accounts.free(want.account) for want in wants if want.room > 0}
         shares, given_last = policy.water_fill(wants, free, room)
+        # Each account's slots, as shared above, go to its highest-priority lanes first.
+        shares = policy.by_priority(wants, shares)
         if given_last is not None:  # by the lane's key, not its place: lanes come and go between claims
             self.last_served[model.id] = given_last
         out: list[dict] = []
@@ -155,8 +158,11 @@ class Lanes:
         # the rest, and a remainder would be a small group of its own, which pays a whole claim and close,
         # and, as its own pump's first lease, kept making small groups).
         budget = scope.most if scope.slot_lease else free
+        spent: set[str] = set()  # lanes found with nothing to claim: no turn is given to them again
         for _ in range(config.quanta_pages):
-            for lane in lanes:
+            ranked = [policy.LaneWant(key=lane["sk"], account=lane["account_id"], held=0, room=1,
+                                      rank=policy.rank(lane.get("priority"))) for lane in lanes]
+            for i, lane in enumerate(lanes):
                 if lane["sk"] in seen:
                     return out  # round the ring once
                 seen.add(lane["sk"])
@@ -166,8 +172,14 @@ class Lanes:
                 k, most = policy.lane_quantum(config.lane_quantum, accounts.free(lane["account_id"]), budget)
                 if k <= 0:
                     continue
+                # The account's turn goes to its highest-priority lane among those read (this one if none
+                # ranks higher); if that one has nothing left, to this one.
+                target = lanes[policy.turn_goes_to(ranked, i, spent)]
                 try:
-                    claimed = self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope, most=most)
+                    claimed = self._claim(model, target, k, accounts.cap(lane["account_id"]), scope, most=most)
+                    if not claimed and target is not lane:
+                        spent.add(target["sk"])
+                        claimed = self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope, most=most)
                 except Throttled:
                     return out  # DynamoDB is busy: send what was claimed, try the rest next pass
                 n = sum(len(unit.get("positions", [unit])) for unit in claimed)

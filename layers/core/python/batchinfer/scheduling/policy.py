@@ -76,12 +76,64 @@ def by_quanta(complete: bool, free: int, quantum: int, lanes: int) -> bool:
 @dataclass(frozen=True)
 class LaneWant:
     """A lane as the water-fill sees it: its key, its account, the slots its batch holds, the requests it
-    could dispatch now."""
+    could dispatch now, and its rank among its account's lanes (`rank`: higher goes first)."""
 
     key: Hashable
     account: Hashable
     held: int
     room: int
+    rank: int = 1
+
+
+# A batch's priority among its account's batches, as a rank: higher is served first. Lanes written before
+# priorities existed carry none and rank as `normal`.
+PRIORITY_RANKS = {"high": 2, "normal": 1, "low": 0}
+
+
+def rank(priority: object) -> int:
+    """The rank of a lane's priority (`normal` when it has none)."""
+    return PRIORITY_RANKS.get(priority, 1) if isinstance(priority, str) else 1
+
+
+def by_priority(lanes: Sequence[LaneWant], shares: dict) -> dict:
+    """Hand each account's slots (the sum of its lanes' `shares`, computed as if every lane had one priority,
+    so no account's total changes) to its highest-ranked lanes first, each up to its room; lanes of one rank
+    share what reaches them by the water-fill (fewest held first, ties in turn). An account whose lanes all
+    have one rank keeps its shares as they are. Returns the new shares (lanes given none left out)."""
+    out = dict(shares)
+    accounts: dict = {}
+    for lane in lanes:
+        accounts.setdefault(lane.account, []).append(lane)
+    for account, own in accounts.items():
+        if len({lane.rank for lane in own}) < 2:
+            continue
+        total = sum(shares.get(lane.key, 0) for lane in own)
+        for lane in own:
+            out.pop(lane.key, None)
+        for level in sorted({lane.rank for lane in own}, reverse=True):
+            if total <= 0:
+                break
+            tier = [lane for lane in own if lane.rank == level]
+            given, _ = water_fill(tier, total, {account: total})
+            out.update(given)
+            total -= sum(given.values())
+    return out
+
+
+def turn_goes_to(lanes: Sequence[LaneWant], index: int, spent: Iterable[Hashable] = ()) -> int:
+    """While slots go a quantum per lane in turn: the lane (its place in `lanes`) that the turn of
+    `lanes[index]` is given to: its account's highest-ranked lane among those read, ties to the lane in turn,
+    then to the next in turn. Lanes in `spent` (found with nothing to claim) are passed over. The account
+    takes its turns as before; priority only says which of its lanes uses them."""
+    gone = set(spent)
+    own = lanes[index]
+    best = index
+    for step in range(1, len(lanes)):
+        i = (index + step) % len(lanes)
+        lane = lanes[i]
+        if lane.account == own.account and lane.key not in gone and lane.rank > lanes[best].rank:
+            best = i
+    return best
 
 
 def water_fill(lanes: Sequence[LaneWant], free: int, account_room: dict) -> tuple[dict, Hashable | None]:
