@@ -109,7 +109,9 @@ def submit_batch(client: ApiClient, args: argparse.Namespace) -> dict:
     del requests  # the encoded lines are all that is sent from here on
     metadata = dict(args.metadata) if args.metadata else None
     inline = b'{"requests":[' + b",".join(lines) + b"]"
-    inline += (b',"metadata":' + json.dumps(metadata).encode() if metadata else b"") + b"}"
+    inline += b',"metadata":' + json.dumps(metadata).encode() if metadata else b""
+    priority = getattr(args, "priority", None)
+    inline += (b',"priority":' + json.dumps(priority).encode() if priority else b"") + b"}"
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     if len(inline) <= args.inline_max_bytes:
         return _create(client, inline, headers)
@@ -159,6 +161,8 @@ def _create_from_file(client: ApiClient, args: argparse.Namespace, jsonl: bytes,
     body: dict = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
     if metadata:
         body["metadata"] = metadata
+    if getattr(args, "priority", None):
+        body["priority"] = args.priority
     reply = client.request("POST", "/v1/batches", json=body, headers=headers)
     if not keep:  # the batch has its own copy: the upload would only take up the account's stored-files room
         try:

@@ -10,6 +10,7 @@
   const ANTHROPIC_VERSION = "2023-06-01";
   const REFRESH_MS = 5000;
   const FINAL = new Set(["completed", "failed", "expired", "cancelled"]);
+  const PRIORITIES = ["high", "normal", "low"];  // a batch's priority among its account's batches
   const OPENAI_RESULT_STATUSES = ["queued", "running", "completed", "failed", "cancelled", "expired"];
   const MESSAGE_RESULT_TYPES = ["succeeded", "errored", "canceled", "expired"];
   // The API's base: where this page is served, less its own /console.
@@ -152,6 +153,7 @@
     "download:message:400": "A Message Batch's results can be read once it has ended; cancel it to end it sooner.",
     "results:message:400": "A Message Batch's results can be read once it has ended.",
     "cancel:openai:409": "The batch cannot be cancelled in its current state.",
+    "priority:409": "The batch has ended: its priority no longer changes.",
     "webhook:400": "The webhook was not saved: check the URL (an https:// address the service can reach).",
   };
   const BY_STATUS = {
@@ -465,6 +467,7 @@
     view.batch = normalize(raw);
     renderBatch();
     await loadResults();
+    if (view.id !== id || !view.batch) return;  // another batch was opened meanwhile (it keeps its own refresh)
     clearTimeout(timers.batch);
     if (!view.batch.final) timers.batch = setTimeout(refreshBatch, REFRESH_MS);
   }
@@ -482,7 +485,8 @@
   function renderBatch() {
     const b = view.batch;
     const r = b.raw;
-    const items = [field("Status", statusNode(b.status)), field("Kind", b.kind), field("Progress", progressNode(b))];
+    const items = [field("Status", statusNode(b.status)), field("Kind", b.kind), field("Progress", progressNode(b)),
+                   field("Priority", r.priority || "normal")];
     if (b.api === "openai") {
       items.push(field("Endpoint", el("span", {class: "mono", text: r.endpoint})),
                  field("Tokens", tokensText(b)), field("Cost", costNode(b)),
@@ -524,6 +528,13 @@
     if (!b.final && !stopping) {
       buttons.push(el("button", {type: "button", dataset: {focusKey: "cancel"}, onclick: cancelBatch,
                                  text: "Cancel batch"}));
+    }
+    if (!b.final) {  // among the account's own batches; an extension of both APIs
+      const current = r.priority || "normal";
+      buttons.push(el("span", {class: "priority-control"},
+        el("label", {for: "batch-priority", text: "Priority"}),
+        el("select", {id: "batch-priority", dataset: {focusKey: "priority"}, onchange: setPriority},
+           PRIORITIES.map((p) => el("option", {value: p, text: p, selected: p === current})))));
     }
     buttons.push(el("button", {type: "button", class: "danger", dataset: {focusKey: "delete"}, onclick: deleteBatch,
                                text: "Delete batch"}));
@@ -614,6 +625,24 @@
     }
     notify(box, "ok", "Cancelling: requests not yet started are cancelled, running ones finish first.", null);
     box.focus();
+    openBatch(b.id, false);
+  }
+
+  async function setPriority(event) {
+    const b = view.batch;
+    const priority = event.target.value;
+    const box = $("batch-alert");
+    const path = b.api === "message" ? `v1/messages/batches/${encodeURIComponent(b.id)}/priority`
+      : `v1/batches/${encodeURIComponent(b.id)}/priority`;
+    try {
+      await api(path, {method: "POST", body: {priority}, anthropic: b.api === "message"});
+    } catch (error) {
+      if (apiKey()) showError(box, error, "priority", b.api);
+      openBatch(b.id, false);
+      return;
+    }
+    notify(box, "ok", `Priority set to ${priority}: among your own batches, higher ones take your share of a ` +
+      "model first.", null);
     openBatch(b.id, false);
   }
 
