@@ -345,6 +345,59 @@ def test_claim_floor(open_slots, lanes_seen, floor):
     assert policy.claim_floor(open_slots, 8, lanes_seen) == floor
 
 
+@pytest.mark.parametrize(("open_slots", "lanes_seen", "ahead_most", "floor"), [
+    (16, 1, 8, 8),  # 2 s calls on 16 slots, 1 s ahead: a round (16) would queue 2 s of one batch's work
+    (16, 1, 320, 16),  # short calls: a claim per round, as before
+    (16, 1, 3, 8),  # never below a quantum
+    (40, 2, 12, 12), (2, 1, 1, 2),
+])
+def test_claim_floor_queues_no_more_than_the_work_ahead_allows_past_a_quantum(open_slots, lanes_seen, ahead_most,
+                                                                             floor):
+    assert policy.claim_floor(open_slots, 8, lanes_seen, ahead_most) == floor
+
+
+def queue_of(*rows: tuple) -> list[policy.Queued]:
+    """Queued requests from (batch, account, priority); batch None: a retry."""
+    return [policy.Queued(batch=batch, account=account, rank=policy.rank(priority))
+            for batch, account, priority in rows]
+
+
+@pytest.mark.parametrize(("queued", "running", "index"), [
+    # Work claimed after a large batch's runs as soon as a runner is free: its batch has none running.
+    (queue_of(("big", "x", None), ("big", "x", None), ("new", "x", None)), {"big": 16}, 2),
+    (queue_of(("big", "x", None), ("new", "y", None)), {"big": 8, "new": 8}, 0),  # even: the first queued
+    (queue_of(("big", "x", None), ("new", "y", None)), {"big": 8, "new": 9}, 0),
+    # A retry first.
+    (queue_of(("new", "x", None), (None, "x", None)), {}, 1),
+    # An account's high batch before its normal one whatever they hold; another account's by fewest running.
+    (queue_of(("big", "x", "normal"), ("hi", "x", "high")), {"hi": 15}, 1),
+    (queue_of(("big", "x", "normal"), ("hi", "x", "high"), ("other", "y", None)), {"hi": 15, "other": 3}, 2),
+    (queue_of(("lo", "x", "low"), ("big", "x", None)), {}, 1),
+    ([], {}, 0),
+])
+def test_next_to_run(queued, running, index):
+    assert policy.next_to_run(queued, running) == index
+
+
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", None]), st.sampled_from(["x", "y"]),
+                               st.sampled_from(["high", "normal", "low"])), min_size=1, max_size=12),
+       running=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 16)))
+def test_the_next_to_run_is_an_accounts_highest_priority_batch_running_fewest(rows, running):
+    # A batch has one account and one priority.
+    first = {}
+    rows = [(b, *first.setdefault(b, (account, priority))) if b is not None else (b, account, priority)
+            for b, account, priority in rows]
+    queued = queue_of(*rows)
+    chosen = queued[policy.next_to_run(queued, running)]
+    if any(item.batch is None for item in queued):
+        assert chosen.batch is None
+        return
+    assert all(item.rank <= chosen.rank for item in queued if item.account == chosen.account)
+    eligible = [item for item in queued
+                if item.rank == max(other.rank for other in queued if other.account == item.account)]
+    assert running.get(chosen.batch, 0) == min(running.get(item.batch, 0) for item in eligible)
+
+
 @pytest.mark.parametrize(("want", "at", "queued", "idle", "claim"), [
     (4, 2, 5, False, True), (1, 2, 0, False, True), (1, 2, 0, True, False), (0, 1, 0, False, False),
     (1, 2, 3, False, False)])

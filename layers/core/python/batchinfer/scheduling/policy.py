@@ -224,11 +224,47 @@ def can_start_in_time(open_slots: int, seconds_to_deadline: float, calls_left: I
     return math.floor(max(0.0, left) / max(call_seconds, _SHORTEST_CALL)) - queued
 
 
-def claim_floor(open_slots: int, quantum: int, lanes_seen: int) -> int:
+def claim_floor(open_slots: int, quantum: int, lanes_seen: int, ahead_most: float = math.inf) -> int:
     """The smallest claim worth making: claims cost the same whatever their size (each makes a group, whose
     close costs the same), so at least a batch's share of the slots (a round while one batch has work; while
-    many do, the dispatcher gives each lane it serves a whole quantum whatever this asks for)."""
-    return max(1, min(quantum, open_slots), open_slots // max(1, lanes_seen))
+    many do, the dispatcher gives each lane it serves a whole quantum whatever this asks for), but no more of
+    it than `ahead_most` (what the slots run in `ahead_seconds`) past a quantum: work claimed beyond what is
+    missing waits in the pump's queue, and a round of long calls queued there made a batch that arrived
+    meanwhile wait a whole round before its first claim."""
+    return max(1, min(quantum, open_slots), min(open_slots // max(1, lanes_seen), ahead_most))
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A claimed request waiting in a pump's queue, as the choice of the next one sees it: its batch (None
+    for a retry), its account and its rank among its account's batches."""
+
+    batch: Hashable | None
+    account: Hashable
+    rank: int = 1
+
+
+def next_to_run(queued: Sequence[Queued], running: dict) -> int:
+    """Which queued request (its place) a runner that is free starts next: a retry first (it has waited its
+    turn already); else, of each account's batches in the queue only those of its highest priority, the
+    batch with the fewest calls `running` in this pump, its first queued request (ties: the first queued).
+    So work claimed ahead for a large batch does not hold back the work claimed after it for a batch that
+    has just arrived: the runners go to each batch's claimed work as an even share. 0 for an empty queue."""
+    top: dict = {}
+    for item in queued:
+        if item.batch is None:
+            continue
+        top[item.account] = max(top.get(item.account, item.rank), item.rank)
+    best, best_key = 0, None
+    for i, item in enumerate(queued):
+        if item.batch is None:
+            return i
+        if item.rank < top[item.account]:
+            continue
+        key = running.get(item.batch, 0)
+        if best_key is None or key < best_key:
+            best, best_key = i, key
+    return best
 
 
 def should_claim(want: int, at: int, queued: int, idle: bool = False) -> bool:

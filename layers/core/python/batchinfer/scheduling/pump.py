@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import math
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -129,6 +130,7 @@ class SlotPump:
         self.slots = 0  # runners (and slots) still held
         self.queue: deque[_Member] = deque()
         self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
+        self.running_of: Counter = Counter()  # batch id -> its group members' calls in flight here
         self.release = 0  # runners that must stop and give their slot back (the budget shrank)
         self.releasing = 0  # slots on their way back (the give-back not yet written)
         self.done_claiming = False
@@ -349,10 +351,26 @@ class SlotPump:
 
     def _call_starts(self, member: _Member) -> float:
         started = self.calls_started[id(member)] = time.monotonic()
+        if member.run is not None:
+            self.running_of[member.run.batch.get("id")] += 1
         return started
 
     def _call_ended(self, member: _Member) -> None:
-        self.calls_started.pop(id(member), None)
+        if self.calls_started.pop(id(member), None) is not None and member.run is not None:
+            self.running_of[member.run.batch.get("id")] -= 1
+
+    def _take_next(self) -> _Member:
+        """The queued request a free runner starts (`policy.next_to_run`): the batches whose work is queued
+        share the runners evenly, an account's higher-priority batches first, whatever order it was claimed in."""
+        if len(self.queue) == 1:
+            return self.queue.popleft()
+        queued = [policy.Queued(batch=None, account=None) if m.run is None
+                  else policy.Queued(batch=m.run.batch.get("id"), account=m.run.batch.get("account_id"),
+                                     rank=policy.rank(m.run.batch.get("priority"))) for m in self.queue]
+        i = policy.next_to_run(queued, self.running_of)
+        member = self.queue[i]
+        del self.queue[i]
+        return member
 
     def _calls_left(self, now: float) -> list[float]:
         """Each call in flight's expected seconds left (negative once it is overdue)."""
@@ -387,7 +405,7 @@ class SlotPump:
                 continue
             if self.queue:
                 self.need.set()
-                return self.queue.popleft()
+                return self._take_next()
             if self.done_claiming:
                 return None
             self.wake.clear()
@@ -413,6 +431,11 @@ class SlotPump:
         now = time.monotonic()
         return policy.can_start_in_time(self.slots - self.release, self.deadline - now, self._calls_left(now),
                                         self.call_seconds, len(self.queue))
+
+    def _ahead_most(self) -> int:
+        """What the slots run in `ahead_seconds`: the most a claim's floor queues past what is missing."""
+        return math.ceil((self.slots - self.release) * self.config.ahead_seconds
+                         / max(self.call_seconds, 1e-3))
 
     def _claim_at(self) -> int:
         return policy.claim_at(self.ahead)
@@ -444,7 +467,7 @@ class SlotPump:
                 # (a round while one batch has work; while many do, the dispatcher gives each lane it serves
                 # a whole quantum, and a lane's last few requests with it, whatever this asks for).
                 floor = policy.claim_floor(self.slots - self.release, config.lane_quantum,
-                                           self.dispatcher.lanes.seen)
+                                           self.dispatcher.lanes.seen, self._ahead_most())
                 soon, next_soon = self._ending_soon()
                 want = self._free_when_claimed(soon)
                 most = self._can_start_in_time()
