@@ -147,11 +147,14 @@ def test_an_accounts_high_batch_takes_its_slots_before_its_large_normal_one(api,
 def test_priority_never_takes_slots_from_another_account(api, svc):
     _, key_a = new_key(svc)
     _, key_b = new_key(svc)
-    a_low = api.created(key_a, [tiny(i) for i in range(100)], priority="low")
-    b_normal = api.created(key_b, [tiny(i) for i in range(100)])
-    a_high = api.created(key_a, [tiny(i) for i in range(100)], priority="high")
-    # Three lanes, 16 free slots: a quantum (8) per lane in turn. Whichever turn is A's, its high batch uses
-    # it; B gets the turn it would get with every batch at one priority.
+    made = []
+    for key, priority in ((key_a, "low"), (key_b, None), (key_a, "high")):  # a second apart: the ring's order
+        made.append(api.created(key, [tiny(i) for i in range(100)], priority=priority))
+        base = svc.clock
+        svc.clock = lambda base=base: base() + 1
+    a_low, b_normal, a_high = made
+    # Three lanes, 16 free slots: a quantum (8) per lane, the batches holding fewest first, ties in turn.
+    # Whichever turn is A's, its high batch uses it; B gets the turn it would get with one priority.
     assert claimed_by_batch(svc, after=a_high["id"]) == {a_high["id"]: 8, b_normal["id"]: 8}
     svc.table.update(*model_budget_key(GLM), "SET in_flight = :z", vals={":z": 0})  # as if the slots came back
     settings(svc, tier_limits={**svc.settings.tier_limits, "pro": 64})

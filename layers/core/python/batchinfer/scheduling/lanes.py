@@ -3,8 +3,9 @@
 Each batch has a lane per model (records.Lane), ordered in a ring. A claim reads only the lanes it can
 serve, from the one after the lane served last (the ring cursor), and shares its free slots among them: a
 quantum per lane in turn while more lanes wait than the slots give each a quantum, otherwise a slot at a time
-to the batches holding fewest (the water-fill, `policy.water_fill`). Claiming a lane's requests (the ledger's
-`claim_from_lane`) happens here too, with the reads of the batch's index it needs.
+to the batches holding fewest (the water-fill, `policy.water_fill`). Within an account, its higher-priority
+lanes use its share first (`policy.by_priority`, `policy.turn_goes_to`). Claiming a lane's requests (the
+ledger's `claim_from_lane`) happens here too, with the reads of the batch's index it needs.
 """
 
 from __future__ import annotations
@@ -139,9 +140,12 @@ class Lanes:
                 accounts.took(lane["account_id"], k)
         for lane in lanes:
             if k := shares.get(lane["sk"], 0):
+                # In a pump's lease, a lane's last few requests go with its share (as with a quantum), within
+                # what the pump can start in time: a stub would be a group of its own.
+                most = min(k + accounts.free(lane["account_id"]), scope.most) if scope.slot_lease else 0
                 try:
                     out += self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope,
-                                       batch=batches[lane["batch_id"]])
+                                       batch=batches[lane["batch_id"]], most=most)
                 except Throttled:
                     break  # DynamoDB is busy: send what was claimed, try the rest next pass
         return out

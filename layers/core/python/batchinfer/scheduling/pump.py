@@ -131,6 +131,7 @@ class SlotPump:
         self.queue: deque[_Member] = deque()
         self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
         self.running_of: Counter = Counter()  # batch id -> its group members' calls in flight here
+        self.queued_of: Counter = Counter()  # batch id (None: retries) -> its requests in the queue
         self.release = 0  # runners that must stop and give their slot back (the budget shrank)
         self.releasing = 0  # slots on their way back (the give-back not yet written)
         self.done_claiming = False
@@ -362,14 +363,18 @@ class SlotPump:
     def _take_next(self) -> _Member:
         """The queued request a free runner starts (`policy.next_to_run`): the batches whose work is queued
         share the runners evenly, an account's higher-priority batches first, whatever order it was claimed in."""
-        if len(self.queue) == 1:
-            return self.queue.popleft()
+        if len(self.queue) == 1 or len(+self.queued_of) <= 1:  # one batch's work (or retries alone): in order
+            return self._dequeued(self.queue.popleft())
         queued = [policy.Queued(batch=None, account=None) if m.run is None
                   else policy.Queued(batch=m.run.batch.get("id"), account=m.run.batch.get("account_id"),
                                      rank=policy.rank(m.run.batch.get("priority"))) for m in self.queue]
         i = policy.next_to_run(queued, self.running_of)
         member = self.queue[i]
         del self.queue[i]
+        return self._dequeued(member)
+
+    def _dequeued(self, member: _Member) -> _Member:
+        self.queued_of[None if member.run is None else member.run.batch.get("id")] -= 1
         return member
 
     def _calls_left(self, now: float) -> list[float]:
@@ -585,6 +590,7 @@ class SlotPump:
         """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
         or retries alone) can leave idle runners asleep beside it until the deadline."""
         self.queue.extend(members)
+        self.queued_of.update(None if m.run is None else m.run.batch.get("id") for m in members)
         self.wake.set()
 
     def _refresh_stops(self) -> None:
