@@ -23,6 +23,7 @@ SPEC_BATCH_FIELDS = {
     "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
     "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata", "usage", "cost_usd",
     "cost_unknown_attempts", "results_expires_at", "error",
+    "priority",  # an extension: the batch's priority among its account's batches
 }
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
 _UNSET = object()
@@ -261,7 +262,7 @@ def test_create_spec_example(api, svc, sim_control):
         "expired_at": None, "cancelling_at": None, "cancelled_at": None,
         "request_counts": {"total": 2, "completed": 0, "failed": 0}, "metadata": {"project": "eval-42"},
         "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}, "cost_usd": 0.0,
-        "cost_unknown_attempts": 0, "results_expires_at": None, "error": None,
+        "cost_unknown_attempts": 0, "results_expires_at": None, "error": None, "priority": "normal",
     }
     assert ok(api("GET", f"/v1/batches/{batch['id']}", key)) == batch
     assert sim_requests(sim_control) == 0  # creating runs no inference

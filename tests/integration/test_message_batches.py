@@ -127,7 +127,9 @@ def test_create_run_and_read_as_the_sdk_does(messages, svc):
     assert batch["request_counts"] == {"processing": 2, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     assert batch["created_at"].endswith("Z") and batch["ended_at"] is None and batch["cancel_initiated_at"] is None
     assert set(batch) == {"id", "type", "processing_status", "request_counts", "ended_at", "created_at",
-                          "expires_at", "archived_at", "cancel_initiated_at", "results_url"}
+                          "expires_at", "archived_at", "cancel_initiated_at", "results_url",
+                          "priority"}  # the one extension field (among the account's batches)
+    assert batch["priority"] == "normal"
     anthropic_error(messages("GET", f"/{batch['id']}/results"), 400, "invalid_request_error", "has not ended")
     anthropic_error(messages("DELETE", f"/{batch['id']}"), 400, "invalid_request_error", "has not ended")
     finish(svc, batch["id"])
