@@ -249,6 +249,19 @@ def test_keyboard_only_sign_in_keeps_the_key_in_session_storage_only(page, stack
     assert outline == "solid", "the focused control shows a visible outline"
 
 
+def change_priority(page, stack, name: str, priority: str) -> None:
+    """A running batch's priority changed from its page: the page and the API show the new one."""
+    shown = page.locator("#batch-fields dt", has_text="Priority").locator("+ dd")
+    expect(shown).to_have_text("normal")
+    control = page.get_by_label("Priority", exact=True)
+    expect(control).to_have_value("normal")
+    control.select_option(priority)
+    expect(page.locator("#batch-alert")).to_contain_text(f"Priority set to {priority}")
+    expect(shown).to_have_text(priority)
+    path = "/v1/messages/batches" if name.startswith("message") else "/v1/batches"
+    assert stack["http"].get(f"{path}/{stack['ids'][name]}", headers=ANTHROPIC).json()["priority"] == priority
+
+
 def test_delete_and_cancel_while_running_explain_the_apis_refusals(page, stack):
     ids = stack["ids"]
     sign_in(page, stack)
@@ -264,12 +277,14 @@ def test_delete_and_cancel_while_running_explain_the_apis_refusals(page, stack):
     alert = page.locator("#batch-alert")
     expect(alert).to_contain_text("A Message Batch can be deleted only after it has ended; cancel it first.")
     expect(alert).to_contain_text("has not ended yet")  # the API's own message
+    change_priority(page, stack, "message_running", "high")  # while it runs, from the Priority control
     confirm(page, "Cancel batch", "Cancel batch")
     expect(page.locator("#batch-fields")).to_contain_text("canceling")
 
     # An inline batch with a request still running: cancel, then delete is refused until it finishes.
     open_batch(page, stack, "running")
     expect(page.locator("#result-rows")).to_contain_text("running")
+    change_priority(page, stack, "running", "low")
     confirm(page, "Cancel batch", "Cancel batch")
     expect(page.locator("#batch-fields")).to_contain_text("cancelling")
     expect(page.locator("#batch-actions").get_by_role("button", name="Cancel batch")).to_have_count(0)
@@ -362,6 +377,9 @@ def test_a_batch_shows_its_fields_and_pages_and_filters_its_results(page, stack)
     expect(fields).to_contain_text("/v1/chat/completions")
     batch = stack["http"].get(f"/v1/batches/{ids['mixed']}").json()
     expect(fields).to_contain_text(f"{batch['usage']['total_tokens']} ({batch['usage']['input_tokens']} in")
+    # Its priority is shown; once a batch has ended there is no control to change it.
+    expect(fields.locator("dt", has_text="Priority").locator("+ dd")).to_have_text("normal")
+    expect(page.locator("#batch-priority")).to_have_count(0)
 
     page.locator("#results-size").select_option("5")
     results = page.locator("#result-rows tr")

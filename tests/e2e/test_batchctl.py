@@ -358,3 +358,30 @@ def test_configuration_from_the_environment_or_nowhere(stack, fresh_env, tmp_pat
     # The local key goes only to the local stack's URL.
     out = batchctl(stack["dir"], fresh_env, "list", "--base-url", f"http://127.0.0.1:{free_port()}/v1")
     assert out.returncode == 2 and "BATCH_API_KEY" in one_line_error(out)
+
+
+def test_submit_with_a_priority_and_change_it_while_it_runs(stack, fresh_env, tmp_path, slow_backend):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"prompt {i}\n" for i in range(40)))
+    batch_id = ok(batchctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL,
+                           "--priority", "high")).stdout.strip()
+    assert json.loads(ok(batchctl(stack["dir"], fresh_env, "status", batch_id, "--json")).stdout)["priority"] == "high"
+    assert ok(batchctl(stack["dir"], fresh_env, "priority", batch_id, "low")).stdout.split() == [batch_id, "low"]
+    human = ok(batchctl(stack["dir"], fresh_env, "status", batch_id)).stdout.splitlines()
+    assert human[2].split() == ["priority", "low"], human
+    # A larger submission goes as a file batch: the priority goes with it.
+    file_id = ok(batchctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL, "--priority", "low",
+                          "--inline-max-bytes", "100")).stdout.strip()
+    assert json.loads(ok(batchctl(stack["dir"], fresh_env, "status", file_id, "--json")).stdout)["priority"] == "low"
+    params = {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "slow"}]}
+    message_id = message_batch(stack, [{"custom_id": f"m{i}", "params": params} for i in range(20)])
+    changed = json.loads(ok(batchctl(stack["dir"], fresh_env, "priority", message_id, "high", "--json")).stdout)
+    assert changed["id"] == message_id and changed["priority"] == "high"
+
+    out = batchctl(stack["dir"], fresh_env, "priority", batch_id, "urgent")
+    assert out.returncode == 2 and "invalid choice: 'urgent'" in out.stderr, out.stderr
+    for ended in (batch_id, file_id, message_id):
+        ok(batchctl(stack["dir"], fresh_env, "cancel", ended))
+        batchctl(stack["dir"], fresh_env, "wait", ended)
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "priority", batch_id, "high"))
+    assert line.startswith(f"batchctl: 409 Batch '{batch_id}' has ended"), line

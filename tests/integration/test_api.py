@@ -24,6 +24,7 @@ SPEC_BATCH_FIELDS = {
     "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata", "usage", "cost_usd",
     "cost_unknown_attempts", "results_expires_at", "error",
     "paused_at",  # an extension (pause and resume): null unless paused
+    "priority",  # an extension: the batch's priority among its account's batches
 }
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
 _UNSET = object()
@@ -263,6 +264,7 @@ def test_create_spec_example(api, svc, sim_control):
         "request_counts": {"total": 2, "completed": 0, "failed": 0}, "metadata": {"project": "eval-42"},
         "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}, "cost_usd": 0.0,
         "cost_unknown_attempts": 0, "results_expires_at": None, "error": None, "paused_at": None,
+        "priority": "normal",
     }
     assert ok(api("GET", f"/v1/batches/{batch['id']}", key)) == batch
     assert sim_requests(sim_control) == 0  # creating runs no inference

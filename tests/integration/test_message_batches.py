@@ -128,9 +128,11 @@ def test_create_run_and_read_as_the_sdk_does(messages, svc):
     assert batch["created_at"].endswith("Z") and batch["ended_at"] is None and batch["cancel_initiated_at"] is None
     assert set(batch) == {"id", "type", "processing_status", "request_counts", "ended_at", "created_at",
                           "expires_at", "archived_at", "cancel_initiated_at", "results_url",
-                          "usage", "cost_usd", "cost_unknown_attempts", "paused_at"}  # the last four: extensions
+                          "usage", "cost_usd", "cost_unknown_attempts", "paused_at",
+                          "priority"}  # the last five: extensions
     assert batch["usage"] == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
     assert batch["cost_usd"] == 0 and batch["cost_unknown_attempts"] == 0
+    assert batch["priority"] == "normal"
     anthropic_error(messages("GET", f"/{batch['id']}/results"), 400, "invalid_request_error", "has not ended")
     anthropic_error(messages("DELETE", f"/{batch['id']}"), 400, "invalid_request_error", "has not ended")
     finish(svc, batch["id"])

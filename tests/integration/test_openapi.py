@@ -231,7 +231,7 @@ def test_every_operation_answers_as_its_document_says(svc, openapi_schema):
     assert not failures, "\n\n".join(f"{label}\n{text}" for label, text in failures.items())
     # The run reached what it is for: every operation, real objects in the answers the schemas describe, and
     # refusals of a missing or unknown key.
-    assert len(ops) == 49, [op.label for op in ops]
+    assert len(ops) == 52, [op.label for op in ops]
     statuses: dict[str, set[int]] = {}
     for label, status in world.seen:
         statuses.setdefault(label, set()).add(status)
@@ -288,6 +288,16 @@ def test_document_declares_the_create_body_and_each_apis_error_envelope():
     assert deref(requests["items"])["required"] == ["custom_id", "body"]
     headers = [p["name"] for p in document["paths"]["/v1/batches"]["post"]["parameters"] if p["in"] == "header"]
     assert headers == ["Idempotency-Key"]
+    # The priority extension: on create, on the batch objects, and its own route with a body of one field.
+    priorities = ["high", "normal", "low"]
+    assert create["properties"]["priority"]["enum"] == priorities
+    for shape in ("BatchObject", "CreateMessageBatch", "MessageBatch"):
+        assert document["components"]["schemas"][shape]["properties"]["priority"]["enum"] == priorities, shape
+    for path in ("/v1/batches/{batch_id}/priority", "/v1/messages/batches/{batch_id}/priority",
+                 "/anthropic/v1/messages/batches/{batch_id}/priority"):
+        change = document["paths"][path]["post"]
+        assert deref(change["requestBody"]["content"]["application/json"]["schema"])["required"] == ["priority"]
+        assert "409" in change["responses"], path
 
     # Retry in place (an extension): an optional body naming what it takes, the Idempotency-Key, the batch back.
     for path, model, statuses in (("/v1/batches/{batch_id}/retry", "RetryBatch", ["failed", "expired", "cancelled"]),

@@ -147,6 +147,98 @@ def test_water_fill_starves_no_lane_when_there_is_room(rows, extra):
     assert all(shares.get(lane.key, 0) >= 1 for lane in lanes)
 
 
+# --- Priority: an account's slots go to its highest-priority lanes first ------------------------------------
+
+def ranked(*rows: tuple) -> list[LaneWant]:
+    """Lanes from (key, account, held, room, priority)."""
+    return [LaneWant(key=key, account=account, held=held, room=room, rank=policy.rank(priority))
+            for key, account, held, room, priority in rows]
+
+
+@pytest.mark.parametrize(("priority", "rank"), [("high", 2), ("normal", 1), ("low", 0), (None, 1), ("other", 1)])
+def test_rank_of_a_priority(priority, rank):
+    assert policy.rank(priority) == rank
+
+
+@pytest.mark.parametrize(("lanes", "shares", "out"), [
+    # A high batch that arrives after a large normal one of the same account takes the account's slots first.
+    (ranked(("big", "x", 16, 400, "normal"), ("new", "x", 0, 30, "high")), {"big": 4, "new": 4}, {"new": 8}),
+    # Up to its room; the rest goes to the next rank.
+    (ranked(("big", "x", 16, 400, "normal"), ("new", "x", 0, 3, "high")), {"big": 4, "new": 4},
+     {"new": 3, "big": 5}),
+    # Low goes last: normal first, then low.
+    (ranked(("a", "x", 0, 10, "low"), ("b", "x", 0, 4, "normal"), ("c", "x", 0, 10, "low")),
+     {"a": 4, "b": 4, "c": 4}, {"b": 4, "a": 4, "c": 4}),
+    (ranked(("a", "x", 0, 10, "low"), ("b", "x", 0, 10, "normal")), {"a": 3, "b": 3}, {"b": 6}),
+    # Lanes of one rank share what reaches them by the water-fill (fewest held first).
+    (ranked(("a", "x", 6, 20, "high"), ("b", "x", 0, 20, "high"), ("c", "x", 0, 20, "low")),
+     {"a": 2, "b": 4, "c": 4}, {"b": 8, "a": 2}),
+    # Another account's shares never move, whatever the priorities.
+    (ranked(("a", "x", 8, 20, "low"), ("b", "y", 8, 20, "high"), ("c", "x", 0, 20, "high")),
+     {"a": 3, "b": 5, "c": 2}, {"b": 5, "c": 5}),
+    # An account whose lanes all have one priority keeps its shares.
+    (ranked(("a", "x", 8, 20, "high"), ("b", "x", 0, 20, "high")), {"a": 1, "b": 7}, {"a": 1, "b": 7}),
+    (ranked(("a", "x", 0, 20, "normal"), ("b", "x", 0, 20, "high")), {}, {}),
+])
+def test_by_priority(lanes, shares, out):
+    assert policy.by_priority(lanes, shares) == out
+
+
+@pytest.mark.parametrize(("lanes", "index", "spent", "goes_to"), [
+    # The turn of a normal lane goes to its account's high lane; another account's lane keeps its own.
+    (ranked(("a", "x", 0, 1, "normal"), ("b", "y", 0, 1, "normal"), ("c", "x", 0, 1, "high")), 0, (), 2),
+    (ranked(("a", "x", 0, 1, "normal"), ("b", "y", 0, 1, "normal"), ("c", "x", 0, 1, "high")), 1, (), 1),
+    # The highest rank wins; on ties, the first in turn after the lane.
+    (ranked(("a", "x", 0, 1, "low"), ("b", "x", 0, 1, "normal"), ("c", "x", 0, 1, "high"),
+            ("d", "x", 0, 1, "high")), 0, (), 2),
+    (ranked(("a", "x", 0, 1, "low"), ("b", "x", 0, 1, "normal"), ("c", "x", 0, 1, "high"),
+            ("d", "x", 0, 1, "high")), 3, (), 3),
+    # A higher lane found with nothing to claim is passed over.
+    (ranked(("a", "x", 0, 1, "low"), ("b", "x", 0, 1, "normal"), ("c", "x", 0, 1, "high")), 0, ("c",), 1),
+    (ranked(("a", "x", 0, 1, "high"), ("b", "x", 0, 1, "low")), 1, (), 0),
+])
+def test_turn_goes_to(lanes, index, spent, goes_to):
+    assert policy.turn_goes_to(lanes, index, spent) == goes_to
+
+
+priority_rows = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 30),
+                                   st.sampled_from(("high", "normal", "low", None))), min_size=1, max_size=8)
+
+
+@given(rows=priority_rows, free=st.integers(0, 120), account_rooms=st.lists(st.integers(0, 40), min_size=3, max_size=3))
+def test_priority_moves_slots_only_within_an_account_and_to_its_higher_lanes_first(rows, free, account_rooms):
+    lanes = ranked(*[(i, account, held, room, priority) for i, (account, held, room, priority) in enumerate(rows)])
+    accounts = dict(enumerate(account_rooms))
+    shares, _ = policy.water_fill(lanes, free, accounts)
+    out = policy.by_priority(lanes, shares)
+    # The accounts' totals do not change with priority, and no lane gets past its room.
+    for account in accounts:
+        assert (sum(out.get(lane.key, 0) for lane in lanes if lane.account == account)
+                == sum(shares.get(lane.key, 0) for lane in lanes if lane.account == account))
+    assert all(0 < out[lane.key] <= lane.room for lane in lanes if lane.key in out)
+    # A higher-priority lane of an account never gets fewer slots than a lower one of the same account while
+    # it has work: a lower lane gets any only once every higher one of its account is full.
+    for high in lanes:
+        for low in lanes:
+            if high.account == low.account and high.rank > low.rank and out.get(low.key, 0) > 0:
+                assert out.get(high.key, 0) == high.room  # its work is all given: it has no more
+    for high in lanes:
+        for low in lanes:
+            if high.account == low.account and high.rank > low.rank and out.get(high.key, 0) < high.room:
+                assert out.get(high.key, 0) >= out.get(low.key, 0)
+
+
+@given(rows=priority_rows, index=st.integers(0, 7), spent=st.sets(st.integers(0, 7)))
+def test_a_turn_stays_with_its_account_and_goes_to_its_highest_lane(rows, index, spent):
+    lanes = ranked(*[(i, account, held, room, priority) for i, (account, held, room, priority) in enumerate(rows)])
+    index %= len(lanes)
+    goes_to = lanes[policy.turn_goes_to(lanes, index, spent)]
+    assert goes_to.account == lanes[index].account
+    assert goes_to.rank >= lanes[index].rank
+    assert goes_to.key == lanes[index].key or goes_to.key not in spent
+    assert all(lane.rank <= goes_to.rank for lane in lanes if lane.account == goes_to.account and lane.key not in spent)
+
+
 @pytest.mark.parametrize(("account_free", "budget", "k", "most"), [
     (64, 100, 8, 64), (3, 100, 3, 3), (64, 5, 5, 5), (0, 100, 0, 0), (64, math.inf, 8, 64)])
 def test_lane_quantum(account_free, budget, k, most):
@@ -283,6 +375,59 @@ def test_a_pump_never_plans_more_calls_than_its_slots_can_start_before_the_deadl
                                                                    (40, 2, 20)])
 def test_claim_floor(open_slots, lanes_seen, floor):
     assert policy.claim_floor(open_slots, 8, lanes_seen) == floor
+
+
+@pytest.mark.parametrize(("open_slots", "lanes_seen", "ahead_most", "floor"), [
+    (16, 1, 8, 8),  # 2 s calls on 16 slots, 1 s ahead: a round (16) would queue 2 s of one batch's work
+    (16, 1, 320, 16),  # short calls: a claim per round, as before
+    (16, 1, 3, 8),  # never below a quantum
+    (40, 2, 12, 12), (2, 1, 1, 2),
+])
+def test_claim_floor_queues_no_more_than_the_work_ahead_allows_past_a_quantum(open_slots, lanes_seen, ahead_most,
+                                                                             floor):
+    assert policy.claim_floor(open_slots, 8, lanes_seen, ahead_most) == floor
+
+
+def queue_of(*rows: tuple) -> list[policy.Queued]:
+    """Queued requests from (batch, account, priority); batch None: a retry."""
+    return [policy.Queued(batch=batch, account=account, rank=policy.rank(priority))
+            for batch, account, priority in rows]
+
+
+@pytest.mark.parametrize(("queued", "running", "index"), [
+    # Work claimed after a large batch's runs as soon as a runner is free: its batch has none running.
+    (queue_of(("big", "x", None), ("big", "x", None), ("new", "x", None)), {"big": 16}, 2),
+    (queue_of(("big", "x", None), ("new", "y", None)), {"big": 8, "new": 8}, 0),  # even: the first queued
+    (queue_of(("big", "x", None), ("new", "y", None)), {"big": 8, "new": 9}, 0),
+    # A retry first.
+    (queue_of(("new", "x", None), (None, "x", None)), {}, 1),
+    # An account's high batch before its normal one whatever they hold; another account's by fewest running.
+    (queue_of(("big", "x", "normal"), ("hi", "x", "high")), {"hi": 15}, 1),
+    (queue_of(("big", "x", "normal"), ("hi", "x", "high"), ("other", "y", None)), {"hi": 15, "other": 3}, 2),
+    (queue_of(("lo", "x", "low"), ("big", "x", None)), {}, 1),
+    ([], {}, 0),
+])
+def test_next_to_run(queued, running, index):
+    assert policy.next_to_run(queued, running) == index
+
+
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", None]), st.sampled_from(["x", "y"]),
+                               st.sampled_from(["high", "normal", "low"])), min_size=1, max_size=12),
+       running=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 16)))
+def test_the_next_to_run_is_an_accounts_highest_priority_batch_running_fewest(rows, running):
+    # A batch has one account and one priority.
+    first = {}
+    rows = [(b, *first.setdefault(b, (account, priority))) if b is not None else (b, account, priority)
+            for b, account, priority in rows]
+    queued = queue_of(*rows)
+    chosen = queued[policy.next_to_run(queued, running)]
+    if any(item.batch is None for item in queued):
+        assert chosen.batch is None
+        return
+    assert all(item.rank <= chosen.rank for item in queued if item.account == chosen.account)
+    eligible = [item for item in queued
+                if item.rank == max(other.rank for other in queued if other.account == item.account)]
+    assert running.get(chosen.batch, 0) == min(running.get(item.batch, 0) for item in eligible)
 
 
 @pytest.mark.parametrize(("want", "at", "queued", "idle", "claim"), [

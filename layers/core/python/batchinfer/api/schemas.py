@@ -42,6 +42,11 @@ class OutputExpiresAfter(BaseModel):
     seconds: int = Field(..., ge=3600, le=2592000)
 
 
+Priority = Literal["high", "normal", "low"]
+PRIORITY_DESCRIPTION = ("An extension beyond the OpenAI and Anthropic APIs: the batch's priority among its own "
+                        "account's batches (`normal` by default); never over another account's")
+
+
 class CreateBatch(BaseModel):
     """Either `requests` (an inline batch) or `input_file_id` with `endpoint` and `completion_window` (a
     batch from an uploaded file, as the OpenAI SDK creates one)."""
@@ -59,6 +64,7 @@ class CreateBatch(BaseModel):
         "(its input at the input price, its max_tokens or the model's output limit at the output price) "
         "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
         "max_cost_reached."))
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class RequestCounts(BaseModel):
@@ -117,6 +123,7 @@ class BatchObject(BaseModel):
     paused_at: int | None = Field(None, description="An extension: when the batch was paused (Unix seconds), "
                                                     "null unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class RetryBatch(BaseModel):
@@ -328,6 +335,7 @@ class CreateMessageBatch(BaseModel):
         "(its input at the input price, its max_tokens or the model's output limit at the output price) "
         "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
         "max_cost_reached."))
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class MessageBatchRequestCounts(BaseModel):
@@ -360,6 +368,7 @@ class MessageBatch(BaseModel):
     paused_at: str | None = Field(None, description="An extension: when the batch was paused (RFC 3339), null "
                                                     "unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
+    priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
 class MessageBatchList(BaseModel):
@@ -384,6 +393,15 @@ CREATE_MESSAGE_BATCH_BODY = {"parameters": [IDEMPOTENCY_KEY],
 MESSAGE_BATCH = _ok(MessageBatch, "The Message Batch")
 MESSAGE_BATCH_LIST = _ok(MessageBatchList, "A page of Message Batches")
 DELETED_MESSAGE_BATCH = _ok(DeletedMessageBatch, "Deleted")
+
+
+# --- A batch's priority (an extension: POST .../{batch_id}/priority) ---------------------------------------
+
+class SetPriority(BaseModel):
+    """The body of `POST /v1/batches/{batch_id}/priority` (and of a Message Batch's): read by the route."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: Priority = Field(..., description="high, normal or low: among the account's own batches")
 
 
 # --- Completion webhooks (/v1/batch_webhook) ---------------------------------------------------------------

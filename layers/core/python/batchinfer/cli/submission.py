@@ -111,7 +111,9 @@ def submit_batch(client: ApiClient, args: argparse.Namespace) -> dict:
     inline = b'{"requests":[' + b",".join(lines) + b"]"
     inline += b',"metadata":' + json.dumps(metadata).encode() if metadata else b""
     cap = getattr(args, "max_cost", None)
-    inline += (b',"max_cost_usd":' + json.dumps(cap).encode() if cap is not None else b"") + b"}"
+    priority = getattr(args, "priority", None)
+    inline += (b',"max_cost_usd":' + json.dumps(cap).encode() if cap is not None else b"")
+    inline += (b',"priority":' + json.dumps(priority).encode() if priority else b"") + b"}"
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     if len(inline) <= args.inline_max_bytes:
         return _create(client, inline, headers)
@@ -163,6 +165,8 @@ def _create_from_file(client: ApiClient, args: argparse.Namespace, jsonl: bytes,
         body["metadata"] = metadata
     if getattr(args, "max_cost", None) is not None:
         body["max_cost_usd"] = args.max_cost
+    if getattr(args, "priority", None):
+        body["priority"] = args.priority
     reply = client.request("POST", "/v1/batches", json=body, headers=headers)
     if not keep:  # the batch has its own copy: the upload would only take up the account's stored-files room
         try:

@@ -1,6 +1,7 @@
-"""batchctl's user commands: submit, status, list, wait, results, cancel, pause, resume, retry and delete,
-as a client of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to `/v1/batches`,
-Message Batch ids (`msgbatch_...`) to `/v1/messages/batches`; the commands are the same for both.
+"""batchctl's user commands: submit, status, list, wait, results, priority, cancel, pause, resume, retry
+and delete, as a client of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to
+`/v1/batches`, Message Batch ids (`msgbatch_...`) to `/v1/messages/batches`; the commands are the same for
+both.
 
 stdout carries only what a command answers (a batch id, a status, results, or one JSON document with
 --json); progress and notes go to stderr, and every failure is one line there: `batchctl: <message>`.
@@ -37,6 +38,8 @@ from .results import download_results
 from .submission import CHAT, ENDPOINTS, INLINE_MAX_BYTES, submit_batch
 from .uploads import UPLOAD_PART_BYTES
 from .views import BatchView, batch_path, batch_table, describe, fetch, list_batches
+
+PRIORITIES = ("high", "normal", "low")  # a batch's priority among its account's batches
 
 # --- Commands -----------------------------------------------------------------------------------------------
 
@@ -141,6 +144,15 @@ def cmd_retry(client: ApiClient, args: argparse.Namespace) -> int:
         _print_json(view.raw)
     else:
         print(f"{view.id} {view.status} (retried {view.raw.get('retry_count', 0)} times)")
+    return 0
+
+
+def cmd_priority(client: ApiClient, args: argparse.Namespace) -> int:
+    view = BatchView.of(client.post(batch_path(args.id) + "/priority", {"priority": args.priority}))
+    if args.json:
+        _print_json(view.raw)
+    else:
+        print(f"{view.id} {view.raw.get('priority', args.priority)}")
     return EXIT_OK
 
 
@@ -214,6 +226,8 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
                    help="the batch's spending cap (max_cost_usd): it stops before a request could pass it")
     p.add_argument("--idempotency-key", metavar="KEY",
                    help="sent as Idempotency-Key: submitting again with it answers with the first batch")
+    p.add_argument("--priority", choices=PRIORITIES, default=None,
+                   help="among your own batches (default: normal); an extension of this service")
     p.add_argument("--wait", action="store_true", help="wait for the batch to end, showing progress")
     p.add_argument("-o", "--output", metavar="OUT", help="with --wait: write the results there (JSONL)")
     p.add_argument("--inline-max-bytes", type=int, default=INLINE_MAX_BYTES, metavar="BYTES",
@@ -245,6 +259,14 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write them there (default: stdout)")
     p.add_argument("--failed", action="store_true", help="only the requests that did not succeed")
     p.set_defaults(handler=cmd_results)
+
+    p = groups.add_parser("priority", parents=[common], help="change a running batch's priority",
+                          description="Change a batch's priority among your own batches while it runs: high ones "
+                                      "take your share of a model first, low ones last. Never over another "
+                                      "account's batches. Refused (exit 1) once the batch has ended.")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("priority", choices=PRIORITIES)
+    p.set_defaults(handler=cmd_priority)
 
     p = groups.add_parser("cancel", parents=[common], help="cancel a batch (running requests finish)")
     p.add_argument("id", metavar="ID")

@@ -91,7 +91,7 @@ def _time(epoch: object) -> str:
 def describe(view: BatchView) -> str:
     """`status` for a person: the batch and what is known about it, one field a line."""
     raw = view.raw
-    rows = [("requests", view.counts_text())]
+    rows = [("requests", view.counts_text()), ("priority", raw.get("priority") or "normal")]
     if raw.get("type") == "message_batch":
         rows += [("created", _time(raw.get("created_at"))), ("expires", _time(raw.get("expires_at"))),
                  ("cancel asked", _time(raw.get("cancel_initiated_at"))), ("ended", _time(raw.get("ended_at"))),

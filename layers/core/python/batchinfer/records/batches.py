@@ -108,6 +108,13 @@ class Batch:
                  condition="attribute_exists(pk) AND (attribute_not_exists(committed_usd) OR committed_usd <= :cap)")
 
     @staticmethod
+    def set_priority(t: Table, batch_id: str, priority: str) -> Op:
+        """The batch's priority within its account, while it has not ended (nor is being deleted)."""
+        final, vals = _in("status", FINAL_BATCH)
+        return t.op_update(*batch_key(batch_id), "SET #priority = :p", vals={":p": priority, **vals},
+                           condition=f"attribute_exists(pk) AND attribute_not_exists(deleting) AND NOT {final}")
+
+    @staticmethod
     def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
         """The check a start makes on its batch: not stopped, not paused, not being deleted, and for a first
         attempt the window still open (the window only stops requests from starting)."""
@@ -394,7 +401,13 @@ class Lane:
     def create(t: Table, model_id: str, batch: BatchItem) -> Op:
         pk, sk = lane_key(model_id, batch["created_at"], batch["id"])
         return t.op_put({"pk": pk, "sk": sk, "batch_id": batch["id"], "account_id": batch["account_id"],
-                         "model": model_id})
+                         "model": model_id, **({"priority": batch["priority"]} if batch.get("priority") else {})})
+
+    @staticmethod
+    def set_priority(t: Table, model_id: str, batch: BatchItem, priority: str) -> Op:
+        """The lane's priority within its account (its batch's), fenced on the lane still being there."""
+        return t.op_update(*lane_key(model_id, batch["created_at"], batch["id"]), "SET #priority = :p",
+                           vals={":p": priority}, condition="attribute_exists(pk)")
 
     @staticmethod
     def remove(t: Table, model_id: str, batch: BatchItem) -> Op:

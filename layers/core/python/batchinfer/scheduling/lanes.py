@@ -3,8 +3,9 @@
 Each batch has a lane per model (records.Lane), ordered in a ring. A claim reads only the lanes it can
 serve, from the one after the lane served last (the ring cursor), and shares its free slots among them: a
 quantum per lane in turn while more lanes wait than the slots give each a quantum, otherwise a slot at a time
-to the batches holding fewest (the water-fill, `policy.water_fill`). Claiming a lane's requests (the ledger's
-`claim_from_lane`) happens here too, with the reads of the batch's index it needs.
+to the batches holding fewest (the water-fill, `policy.water_fill`). Within an account, its higher-priority
+lanes use its share first (`policy.by_priority`, `policy.turn_goes_to`). Claiming a lane's requests (the
+ledger's `claim_from_lane`) happens here too, with the reads of the batch's index it needs.
 """
 
 from __future__ import annotations
@@ -132,10 +133,13 @@ class Lanes:
                 Lane.discard(self.svc.table, lane)  # so it takes no more turns
         wants = [policy.LaneWant(key=lane["sk"], account=lane["account_id"],
                                  held=int((batches[lane["batch_id"]] or {}).get("in_flight", 0)),
-                                 room=self._room(batches[lane["batch_id"]], model.id)) for lane in lanes]
+                                 room=self._room(batches[lane["batch_id"]], model.id),
+                                 rank=policy.rank(lane.get("priority"))) for lane in lanes]
         # Accounts are read only for the lanes that could take work, as they are met.
         room = {want.account: accounts.free(want.account) for want in wants if want.room > 0}
         shares, given_last = policy.water_fill(wants, free, room)
+        # Each account's slots, as shared above, go to its highest-priority lanes first.
+        shares = policy.by_priority(wants, shares)
         if given_last is not None:  # by the lane's key, not its place: lanes come and go between claims
             self.last_served[model.id] = given_last
         out: list[dict] = []
@@ -144,9 +148,12 @@ class Lanes:
                 accounts.took(lane["account_id"], k)
         for lane in lanes:
             if k := shares.get(lane["sk"], 0):
+                # In a pump's lease, a lane's last few requests go with its share (as with a quantum), within
+                # what the pump can start in time: a stub would be a group of its own.
+                most = min(k + accounts.free(lane["account_id"]), scope.most) if scope.slot_lease else 0
                 try:
                     out += self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope,
-                                       batch=batches[lane["batch_id"]])
+                                       batch=batches[lane["batch_id"]], most=most)
                 except Throttled:
                     break  # DynamoDB is busy: send what was claimed, try the rest next pass
         return out
@@ -163,8 +170,11 @@ class Lanes:
         # the rest, and a remainder would be a small group of its own, which pays a whole claim and close,
         # and, as its own pump's first lease, kept making small groups).
         budget = scope.most if scope.slot_lease else free
+        spent: set[str] = set()  # lanes found with nothing to claim: no turn is given to them again
         for _ in range(config.quanta_pages):
-            for lane in lanes:
+            ranked = [policy.LaneWant(key=lane["sk"], account=lane["account_id"], held=0, room=1,
+                                      rank=policy.rank(lane.get("priority"))) for lane in lanes]
+            for i, lane in enumerate(lanes):
                 if lane["sk"] in seen:
                     return out  # round the ring once
                 seen.add(lane["sk"])
@@ -174,8 +184,14 @@ class Lanes:
                 k, most = policy.lane_quantum(config.lane_quantum, accounts.free(lane["account_id"]), budget)
                 if k <= 0:
                     continue
+                # The account's turn goes to its highest-priority lane among those read (this one if none
+                # ranks higher); if that one has nothing left, to this one.
+                target = lanes[policy.turn_goes_to(ranked, i, spent)]
                 try:
-                    claimed = self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope, most=most)
+                    claimed = self._claim(model, target, k, accounts.cap(lane["account_id"]), scope, most=most)
+                    if not claimed and target is not lane:
+                        spent.add(target["sk"])
+                        claimed = self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope, most=most)
                 except Throttled:
                     return out  # DynamoDB is busy: send what was claimed, try the rest next pass
                 n = sum(len(unit.get("positions", [unit])) for unit in claimed)

@@ -76,12 +76,64 @@ def by_quanta(complete: bool, free: int, quantum: int, lanes: int) -> bool:
 @dataclass(frozen=True)
 class LaneWant:
     """A lane as the water-fill sees it: its key, its account, the slots its batch holds, the requests it
-    could dispatch now."""
+    could dispatch now, and its rank among its account's lanes (`rank`: higher goes first)."""
 
     key: Hashable
     account: Hashable
     held: int
     room: int
+    rank: int = 1
+
+
+# A batch's priority among its account's batches, as a rank: higher is served first. Lanes written before
+# priorities existed carry none and rank as `normal`.
+PRIORITY_RANKS = {"high": 2, "normal": 1, "low": 0}
+
+
+def rank(priority: object) -> int:
+    """The rank of a lane's priority (`normal` when it has none)."""
+    return PRIORITY_RANKS.get(priority, 1) if isinstance(priority, str) else 1
+
+
+def by_priority(lanes: Sequence[LaneWant], shares: dict) -> dict:
+    """Hand each account's slots (the sum of its lanes' `shares`, computed as if every lane had one priority,
+    so no account's total changes) to its highest-ranked lanes first, each up to its room; lanes of one rank
+    share what reaches them by the water-fill (fewest held first, ties in turn). An account whose lanes all
+    have one rank keeps its shares as they are. Returns the new shares (lanes given none left out)."""
+    out = dict(shares)
+    accounts: dict = {}
+    for lane in lanes:
+        accounts.setdefault(lane.account, []).append(lane)
+    for account, own in accounts.items():
+        if len({lane.rank for lane in own}) < 2:
+            continue
+        total = sum(shares.get(lane.key, 0) for lane in own)
+        for lane in own:
+            out.pop(lane.key, None)
+        for level in sorted({lane.rank for lane in own}, reverse=True):
+            if total <= 0:
+                break
+            tier = [lane for lane in own if lane.rank == level]
+            given, _ = water_fill(tier, total, {account: total})
+            out.update(given)
+            total -= sum(given.values())
+    return out
+
+
+def turn_goes_to(lanes: Sequence[LaneWant], index: int, spent: Iterable[Hashable] = ()) -> int:
+    """While slots go a quantum per lane in turn: the lane (its place in `lanes`) that the turn of
+    `lanes[index]` is given to: its account's highest-ranked lane among those read, ties to the lane in turn,
+    then to the next in turn. Lanes in `spent` (found with nothing to claim) are passed over. The account
+    takes its turns as before; priority only says which of its lanes uses them."""
+    gone = set(spent)
+    own = lanes[index]
+    best = index
+    for step in range(1, len(lanes)):
+        i = (index + step) % len(lanes)
+        lane = lanes[i]
+        if lane.account == own.account and lane.key not in gone and lane.rank > lanes[best].rank:
+            best = i
+    return best
 
 
 def water_fill(lanes: Sequence[LaneWant], free: int, account_room: dict) -> tuple[dict, Hashable | None]:
@@ -203,11 +255,47 @@ def can_start_in_time(open_slots: int, seconds_to_deadline: float, calls_left: I
     return math.floor(max(0.0, left) / max(call_seconds, _SHORTEST_CALL)) - queued
 
 
-def claim_floor(open_slots: int, quantum: int, lanes_seen: int) -> int:
+def claim_floor(open_slots: int, quantum: int, lanes_seen: int, ahead_most: float = math.inf) -> int:
     """The smallest claim worth making: claims cost the same whatever their size (each makes a group, whose
     close costs the same), so at least a batch's share of the slots (a round while one batch has work; while
-    many do, the dispatcher gives each lane it serves a whole quantum whatever this asks for)."""
-    return max(1, min(quantum, open_slots), open_slots // max(1, lanes_seen))
+    many do, the dispatcher gives each lane it serves a whole quantum whatever this asks for), but no more of
+    it than `ahead_most` (what the slots run in `ahead_seconds`) past a quantum: work claimed beyond what is
+    missing waits in the pump's queue, and a round of long calls queued there made a batch that arrived
+    meanwhile wait a whole round before its first claim."""
+    return max(1, min(quantum, open_slots), min(open_slots // max(1, lanes_seen), ahead_most))
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A claimed request waiting in a pump's queue, as the choice of the next one sees it: its batch (None
+    for a retry), its account and its rank among its account's batches."""
+
+    batch: Hashable | None
+    account: Hashable
+    rank: int = 1
+
+
+def next_to_run(queued: Sequence[Queued], running: dict) -> int:
+    """Which queued request (its place) a runner that is free starts next: a retry first (it has waited its
+    turn already); else, of each account's batches in the queue only those of its highest priority, the
+    batch with the fewest calls `running` in this pump, its first queued request (ties: the first queued).
+    So work claimed ahead for a large batch does not hold back the work claimed after it for a batch that
+    has just arrived: the runners go to each batch's claimed work as an even share. 0 for an empty queue."""
+    top: dict = {}
+    for item in queued:
+        if item.batch is None:
+            continue
+        top[item.account] = max(top.get(item.account, item.rank), item.rank)
+    best, best_key = 0, None
+    for i, item in enumerate(queued):
+        if item.batch is None:
+            return i
+        if item.rank < top[item.account]:
+            continue
+        key = running.get(item.batch, 0)
+        if best_key is None or key < best_key:
+            best, best_key = i, key
+    return best
 
 
 def should_claim(want: int, at: int, queued: int, idle: bool = False) -> bool:

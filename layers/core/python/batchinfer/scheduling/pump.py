@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import math
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +73,8 @@ class SlotPump:
         self.held = HeldSlots(svc, model.id)  # the lease and its slots
         self.queue: deque[Member] = deque()
         self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
+        self.running_of: Counter = Counter()  # batch id -> its group members' calls in flight here
+        self.queued_of: Counter = Counter()  # batch id (None: retries) -> its requests in the queue
         self.done_claiming = False
         self.drained = False  # the last claim found no work: what is queued is the end of it
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
@@ -266,10 +269,30 @@ class SlotPump:
 
     def _call_starts(self, member: Member) -> float:
         started = self.calls_started[id(member)] = time.monotonic()
+        if member.run is not None:
+            self.running_of[member.run.batch.get("id")] += 1
         return started
 
     def _call_ended(self, member: Member) -> None:
-        self.calls_started.pop(id(member), None)
+        if self.calls_started.pop(id(member), None) is not None and member.run is not None:
+            self.running_of[member.run.batch.get("id")] -= 1
+
+    def _take_next(self) -> Member:
+        """The queued request a free runner starts (`policy.next_to_run`): the batches whose work is queued
+        share the runners evenly, an account's higher-priority batches first, whatever order it was claimed in."""
+        if len(self.queue) == 1 or len(+self.queued_of) <= 1:  # one batch's work (or retries alone): in order
+            return self._dequeued(self.queue.popleft())
+        queued = [policy.Queued(batch=None, account=None) if m.run is None
+                  else policy.Queued(batch=m.run.batch.get("id"), account=m.run.batch.get("account_id"),
+                                     rank=policy.rank(m.run.batch.get("priority"))) for m in self.queue]
+        i = policy.next_to_run(queued, self.running_of)
+        member = self.queue[i]
+        del self.queue[i]
+        return self._dequeued(member)
+
+    def _dequeued(self, member: Member) -> Member:
+        self.queued_of[None if member.run is None else member.run.batch.get("id")] -= 1
+        return member
 
     def _calls_left(self, now: float) -> list[float]:
         return policy.calls_left(self.calls_started.values(), self.call_seconds, now)
@@ -297,7 +320,7 @@ class SlotPump:
                 continue
             if self.queue:
                 self.need.set()
-                return self.queue.popleft()
+                return self._take_next()
             if self.done_claiming:
                 return None
             self.wake.clear()
@@ -321,6 +344,11 @@ class SlotPump:
         now = time.monotonic()
         return policy.can_start_in_time(self.held.open, self.deadline - now, self._calls_left(now),
                                         self.call_seconds, len(self.queue))
+
+    def _ahead_most(self) -> int:
+        """What the slots run in `ahead_seconds`: the most a claim's floor queues past what is missing."""
+        return math.ceil(self.held.open * self.config.ahead_seconds
+                         / max(self.call_seconds, 1e-3))
 
     def _claim_at(self) -> int:
         return policy.claim_at(self.ahead)
@@ -352,7 +380,7 @@ class SlotPump:
                 # (a round while one batch has work; while many do, the dispatcher gives each lane it serves
                 # a whole quantum, and a lane's last few requests with it, whatever this asks for).
                 floor = policy.claim_floor(self.held.open, config.lane_quantum,
-                                           self.dispatcher.lanes.seen)
+                                           self.dispatcher.lanes.seen, self._ahead_most())
                 soon, next_soon = self._ending_soon()
                 most = self._can_start_in_time()
                 want = self._wanted(soon, most)
@@ -469,6 +497,7 @@ class SlotPump:
         """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
         or retries alone) can leave idle runners asleep beside it until the deadline."""
         self.queue.extend(members)
+        self.queued_of.update(None if m.run is None else m.run.batch.get("id") for m in members)
         self.wake.set()
 
     def _refresh_stops(self) -> None:

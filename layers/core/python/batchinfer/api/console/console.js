@@ -10,6 +10,7 @@
   const ANTHROPIC_VERSION = "2023-06-01";
   const REFRESH_MS = 5000;
   const FINAL = new Set(["completed", "failed", "expired", "cancelled"]);
+  const PRIORITIES = ["high", "normal", "low"];  // a batch's priority among its account's batches
   const OPENAI_RESULT_STATUSES = ["queued", "running", "completed", "failed", "cancelled", "expired"];
   const MESSAGE_RESULT_TYPES = ["succeeded", "errored", "canceled", "expired"];
   // The API's base: where this page is served, less its own /console.
@@ -160,6 +161,7 @@
                          "by error code with batchctl or the API).",
     "retry:openai:409": "The batch is running again already; it can be retried once it has ended.",
     "retry:message:409": "The batch is running again already; it can be retried once it has ended.",
+    "priority:409": "The batch has ended: its priority no longer changes.",
     "webhook:400": "The webhook was not saved: check the URL (an https:// address the service can reach).",
   };
   const BY_STATUS = {
@@ -501,7 +503,8 @@
   function renderBatch() {
     const b = view.batch;
     const r = b.raw;
-    const items = [field("Status", batchStatusNode(b)), field("Kind", b.kind), field("Progress", progressNode(b))];
+    const items = [field("Status", batchStatusNode(b)), field("Kind", b.kind), field("Progress", progressNode(b)),
+                   field("Priority", r.priority || "normal")];
     if (b.paused) {
       items.push(field("Paused since", timeNode(b.paused),
                        el("span", {class: "muted", text: " (no request starts until it is resumed; its window " +
@@ -557,6 +560,13 @@
     if (b.final && notSucceeded(b) > 0) {  // retry in place (an extension): what did not succeed runs again
       buttons.push(el("button", {type: "button", dataset: {focusKey: "retry"}, onclick: retryBatch,
                                  text: "Retry"}));
+    }
+    if (!b.final) {  // among the account's own batches; an extension of both APIs
+      const current = r.priority || "normal";
+      buttons.push(el("span", {class: "priority-control"},
+        el("label", {for: "batch-priority", text: "Priority"}),
+        el("select", {id: "batch-priority", dataset: {focusKey: "priority"}, onchange: setPriority},
+           PRIORITIES.map((p) => el("option", {value: p, text: p, selected: p === current})))));
     }
     buttons.push(el("button", {type: "button", class: "danger", dataset: {focusKey: "delete"}, onclick: deleteBatch,
                                text: "Delete batch"}));
@@ -697,6 +707,24 @@
     }
     notify(box, "ok", "Retrying: the requests that did not succeed are queued again.", null);
     box.focus();
+    openBatch(b.id, false);
+  }
+
+  async function setPriority(event) {
+    const b = view.batch;
+    const priority = event.target.value;
+    const box = $("batch-alert");
+    const path = b.api === "message" ? `v1/messages/batches/${encodeURIComponent(b.id)}/priority`
+      : `v1/batches/${encodeURIComponent(b.id)}/priority`;
+    try {
+      await api(path, {method: "POST", body: {priority}, anthropic: b.api === "message"});
+    } catch (error) {
+      if (apiKey()) showError(box, error, "priority", b.api);
+      openBatch(b.id, false);
+      return;
+    }
+    notify(box, "ok", `Priority set to ${priority}: among your own batches, higher ones take your share of a ` +
+      "model first.", null);
     openBatch(b.id, false);
   }
 

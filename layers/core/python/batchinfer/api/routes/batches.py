@@ -23,6 +23,7 @@ from ..schemas import (
     RESULTS_PAGE,
     RETRY_IDEMPOTENCY_KEY,
     RetryBatch,
+    SetPriority,
 )
 
 router = APIRouter(prefix="/v1/batches", route_class=route_class(OPENAI), tags=["batches"])
@@ -106,6 +107,13 @@ def retry(batch_id: str, request: Request, wanted: RetryBatch | None = None, who
     obj, replayed = batches.retry_batch(svc, who, batch_id, wanted.model_dump() if wanted else {},
                                         request.headers.get("idempotency-key"))
     return JSONResponse(obj, headers={"idempotent-replayed": "true"} if replayed else None)
+
+
+@router.post("/{batch_id}/priority", summary="Change a running batch's priority among your batches (an extension)",
+             responses=error_responses(OPENAI, 409), openapi_extra=BATCH_OBJECT)
+def set_priority(batch_id: str, body: SetPriority, who: Principal = Depends(caller),
+                 svc: Services = Depends(services_of)) -> dict:
+    return batches.set_priority(svc, who, batch_id, body.priority)
 
 
 @router.delete("/{batch_id}", summary="Delete a batch with its results", responses=error_responses(OPENAI, 409),

@@ -25,6 +25,7 @@ from ..schemas import (
     MESSAGE_BATCH_LIST,
     RETRY_IDEMPOTENCY_KEY,
     RetryMessageBatch,
+    SetPriority,
 )
 
 PREFIXES = ("", ANTHROPIC.base_path)  # the service's own base URL, and the one Anthropic clients are given
@@ -132,6 +133,15 @@ def _add_routes(prefix: str) -> None:
                                                      request.headers.get("idempotency-key"))
         return JSONResponse(message_batches.message_batch_object(item, base_url(request)),
                             headers={"idempotent-replayed": "true"} if replayed else None)
+
+    @router.post(base + "/{batch_id}/priority",
+                 summary="Change a running Message Batch's priority among your batches (an extension)",
+                 responses=error_responses(ANTHROPIC, 409), openapi_extra=_extra(MESSAGE_BATCH))
+    def set_message_batch_priority(request: Request, batch_id: str, body: SetPriority,
+                                   who: Principal = Depends(caller), version: str = Depends(anthropic_version),
+                                   svc: Services = Depends(services_of)) -> dict:
+        return message_batches.message_batch_object(message_batches.set_priority(svc, who, batch_id, body.priority),
+                                                    base_url(request))
 
     @router.delete(base + "/{batch_id}", summary="Delete an ended Message Batch with its results",
                    responses=error_responses(ANTHROPIC), openapi_extra=_extra(DELETED_MESSAGE_BATCH))

@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, pausing, results, retry, spend
+from ...service import intake, lifecycle, pausing, priority, results, retry, spend
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
@@ -86,7 +86,9 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
     intake.admit(svc, principal)
     batch = _validated(svc, principal.account, payload, version)
     cap = intake.cap_fields(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
-    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, {"anthropic_version": version, **cap})
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL,
+                                 {"anthropic_version": version, **cap,
+                                  "priority": priority.parse(payload.get("priority"))})
     if created and not item["lanes"]:  # every request errored at intake: it has ended already
         item = lifecycle.settle_batch(svc, item["id"]) or item
     return item, created
@@ -97,7 +99,7 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
     limits = svc.settings
     if not isinstance(payload, dict):
         raise InvalidRequest("The body must be a JSON object with a 'requests' array.")
-    extra = sorted(set(payload) - {"requests", "max_cost_usd"})
+    extra = sorted(set(payload) - {"requests", "max_cost_usd", "priority"})  # the last two: extensions
     if extra:
         raise InvalidRequest(f"{extra[0]}: Extra inputs are not permitted.", param=extra[0])
     requests = payload.get("requests")
@@ -267,6 +269,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
            if item.get("max_cost_usd") is not None else {}),
         "paused_at": _rfc3339(pausing.paused_at(item)),  # an extension: null unless the batch is paused
         **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
+        "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
     }
 
 
@@ -338,6 +341,11 @@ def pause(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
 
 def resume(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     return pausing.resume(svc, owned(svc, principal, batch_id))
+
+
+def set_priority(svc: Services, principal: Principal, batch_id: str, value: str) -> BatchItem:
+    """Change a Message Batch's priority among its account's batches while it runs (409 once ended)."""
+    return priority.change(svc, owned(svc, principal, batch_id), value)
 
 
 def delete(svc: Services, principal: Principal, batch_id: str) -> dict:

@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import intake, lifecycle, pausing, results, retry, spend, webhooks
+from ...service import intake, lifecycle, pausing, priority, results, retry, spend, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -49,6 +49,7 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
         extra = {**(extra or {}), "webhook_url": webhook_url}
     if cap := intake.cap_fields(payload.get("max_cost_usd")):  # an extension: the batch's spending cap
         extra = {**(extra or {}), **cap}
+    extra = {**(extra or {}), "priority": priority.parse(payload.get("priority"))}
     item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
     return batch_object(item), created
 
@@ -117,6 +118,7 @@ def batch_object(item: BatchItem) -> dict:
         "error": item.get("error"),
         "paused_at": pausing.paused_at(item),  # an extension: null unless the batch is paused
         **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
+        "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
     }
 
 
@@ -195,6 +197,11 @@ def pause_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
 
 def resume_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
     return batch_object(pausing.resume(svc, owned_batch(svc, principal, batch_id)))
+
+
+def set_priority(svc: Services, principal: Principal, batch_id: str, value: str) -> dict:
+    """Change a batch's priority among its account's batches while it runs (409 once it has ended)."""
+    return batch_object(priority.change(svc, owned_batch(svc, principal, batch_id), value))
 
 
 def delete_batch(svc: Services, principal: Principal, batch_id: str) -> dict:
