@@ -1,7 +1,7 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
-Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness priority yield file
-spread lanes short (all eleven by default: ~85 min on 2 cores). `--quick` runs small sizes (~5 minutes in all); each
+Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness priority cap yield
+file spread lanes short (all twelve by default: ~85 min on 2 cores). `--quick` runs small sizes (~5 minutes in all); each
 benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its ratios against its goal
 and the command that reproduces it; a summary of every goal line comes at the end. docs/benchmarks.md has the
 current figures and what bounds each one.
@@ -26,6 +26,7 @@ BENCHMARKS = {
     "fairness": ("bench.fairness", ["--scale", "0.2", "--runs", "1"]),
     # a high batch after a large normal one of the same account; a small batch after a large one, one priority
     "priority": ("bench.priority", ["--scale", "0.4", "--runs", "1"]),
+    "cap": ("bench.spending_cap", ["--runs", "1"]),
     "yield": ("bench.interactive_yield", ["--cycles", "3"]),
     "file": ("bench.file_batch", ["--requests", "5000", "--runs", "1"]),
     # latency spread over requests; many small batches from many accounts (with the hot-item report)
