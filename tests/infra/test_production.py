@@ -539,6 +539,8 @@ def test_no_custom_domain_unless_configured(synth: Synth) -> None:
 
 def test_observability_emits_in_the_namespace_the_stack_sets() -> None:
     code = "from batchinfer.observability import metrics; print(metrics.namespace)"
-    environment = {**os.environ, "POWERTOOLS_METRICS_NAMESPACE": "batchinfer/qa"}
+    # The child imports the package as this process does, with or without the Makefile's PYTHONPATH.
+    environment = {**os.environ, "POWERTOOLS_METRICS_NAMESPACE": "batchinfer/qa",
+                   "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "batchinfer/qa"
