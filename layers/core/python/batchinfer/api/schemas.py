@@ -126,34 +126,33 @@ class BatchObject(BaseModel):
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
 
 
-class RetryBatch(BaseModel):
-    """What a retry in place re-queues, among the requests that did not succeed (an extension). No body, or
-    no field: every one of them but those whose input is at fault (`invalid_request` and the like), which a
-    retry takes only when named by custom id or error code."""
+class _RetryFields(BaseModel):
+    """What every retry in place takes (an extension), whatever its API names its result statuses."""
 
     model_config = ConfigDict(extra="forbid")
     custom_ids: list[str] | None = Field(None, min_length=1, max_length=50_000, description="Only these requests")
     error_codes: list[str] | None = Field(None, min_length=1, max_length=100,
                                           description="Only requests whose error has one of these codes, as the "
                                                       "results show them (rate_limited, timeout, batch_expired, ...)")
-    statuses: list[Literal["failed", "expired", "cancelled"]] | None = Field(
-        None, min_length=1, max_length=3, description="Only requests whose result has one of these statuses")
     max_cost_usd: float | None = Field(None, description="A new spending cap, for a batch created with one: at "
                                                      "least what it has spent (a batch its cap stopped goes on)")
 
 
-class RetryMessageBatch(BaseModel):
+class RetryBatch(_RetryFields):
+    """What a retry in place re-queues, among the requests that did not succeed (an extension). No body, or
+    no field: every one of them but those whose input is at fault (`invalid_request` and the like), which a
+    retry takes only when named by custom id or error code."""
+
+    statuses: list[Literal["failed", "expired", "cancelled"]] | None = Field(
+        None, min_length=1, max_length=3, description="Only requests whose result has one of these statuses")
+
+
+class RetryMessageBatch(_RetryFields):
     """What a retry in place of a Message Batch re-queues (an extension): as `RetryBatch`, with statuses named
     as the batch's result types."""
 
-    model_config = ConfigDict(extra="forbid")
-    custom_ids: list[str] | None = Field(None, min_length=1, max_length=50_000, description="Only these requests")
-    error_codes: list[str] | None = Field(None, min_length=1, max_length=100,
-                                          description="Only requests whose error has one of these codes")
     statuses: list[Literal["errored", "expired", "canceled"]] | None = Field(
         None, min_length=1, max_length=3, description="Only requests whose result has one of these types")
-    max_cost_usd: float | None = Field(None, description="A new spending cap, for a batch created with one: at "
-                                                     "least what it has spent (a batch its cap stopped goes on)")
 
 
 class BatchList(BaseModel):

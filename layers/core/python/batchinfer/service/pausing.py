@@ -16,6 +16,8 @@ no request put off while its batch runs: whichever write comes second sees the o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..domain import FINAL_BATCH, PAUSABLE_BATCH
 from ..errors import Conflict, NotFound
 from ..ledger import defer_while_paused
@@ -55,24 +57,39 @@ def _fresh(svc: Services, batch_id: str) -> BatchItem:
     return batch
 
 
+def _change(svc: Services, batch: BatchItem, what: str, writes: Callable[[BatchItem], list | None]
+            ) -> tuple[BatchItem, bool]:
+    """Pause or resume: `writes` gives the fenced writes for the batch as read (None: it is so already).
+    A write that loses to another change of the batch is decided again from a fresh read, at most ATTEMPTS
+    times. Returns (the batch as it is now, whether this call changed it); Conflict for a batch that has
+    ended or is stopping."""
+    for _ in range(ATTEMPTS):
+        if not _runs(batch):
+            raise _refusal(batch, what)
+        ops = writes(batch)
+        if ops is None:
+            return batch, False
+        try:
+            svc.table.transact(ops)
+            return _fresh(svc, batch["id"]), True
+        except ConditionFailed:
+            batch = _fresh(svc, batch["id"])
+    raise Conflict(f"Batch '{batch['id']}' kept changing; try again.", code="batch_busy")
+
+
 def pause(svc: Services, batch: BatchItem) -> BatchItem:
     """Pause a validating or in-progress batch; a paused one is returned unchanged. Conflict (409) for a
     batch that has ended or is stopping (cancelling, finalizing). Returns the batch as it is now."""
     t = svc.table
-    for _ in range(ATTEMPTS):
-        if not _runs(batch):
-            raise _refusal(batch, "paused")
-        if batch.get("paused_at"):
-            return batch
-        ops = [Batch.pause(t, batch["id"], svc.now())] + [Lane.remove(t, m, batch) for m in batch["lanes"]]
-        try:
-            t.transact(ops)
-            break
-        except ConditionFailed:
-            batch = _fresh(svc, batch["id"])
-    else:
-        raise Conflict(f"Batch '{batch['id']}' kept changing; try again.", code="batch_busy")
-    batch = _fresh(svc, batch["id"])
+
+    def pausing(current: BatchItem) -> list | None:
+        if current.get("paused_at"):
+            return None
+        return [Batch.pause(t, current["id"], svc.now())] + [Lane.remove(t, m, current) for m in current["lanes"]]
+
+    batch, changed = _change(svc, batch, "paused", pausing)
+    if not changed:
+        return batch
     for req in Request.waiting_of(t, batch):
         if req.get("due_at", 0) < batch["expires_at"] and not defer_while_paused(svc, req, batch):
             current = Batch.get(t, batch["id"])
@@ -85,23 +102,19 @@ def resume(svc: Services, batch: BatchItem) -> BatchItem:
     """Resume a paused batch: its requests start again at the dispatcher's next pass; a batch that is not
     paused is returned unchanged. Conflict (409) for a batch that has ended or is stopping."""
     t = svc.table
-    for _ in range(ATTEMPTS):
-        if not _runs(batch):
-            raise _refusal(batch, "resumed")
-        if not batch.get("paused_at"):
-            return batch
+
+    def resuming(current: BatchItem) -> list | None:
+        if not current.get("paused_at"):
+            return None
         # A file batch still being checked has no lanes yet: its validation creates them.
-        lanes = [] if batch.get("awaiting_validation") else [
-            model_id for model_id, lane in batch["lanes"].items() if int(lane["next"]) < int(lane["total"])]
-        ops = [Batch.resume(t, batch["id"], int(batch["paused_at"]))] + [Lane.create(t, m, batch) for m in lanes]
-        try:
-            t.transact(ops)
-            break
-        except ConditionFailed:
-            batch = _fresh(svc, batch["id"])
-    else:
-        raise Conflict(f"Batch '{batch['id']}' kept changing; try again.", code="batch_busy")
-    batch = _fresh(svc, batch["id"])
+        lanes = [] if current.get("awaiting_validation") else [
+            model_id for model_id, lane in current["lanes"].items() if int(lane["next"]) < int(lane["total"])]
+        return [Batch.resume(t, current["id"], int(current["paused_at"]))] + [
+            Lane.create(t, m, current) for m in lanes]
+
+    batch, changed = _change(svc, batch, "resumed", resuming)
+    if not changed:
+        return batch
     bring_forward(svc, batch)
     return batch
 
