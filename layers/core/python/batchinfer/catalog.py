@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 # The catalog shipped in the core layer; MODELS_FILE (functions) or models_file (infra) may name another.
 DEFAULT_MODELS_FILE = str(Path(__file__).with_name("models.yaml"))
@@ -66,15 +66,37 @@ MESSAGES_ENDPOINT = "/v1/messages"
 
 class Backend(BaseModel):
     # openai: an OpenAI-compatible server (vLLM, Ollama, OpenAI, ...); anthropic: an Anthropic-compatible
-    # Messages server (Anthropic's API, or a proxy in front of it).
-    kind: Literal["openai", "anthropic"] = "openai"
-    base_url: str
+    # Messages server (Anthropic's API, or a proxy in front of it); bedrock: a model on Amazon Bedrock, called
+    # request by request through the Converse API with the function's IAM role (no key, no secret).
+    kind: Literal["openai", "anthropic", "bedrock"] = "openai"
+    base_url: str | None = None  # openai and anthropic kinds: where the server answers
     api_key_env: str | None = None
     api_key_secret: str | None = None
     model: str | None = None  # the name the backend knows the model by, if not its catalog id
     # What an `openai` backend takes beyond text, for Messages requests translated to it (image blocks,
     # top_k, PDF documents); a request needing anything else errors rather than losing it.
     features: list[BackendFeature] = Field(default_factory=lambda: ["images"])
+    # bedrock kind: the model id, inference profile id or ARN Converse is called with; the AWS region; an
+    # endpoint to call instead of the region's own (tests, the local stack, VPC interface endpoints).
+    model_id: str | None = None
+    region: str | None = None
+    endpoint_url: str | None = None
+    # bedrock kind, /v1/embeddings: the InvokeModel body the model takes (Titan text or Cohere embed).
+    embedding_format: Literal["titan", "cohere"] | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> Backend:
+        # Fail at load (and at synth) rather than at the first call: each kind needs its own fields.
+        if self.kind == "bedrock":
+            missing = [name for name in ("model_id", "region") if not getattr(self, name)]
+            if missing:
+                raise ValueError(f"a bedrock backend needs {' and '.join(missing)}")
+            if self.api_key_env or self.api_key_secret or self.base_url:
+                raise ValueError("a bedrock backend is called with the function's IAM role through its region "
+                                 "(or endpoint_url): it takes no base_url, api_key_env or api_key_secret")
+        elif not self.base_url:
+            raise ValueError(f"a {self.kind} backend needs base_url")
+        return self
 
 
 class Price(BaseModel):
