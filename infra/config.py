@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # The catalog format, ${VAR:-default}, queue/secret names: owned by the core package, shared with the functions.
 from batchinfer import catalog as core
+from infra import bedrock
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The catalog the core layer ships, relative to the repo as cdk.json writes it (so the two compare equal).
@@ -312,18 +313,39 @@ class CatalogModel:
     needs_secret: bool
     base_url: str | None
     api_key_env: str | None = None
+    kind: str = "openai"
+    # bedrock kind: what Converse/InvokeModel is called with, where, and through which endpoint (if not the
+    # region's own); the stack grants the function roles exactly this model (infra/bedrock.py).
+    bedrock_model_id: str | None = None
+    region: str | None = None
+    endpoint_url: str | None = None
 
     @classmethod
     def from_core(cls, model: core.Model, slug: str) -> CatalogModel:
         backend = model.backend
+        bedrock = backend is not None and backend.kind == "bedrock"
         return cls(
             model_id=model.id,
             slug=slug,
             batch_budget=model.batch_budget,
-            needs_secret=bool(backend and (backend.api_key_env or backend.api_key_secret)),
+            # A Bedrock model is called with the function's IAM role: no key, so no secret.
+            needs_secret=bool(backend and not bedrock and (backend.api_key_env or backend.api_key_secret)),
             base_url=backend.base_url if backend else None,
             api_key_env=(backend.api_key_env if backend else None) or None,
+            kind=backend.kind if backend else "openai",
+            bedrock_model_id=backend.model_id if bedrock else None,
+            region=backend.region if bedrock else None,
+            endpoint_url=(backend.endpoint_url or None) if bedrock else None,
         )
+
+    @property
+    def is_bedrock(self) -> bool:
+        return self.kind == "bedrock"
+
+    @property
+    def backend_url(self) -> str | None:
+        """The URL the functions call: base_url, or a Bedrock model's endpoint_url (None: its region's own)."""
+        return self.endpoint_url if self.is_bedrock else self.base_url
 
     @property
     def max_concurrency(self) -> int:
@@ -350,7 +372,8 @@ class CatalogModel:
         """Why the backend is unreachable from Lambda, or None: a loopback, private, link-local or otherwise
         non-global address, or a host name that can only be local. The functions run outside any VPC, so
         only public addresses are reachable. Names are judged as written: no DNS lookup at synth."""
-        return unreachable_host_reason(urlparse(self.base_url).hostname if self.base_url else None)
+        url = self.backend_url
+        return unreachable_host_reason(urlparse(url).hostname if url else None)
 
 
 def unreachable_host_reason(host: str | None) -> str | None:
@@ -410,6 +433,12 @@ def load_catalog(path: Path, *, stage: str, env: Mapping[str, str] | None = None
             raise ValueError(f"{path}: model {model.id!r} needs a batch_budget")
         if model.batch_budget < 1:
             raise ValueError(f"{path}: model {model.id!r} batch_budget must be at least 1")
+        backend = model.backend
+        if backend is not None and backend.kind == "bedrock" and backend.model_id and backend.region:
+            # The IAM grant is built from these: a malformed region or a wildcard id fails here, not at deploy.
+            problem = bedrock.model_problem(backend.model_id, backend.region)
+            if problem:
+                raise ValueError(f"{path}: model {model.id!r}: {problem}")
         queued.append(model)
     if not queued:
         raise ValueError(f"{path}: no model with a backend (every entry is auto)")
@@ -461,7 +490,9 @@ def _describe(error: ValidationError, entries: list[Any]) -> str:
         loc = item["loc"]
         if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int) and loc[1] < len(entries):
             field = ".".join(str(part) for part in loc[2:]) or "entry"
-            problems.append(f"model {entries[loc[1]]['id']!r}: {field}: {item['msg']}")
+            # "Value error, " is pydantic's prefix for a validator's own message: the message says it all.
+            message = item["msg"].removeprefix("Value error, ")
+            problems.append(f"model {entries[loc[1]]['id']!r}: {field}: {message}")
         else:
             problems.append(item["msg"])
     return "; ".join(problems)

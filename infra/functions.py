@@ -6,7 +6,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from aws_cdk import Annotations, AssetHashType, Duration, RemovalPolicy
+from aws_cdk import Annotations, AssetHashType, Duration, Fn, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as event_sources
@@ -14,8 +14,8 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from batchinfer.catalog import function_service_name
-from infra import layers
-from infra.config import REPO_ROOT, InfraConfig
+from infra import bedrock, layers
+from infra.config import REPO_ROOT, CatalogModel, InfraConfig
 from infra.nag import acknowledge, acknowledge_all, nag_ref
 from infra.queues import ModelQueues, ModelSecrets
 from infra.storage import Storage
@@ -229,6 +229,11 @@ class ServiceFunctions(Construct):
         # worker: reads backend keys.
         for secret in secrets.secrets:
             secret.grant_read(self.worker)
+        # Bedrock models: the functions that call backends (worker: batches; api: interactive requests) may
+        # invoke exactly the catalog's models and inference profiles.
+        models = [entry.model for entry in queues.by_model.values()]
+        for function in (self.api, self.worker):
+            self._grant_bedrock(function, models)
         # dispatcher and sweeper (lease recovery) send to the model queues; the worker consumes them.
         for queue in queues.queues:
             queue.grant_send_messages(self.dispatcher)
@@ -378,6 +383,40 @@ class ServiceFunctions(Construct):
                 )
             )
 
+    def _grant_bedrock(self, function: lambda_.Function, models: list[CatalogModel]) -> None:
+        """bedrock:InvokeModel on each Bedrock model's own ARN; a profile's foundation models (Region `*`)
+        in a statement of their own that holds only for calls through that profile."""
+        accesses = [
+            bedrock.access(m.model_id, m.bedrock_model_id, m.region)
+            for m in models
+            if m.is_bedrock and m.bedrock_model_id and m.region
+        ]
+        if not accesses:
+            return
+        actions = bedrock.actions()
+        invoked = sorted({a.invoked for a in accesses})
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=actions, resources=[_arn(arn) for arn in invoked])
+        )
+        assert function.role is not None
+        for entry in accesses:
+            if entry.routed is None:
+                continue
+            function.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=actions,
+                    resources=[_arn(entry.routed)],
+                    conditions={"StringEquals": {bedrock.PROFILE_CONDITION_KEY: _arn(entry.invoked)}},
+                )
+            )
+            acknowledge(
+                function.role,
+                f"AwsSolutions-IAM5[Resource::{_nag_arn(entry.routed)}]",
+                f"Model {entry.model_id} is an inference profile: Bedrock also checks the foundation model in "
+                "whichever Region the profile routes a call to, and AWS may add Regions, so the model ARN takes "
+                f"Region *. The statement holds only for calls through that profile ({bedrock.PROFILE_CONDITION_KEY}).",
+            )
+
     def _acknowledge_grant_wildcards(self) -> None:
         """The wildcards left, acknowledged per role with what they are scoped to."""
         bucket = nag_ref(self._storage.bucket)
@@ -403,6 +442,16 @@ _RETENTION = {
     3288: logs.RetentionDays.NINE_YEARS, 3653: logs.RetentionDays.TEN_YEARS,
 }
 # fmt: on
+
+
+def _arn(template: str) -> str:
+    """An ARN from infra.bedrock: `${AWS::Partition}`/`${AWS::AccountId}` filled in by CloudFormation."""
+    return Fn.sub(template) if "${" in template else template
+
+
+def _nag_arn(template: str) -> str:
+    """How cdk-nag prints such an ARN in a finding id (pseudo parameters as `<AWS::Partition>`)."""
+    return re.sub(r"\$\{([^}]+)\}", r"<\1>", template)
 
 
 def estimated_env_bytes(environment: dict[str, str]) -> int:

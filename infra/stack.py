@@ -34,7 +34,17 @@ def deployment_problems(config: InfraConfig, catalog: Catalog) -> list[tuple[str
     problems: list[tuple[str, str]] = []
     for model in catalog.models:
         reason = model.local_backend
-        if reason:
+        if reason and model.is_bedrock:
+            problems.append(
+                (
+                    f"loopback-backend:{model.slug}",
+                    f"model {model.model_id}: Bedrock endpoint_url {model.endpoint_url} is unreachable from "
+                    f"Lambda ({reason}; the functions run outside any VPC). Drop endpoint_url to call the "
+                    f"Bedrock endpoint of region {model.region}, or point it at a public one: models_file, or "
+                    "catalog_env for a ${VAR} in it.",
+                )
+            )
+        elif reason:
             problems.append(
                 (
                     f"loopback-backend:{model.slug}",
