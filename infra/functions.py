@@ -399,9 +399,9 @@ class ServiceFunctions(Construct):
             iam.PolicyStatement(actions=actions, resources=[_arn(arn) for arn in invoked])
         )
         assert function.role is not None
-        for entry in accesses:
-            if entry.routed is None:
-                continue
+        routed = {(a.invoked, a.routed): a for a in accesses if a.routed is not None}  # one per profile
+        for entry in routed.values():
+            assert entry.routed is not None
             function.add_to_role_policy(
                 iam.PolicyStatement(
                     actions=actions,

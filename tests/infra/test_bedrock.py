@@ -196,25 +196,36 @@ def test_cdk_nag_passes(bedrock_synth: Synth) -> None:
     assert all(w.startswith("The deps layer is an empty placeholder") for w in warnings), warnings
 
 
-def test_the_region_wildcard_is_acknowledged_per_role_and_matches_a_real_finding(tmp_path: Path) -> None:
-    catalog = write_catalog(tmp_path / "models.yaml", CATALOG)
+PROFILE_ARN = f"arn:aws:bedrock:eu-west-1:123456789012:inference-profile/eu.{HAIKU}"
+APP_PROFILE_ARN = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3d4e5f6"
+
+
+def test_each_region_wildcard_is_acknowledged_per_role_and_matches_a_real_finding(tmp_path: Path) -> None:
+    """Built without applying acknowledgments: the Bedrock findings are exactly the acknowledged ones (so the
+    stack is nag-clean), for profiles named by id and by ARN."""
+    arns = [
+        {"id": f"by-arn-{n}", "batch_budget": 2, "backend": {"kind": "bedrock", "model_id": arn, "region": region}}
+        for n, (arn, region) in enumerate([(PROFILE_ARN, "eu-west-1"), (APP_PROFILE_ARN, "us-east-1")])
+    ]
+    catalog = write_catalog(tmp_path / "models.yaml", {"models": [*CATALOG["models"], *arns]})
     with recording_acknowledgments() as recorded:
         _, stack = build_app(
             {"skip_deps_build": True, **PROD, "models_file": str(catalog)}, outdir=str(tmp_path / "out"), nag=False
         )
-    found = {
-        (r.construct_path, v.rule_name)
+    findings = {
+        (r.construct_path.removesuffix("/DefaultPolicy/Resource"), v.rule_name)
         for v in AwsSolutionsChecks().validate_scope(stack).violations
         for r in v.violating_resources
+        if "bedrock" in v.rule_name
     }
-    finding = f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/{SONNET}]"
-    acknowledged = sorted((path, rule) for path, rule in recorded if "bedrock" in rule)
-    assert acknowledged == [
-        ("batchinfer-prod/Functions/Api/Role", finding),
-        ("batchinfer-prod/Functions/Worker/Role", finding),
-    ]
-    for path, rule in acknowledged:
-        assert any(rule == name and p.startswith(path + "/") for p, name in found), (path, rule)
+    expected = {
+        f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/{SONNET}]",
+        f"AwsSolutions-IAM5[Resource::arn:aws:bedrock:*::foundation-model/{HAIKU}]",
+        "AwsSolutions-IAM5[Resource::arn:aws:bedrock:*::foundation-model/*]",
+    }
+    roles = ("batchinfer-prod/Functions/Api/Role", "batchinfer-prod/Functions/Worker/Role")
+    assert findings == {(role, rule) for role in roles for rule in expected}
+    assert {(path, rule) for path, rule in recorded if "bedrock" in rule} == findings
 
 
 def test_cfn_lint_passes(bedrock_synth: Synth, tmp_path: Path) -> None:
@@ -297,3 +308,16 @@ def test_dev_only_warns_of_a_local_endpoint_url_and_a_public_one_passes(tmp_path
         tmp_path, model_id=HAIKU, region="us-east-1", endpoint_url="https://bedrock-runtime.us-east-1.amazonaws.com"
     )
     build(tmp_path, public)
+
+
+def test_the_catalog_as_the_stack_sees_a_bedrock_model(tmp_path: Path) -> None:
+    catalog = bedrock_catalog(
+        tmp_path, model_id="${CLAUDE_ID:-" + HAIKU + "}", region="${CLAUDE_REGION:-us-east-1}",
+        endpoint_url="http://127.0.0.1:8200",
+    )
+    (model,) = load_catalog(catalog, stage="prod", env={"CLAUDE_REGION": "eu-west-3"}).models
+    assert (model.kind, model.bedrock_model_id, model.region) == ("bedrock", HAIKU, "eu-west-3")
+    assert not model.needs_secret and model.base_url is None
+    assert model.local_backend == "127.0.0.1 is a loopback address"  # judged on endpoint_url
+    (plain,) = load_catalog(bedrock_catalog(tmp_path, model_id=HAIKU, region="us-east-1"), stage="prod").models
+    assert plain.endpoint_url is None and plain.local_backend is None  # the region's own endpoint
