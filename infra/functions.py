@@ -209,14 +209,16 @@ class ServiceFunctions(Construct):
             "WEBHOOK_QUEUE_URL": webhooks.queue.queue_url,
             "WEBHOOK_KEY_ID": webhooks.key.key_arn,
         }
+        # api and worker call backends (interactive requests; batches), so both read the backend keys.
+        model_secrets = {"MODEL_SECRETS": secrets.secret_arns_json()}
         self.api = self._function(
-            API, common_env, {"MAX_BODY_BYTES": str(config.max_body_bytes), **webhook_env}
+            API, common_env, {"MAX_BODY_BYTES": str(config.max_body_bytes), **model_secrets, **webhook_env}
         )
         self.dispatcher = self._function(
             DISPATCHER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True
         )
         self.worker = self._function(
-            WORKER, common_env, {"MODEL_SECRETS": secrets.secret_arns_json(), **webhook_env}
+            WORKER, common_env, {**model_secrets, **webhook_env}
         )
         self.sweeper = self._function(
             SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json(), **webhook_env}, scheduled=True
@@ -226,8 +228,9 @@ class ServiceFunctions(Construct):
         # Table and bucket: exactly the actions each function calls (DATA_ACCESS), no grant groups.
         for name, function in self.functions.items():
             self._grant_data(function, DATA_ACCESS[name])
-        # worker: reads backend keys.
+        # api (interactive requests) and worker (batches): read backend keys.
         for secret in secrets.secrets:
+            secret.grant_read(self.api)
             secret.grant_read(self.worker)
         # Bedrock models: the functions that call backends (worker: batches; api: interactive requests) may
         # invoke exactly the catalog's models and inference profiles.

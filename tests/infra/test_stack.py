@@ -140,6 +140,7 @@ def test_queue_env_and_secrets_follow_catalog(synth: Synth) -> None:
     assert set(joined_json(env(synth, "sweeper")["MODEL_QUEUES"])) == ids
     with_keys = {m.model_id for m in CATALOG.models if m.needs_secret}
     assert set(joined_json(env(synth, "worker")["MODEL_SECRETS"])) == with_keys
+    assert env(synth, "api")["MODEL_SECRETS"] == env(synth, "worker")["MODEL_SECRETS"]  # interactive requests
     names = {s["Properties"]["Name"] for s in synth.resources("AWS::SecretsManager::Secret").values()}
     assert names == {f"dev/batchinfer/models/{model_id}" for model_id in with_keys}
     # Each starts as the placeholder the worker recognises and never sends (a model's requests fail as
@@ -408,7 +409,7 @@ def test_environment_per_function(synth: Synth) -> None:
     }
     wiring = {"WEBHOOK_QUEUE_URL", "WEBHOOK_KEY_ID"}
     own = {
-        "api": {"MAX_BODY_BYTES", *wiring},
+        "api": {"MAX_BODY_BYTES", "MODEL_SECRETS", *wiring},
         "dispatcher": {"MODEL_QUEUES"},
         "worker": {"MODEL_SECRETS", *wiring},
         "sweeper": {"MODEL_QUEUES", *wiring},
@@ -513,7 +514,7 @@ def test_iam_is_scoped_to_table_bucket_queues_and_secrets(synth: Synth) -> None:
 
     api, dispatcher, worker, sweeper, webhooks = (statements[n] for n in FUNCTION_NAMES)
     assert refs(resources_for(api, "sqs:SendMessage")) == {webhook_queue}
-    assert not any(a.startswith("secretsmanager:") for a in actions_of(api))
+    assert refs(resources_for(api, "secretsmanager:GetSecretValue")) == secrets  # interactive requests
     assert refs(resources_for(dispatcher, "sqs:SendMessage")) == queues
     assert "s3:PutObject" not in actions_of(dispatcher)
     assert not any(a.startswith("secretsmanager:") for a in actions_of(dispatcher))
