@@ -442,6 +442,8 @@ def test_a_batch_page_shows_its_analytics(page, stack):
     expect(shown("Requests per minute")).to_have_text(str(int(rate)) if rate == int(rate) else str(rate))  # as JS
     expect(shown("Backend latency")).to_contain_text(f"p50 {round(analytics['p50_ms'])} ms")
     expect(shown("Started")).not_to_have_text("—")
+    panel.scroll_into_view_if_needed()
+    screenshot(page, "batch-analytics")
     # A Message Batch's (RFC 3339 times): its one request that ran; the other was refused before running.
     open_batch(page, stack, "message")
     expect(shown("Attempts")).to_have_text("1 (0 retries)")
