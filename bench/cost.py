@@ -109,10 +109,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--result-bytes", type=int, default=1000)
     parser.add_argument("--max-cost", type=float, default=None, help="each batch's spending cap (max_cost_usd)")
+    # A spread of latencies fills more of a batch's latency buckets (its analytics), which the batch item carries.
+    parser.add_argument("--distribution", choices=("fixed", "lognormal", "long_tail"), default="fixed",
+                        help="how the backend's latency spreads around L (as bench.throughput)")
+    parser.add_argument("--sigma", type=float, default=0.5, help="lognormal: sigma of the latency's log")
     args = parser.parse_args(argv)
     n, latency = args.requests, args.latency
     prompt = f"[[sim:big:{args.result_bytes}]] cost"
-    with local_stack(latency=latency, budget=args.budget) as (svc, session, base), recording(svc) as rec:
+    sim = {"latency_distribution": args.distribution, "latency_sigma": args.sigma}
+    with local_stack(latency=latency, budget=args.budget, sim=sim) as (svc, session, base), recording(svc) as rec:
         LABEL.set("bench")
         idle_ms = []
         for _ in range(30):
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     dollars = {k: med("usd", k) for k in runs[0]["usd"]}
     total = sum(dollars.values())
     lambda_per = {f: med("lambda", f) for f in sorted({f for r in runs for f in r["lambda"]})}
-    print(f"cost: {n} requests with ~{args.result_bytes} B answers, L={latency}s, C={args.budget}; "
+    spread = "" if args.distribution == "fixed" else f" ({args.distribution}, sigma {args.sigma:g})"
+    print(f"cost: {n} requests with ~{args.result_bytes} B answers, L={latency}s{spread}, C={args.budget}; "
           f"{args.runs} runs, medians of the per-request figures (batch wall {med('wall'):.1f} s)")
     print(f"  DynamoDB per request: {med('ddb_calls'):.1f} calls; write units {wru:.2f} in the table + {gsi:.2f} in "
           f"GSIs = {wru + gsi:.2f}; read units {rru:.2f}; failed conditional writes "

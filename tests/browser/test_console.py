@@ -422,6 +422,35 @@ def test_a_batch_shows_its_fields_and_pages_and_filters_its_results(page, stack)
     expect(results.first).to_contain_text("model: nope")
 
 
+def test_a_batch_page_shows_its_analytics(page, stack):
+    ids = stack["ids"]
+    sign_in(page, stack)
+    open_batch(page, stack, "mixed")
+    analytics = stack["http"].get(f"/v1/batches/{ids['mixed']}").json()["analytics"]
+    assert (analytics["attempts"], analytics["errors_by_code"]) == (7, {"invalid_request": 3}), analytics
+    panel = page.get_by_role("region", name="Analytics")
+    expect(panel).to_be_visible()
+    expect(panel).to_contain_text("extension beyond the OpenAI and Anthropic APIs")
+
+    def shown(label: str):
+        return panel.locator("#analytics-fields > dt", has_text=label).locator("+ dd")
+
+    expect(shown("Attempts")).to_have_text("7 (0 retries)")
+    expect(shown("Errors by code")).to_have_text("invalid_request3")
+    expect(shown("Errors by code").locator("dt")).to_have_text("invalid_request")
+    rate = analytics["requests_per_minute"]
+    expect(shown("Requests per minute")).to_have_text(str(int(rate)) if rate == int(rate) else str(rate))  # as JS
+    expect(shown("Backend latency")).to_contain_text(f"p50 {round(analytics['p50_ms'])} ms")
+    expect(shown("Started")).not_to_have_text("—")
+    panel.scroll_into_view_if_needed()
+    screenshot(page, "batch-analytics")
+    # A Message Batch's (RFC 3339 times): its one request that ran; the other was refused before running.
+    open_batch(page, stack, "message")
+    expect(shown("Attempts")).to_have_text("1 (0 retries)")
+    expect(shown("Errors by code")).to_have_text("none")
+    expect(shown("Last finished").locator("time")).to_have_count(1)
+
+
 def test_downloads_save_the_apis_bytes_under_their_names(page, stack):
     ids, http = stack["ids"], stack["http"]
     sign_in(page, stack)

@@ -213,6 +213,7 @@ class Attempt:
     usage_estimated: bool = False
     message: str = ""
     retry_after: float | None = None
+    latency_ms: float | None = None  # how long the backend took, where a batch request's run measured it
 
     @property
     def ok(self) -> bool:

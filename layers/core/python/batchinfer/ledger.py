@@ -29,6 +29,7 @@ from .records import (
     RequestItem,
     SlotLease,
     Usage,
+    analytics,
     group_shards,
     lease_shards,
     shards_map,
@@ -82,6 +83,7 @@ class Settlement:
     result_bytes: int = 0  # size of a stored result, so the export knows when to go through S3
     committed_usd: float = 0.0  # what it gives back of its batch's committed worst case (spending.settled_delta)
     extra: dict = field(default_factory=dict)
+    attempt: dict | None = None  # the attempt it ends, for the batch's analytics (records.analytics.attempt_tally)
 
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
@@ -97,6 +99,7 @@ class Moves:
     model: dict[str, int] = field(default_factory=dict)
     account_in_flight: int = 0
     cost_usd: float = 0.0
+    answered: bool = False  # an attempt was answered: the batch's last finish moves (records.analytics)
 
     def add(self, was: RequestState, outcome: Settlement, stop: Stop | None, leased: bool = False) -> None:
         """`leased`: the request ran in a SlotLease's slots, which go back to the budget with the lease."""
@@ -123,6 +126,11 @@ class Moves:
             if value:
                 bump(self.batch, "cost_unknown_attempts" if name == "cost_unknown" else name, value)
         self.cost_usd += outcome.cost_usd
+        if outcome.attempt is not None:
+            ended = outcome.to in (RequestState.COMPLETED, RequestState.FAILED)
+            for name, by in analytics.counters(outcome.attempt, ended).items():
+                bump(self.batch, name, by)
+            self.answered = self.answered or outcome.attempt.get("ms") is not None
         # `waiting` counts requests waiting for a retry, so that dispatchers only look for due retries
         # when there are any.
         if outcome.to is RequestState.WAITING and was is not RequestState.WAITING:
@@ -134,7 +142,7 @@ class Moves:
             shards: dict[int, int] | None = None) -> list[dict]:
         """`shards`: how many of the requests' own slots came from which budget shard (they go back there)."""
         t = svc.table
-        ops = [Batch.add(t, batch_id, self.batch)]
+        ops = [analytics.add_with_finish(t, batch_id, self.batch, svc.now() if self.answered else None)]
         counters = dict(self.model)
         back = -int(counters.pop("in_flight", 0))
         parts = dict(shards) if shards else {0: back}
@@ -309,7 +317,8 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
         item["worst_usd"] = worst  # committed again if it is retried
         tally["committed_usd"] = settled_delta(worst, attempt > 0, outcome.cost_usd, not outcome.cost_unknown)
         tally = {name: value for name, value in tally.items() if value}
-    item["tally"] = {"to": outcome.to.value, **({"stop": stop.value} if stop else {}), **tally}
+    item["tally"] = {"to": outcome.to.value, **({"stop": stop.value} if stop else {}), **tally,
+                     **({"attempt": outcome.attempt} if outcome.attempt is not None else {})}
     return item
 
 
@@ -317,7 +326,8 @@ def tallied(item: RequestItem) -> tuple[Settlement, Stop | None]:
     """The outcome a group member's item recorded (see `position_item`)."""
     tally = item["tally"]
     stop = Stop(tally["stop"]) if tally.get("stop") else None
-    return Settlement(to=RequestState(tally["to"]), **{k: tally[k] for k in TALLIED if k in tally}), stop
+    return Settlement(to=RequestState(tally["to"]), **{k: tally[k] for k in TALLIED if k in tally},
+                      attempt=tally.get("attempt")), stop
 
 
 def record_position(svc: Services, item: RequestItem) -> None:

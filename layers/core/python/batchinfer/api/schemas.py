@@ -89,6 +89,35 @@ class Usage(BaseModel):
     output_tokens_details: OutputTokensDetails | None = Field(None, description="Once a backend reported any")
 
 
+class _BatchAnalytics(BaseModel):
+    """An extension beyond the OpenAI and Anthropic APIs: how the batch ran (docs/api.md#analytics)."""
+
+    running_seconds: int = Field(..., description="From started_at to last_finished_at, less its pauses and the "
+                                                  "time it sat ended before a retry in place")
+    requests_per_minute: float | None = Field(..., description="Requests ended by an attempt, per minute of "
+                                                               "running time; null before any")
+    output_tokens_per_second: float | None = Field(..., description="Output tokens per second of running time")
+    p50_ms: float | None = Field(..., description="Median backend latency of its answered attempts (within 9.1 %)")
+    p95_ms: float | None = Field(..., description="95th percentile of the same (within 9.1 %)")
+    max_ms: float | None = Field(..., description="The longest of the same (within 9.1 %)")
+    attempts: int = Field(..., description="Attempts ended, retries included; one a dead worker abandoned counts "
+                                           "once")
+    retries: int = Field(..., description="Attempts that were not their request's first")
+    errors_by_code: dict[str, int] = Field(..., description="Attempts that ended in each error code, final or "
+                                                            "retried")
+
+
+class BatchAnalytics(_BatchAnalytics):
+    started_at: int | None = Field(..., description="When its first requests were dispatched to run (Unix seconds)")
+    last_finished_at: int | None = Field(..., description="When its latest answered attempt was settled (Unix "
+                                                          "seconds)")
+
+
+class MessageBatchAnalytics(_BatchAnalytics):
+    started_at: str | None = Field(..., description="When its first requests were dispatched to run (RFC 3339)")
+    last_finished_at: str | None = Field(..., description="When its latest answered attempt was settled (RFC 3339)")
+
+
 class BatchObject(BaseModel):
     id: str
     object: Literal["batch"]
@@ -124,6 +153,7 @@ class BatchObject(BaseModel):
                                                     "null unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    analytics: BatchAnalytics = Field(..., description="An extension: how the batch ran")
 
 
 class _RetryFields(BaseModel):
@@ -368,6 +398,7 @@ class MessageBatch(BaseModel):
                                                     "unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    analytics: MessageBatchAnalytics = Field(..., description="An extension: how the batch ran")
 
 
 class MessageBatchList(BaseModel):

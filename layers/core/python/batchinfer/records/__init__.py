@@ -18,9 +18,11 @@ One module per family, each importing only those below it:
   accounts     the account, its API keys and its day's usage
   files        batch files and uploads
   webhooks     the account's webhook and its events
+  analytics    a batch's analytics counters (moved by the writes that settle its requests)
 Callers import from the package (`from batchinfer.records import Batch`), not from its modules.
 """
 
+from . import analytics as analytics  # a module of functions, not a record class
 from .accounts import Account, ApiKey, Usage, key_account_and_usage
 from .batches import Batch, Idempotency, Lane
 from .capacity import Budget, InteractiveLease, SlotLease, group_shards, lease_shards, shards_map

@@ -24,6 +24,7 @@ from ..ledger import defer_while_paused
 from ..records import Batch, BatchItem, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
+from . import analytics
 
 ATTEMPTS = 3  # a pause or resume that keeps losing to other changes of the batch (claims, counters) gives up
 
@@ -103,9 +104,12 @@ def resume(svc: Services, batch: BatchItem) -> BatchItem:
     paused is returned unchanged. Conflict (409) for a batch that has ended or is stopping."""
     t = svc.table
 
+    seen: dict = {}
+
     def resuming(current: BatchItem) -> list | None:
         if not current.get("paused_at"):
             return None
+        seen.update(current)  # the pause as resumed, for its analytics
         # A file batch still being checked has no lanes yet: its validation creates them.
         lanes = [] if current.get("awaiting_validation") else [
             model_id for model_id, lane in current["lanes"].items() if int(lane["next"]) < int(lane["total"])]
@@ -115,6 +119,7 @@ def resume(svc: Services, batch: BatchItem) -> BatchItem:
     batch, changed = _change(svc, batch, "resumed", resuming)
     if not changed:
         return batch
+    analytics.after_resume(svc, seen)
     bring_forward(svc, batch)
     return batch
 

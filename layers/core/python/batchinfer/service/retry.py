@@ -39,6 +39,7 @@ from ..layout import REQUEST_PREFIX, export_object, file_prefix
 from ..records import Account, Batch, BatchItem, Budget, File, Idempotency, Lane, Request, RequestItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
+from . import analytics
 from .accounts import Principal
 from .intake import IdempotencyClaim, body_hash, check_idempotency_key, replay
 from .lifecycle import never_dispatched_count
@@ -169,6 +170,7 @@ def retry(svc: Services, principal: Principal, batch: BatchItem, wanted: RetryFi
         if isinstance(refusal, _Replayed):
             return refusal.batch, True
         raise refusal from None
+    analytics.after_retry(svc, batch)  # its time ended is not running time
     try:
         current = carry_on(svc, Batch.get(t, batch["id"]), time.monotonic() + CALL_SECONDS)
     except Throttled:  # the retry is made; the sweeper carries its walk on

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from collections import Counter
+from dataclasses import replace
 
 from .. import protocols
 from ..catalog import Model
@@ -41,7 +42,7 @@ from ..ledger import (
     start,
     start_group,
 )
-from ..records import Batch, Request, key_account_and_usage
+from ..records import Batch, Request, analytics, key_account_and_usage
 from ..runtime import Services
 from ..scheduling.capacity import backend_said_429, over_cap
 from ..scheduling.config import scheduler_config
@@ -109,6 +110,14 @@ def _backend_key_not_set(svc: Services, model: Model) -> bool:
 
 
 def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
+    """What an answered attempt records, with what it adds to its batch's analytics."""
+    outcome = _outcome_of(svc, req, batch_id, model, attempt)
+    code = (outcome.error or {}).get("code") if outcome.to is not RequestState.COMPLETED else None
+    outcome.attempt = analytics.attempt_tally(attempt.latency_ms, code, retry=analytics.is_retry(req))
+    return outcome
+
+
+def _outcome_of(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
     s = svc.settings
     cost = inference.cost_of(model, attempt)
     common = {"input_tokens": attempt.input_tokens, "output_tokens": attempt.output_tokens,
@@ -171,8 +180,10 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
 
 async def _attempt(model: Model, batch: dict, body: dict, key: str | None, timeout: float) -> Attempt:
     """The batch request's attempt, through the very function an interactive call uses."""
-    return await inference.attempt(model, batch["endpoint"], body, key, timeout,
-                                   **protocols.of_batch(batch).backend_options(batch))
+    began = time.monotonic()
+    attempt = await inference.attempt(model, batch["endpoint"], body, key, timeout,
+                                      **protocols.of_batch(batch).backend_options(batch))
+    return replace(attempt, latency_ms=1000 * (time.monotonic() - began))  # for the batch's analytics
 
 
 async def process(svc: Services, message: dict, claimed: dict | None = None, batch: dict | None = None) -> Counter:

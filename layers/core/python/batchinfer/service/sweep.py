@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..domain import FINAL_BATCH, RequestState, Stop
 from ..layout import due_lateness, is_lease_due, request_key
 from ..ledger import Settlement, close_group, give_back_slots, position_item, settle
-from ..records import Batch, GroupItem, InteractiveLease, Request
+from ..records import Batch, GroupItem, InteractiveLease, Request, analytics
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from . import retry, spending_cap, webhooks
@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 
 LOST = {"code": "timeout", "message": "The worker running this request stopped before it answered."}
+# A group member whose worker died after it started: counted once in the batch's analytics as an attempt with
+# no answer (no latency), under LOST's code; its run again counts as a retry.
+ABANDONED = analytics.attempt_tally(None, LOST["code"], retry=False)
 PURGES_PER_RUN = 50  # batches one run works on purging at most (each only while the run's time lasts)
 # Checking a file batch's lines is one step, not resumable (50,000 lines, 9 MB: about 5 s of CPU here): it
 # starts only with this much time left before the run's deadline, and the handler keeps 15 s more in hand.
@@ -62,9 +65,10 @@ def _recover_group(svc: Services, group: GroupItem) -> None:
         if not started:
             outcome, attempt = Settlement(to=RequestState.WAITING, retry_at=now), 0
         elif svc.settings.max_attempts <= 1:
-            outcome, attempt = Settlement(to=RequestState.FAILED, error=LOST, cost_unknown=1), 1
+            outcome, attempt = Settlement(to=RequestState.FAILED, error=LOST, cost_unknown=1, attempt=ABANDONED), 1
         else:
-            outcome, attempt = Settlement(to=RequestState.WAITING, error=LOST, cost_unknown=1, retry_at=now), 1
+            outcome, attempt = Settlement(to=RequestState.WAITING, error=LOST, cost_unknown=1, retry_at=now,
+                                          attempt=ABANDONED), 1
         new.append(position_item(svc, group, position, outcome, attempt))
     close_group(svc, group, written, new)
 
@@ -107,11 +111,14 @@ def recover_leases(svc: Services, limit: int = 100, deadline: float | None = Non
             continue
         if req["state"] == RequestState.RUNNING.value:
             # The backend may have run it: its cost is unknown, and it used up an attempt.
+            # For the batch's analytics, an attempt abandoned unanswered: counted once, here, with no latency.
+            abandoned = analytics.attempt_tally(None, LOST["code"], retry=analytics.is_retry(req))
             if req.get("attempt", 0) >= svc.settings.max_attempts:
-                outcome = Settlement(to=RequestState.FAILED, error=req.get("error") or LOST, cost_unknown=1)
+                outcome = Settlement(to=RequestState.FAILED, error=req.get("error") or LOST, cost_unknown=1,
+                                     attempt=abandoned)
             else:
                 outcome = Settlement(to=RequestState.WAITING, error=req.get("error") or LOST, cost_unknown=1,
-                                     retry_at=now)
+                                     retry_at=now, attempt=abandoned)
         else:
             outcome = Settlement(to=RequestState.WAITING, retry_at=now)
         try:

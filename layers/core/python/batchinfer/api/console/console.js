@@ -466,6 +466,7 @@
                            results: {stack: [], after: null, next: null, open: new Set(), lines: null, offset: 0}});
       $("batch-title").textContent = id;
       $("batch-fields").replaceChildren();
+      show($("batch-analytics"), false);
       $("batch-actions").replaceChildren();
       $("result-rows").replaceChildren();
       clearNotice($("batch-alert"));
@@ -540,7 +541,39 @@
     }
     if (r.retry_count) items.push(field("Retried", `${r.retry_count} time${r.retry_count === 1 ? "" : "s"}`));
     $("batch-fields").replaceChildren(...items.flat());
+    renderAnalytics(r.analytics);
     renderActions();
+  }
+
+  // A batch's analytics (an extension): rates over its running time, backend latency, attempts, errors.
+  function duration(seconds) {
+    const h = Math.floor(seconds / 3600), m = Math.floor(seconds % 3600 / 60), s = seconds % 60;
+    return [h && `${h} h`, (h || m) && `${m} min`, `${s} s`].filter(Boolean).join(" ");
+  }
+
+  function latencyText(ms) {
+    if (ms === null || ms === undefined) return "—";
+    return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`;
+  }
+
+  function renderAnalytics(a) {
+    show($("batch-analytics"), Boolean(a));
+    if (!a) return;
+    const none = (value, text) => value === null || value === undefined
+      ? el("span", {class: "muted", text: "—"}) : text;
+    const errors = Object.entries(a.errors_by_code || {});
+    const items = [
+      field("Started", timeNode(a.started_at)), field("Last finished", timeNode(a.last_finished_at)),
+      field("Running time", duration(a.running_seconds)),
+      field("Requests per minute", none(a.requests_per_minute, String(a.requests_per_minute))),
+      field("Output tokens per second", none(a.output_tokens_per_second, String(a.output_tokens_per_second))),
+      field("Backend latency", a.p50_ms === null ? el("span", {class: "muted", text: "—"})
+        : `p50 ${latencyText(a.p50_ms)} · p95 ${latencyText(a.p95_ms)} · max ${latencyText(a.max_ms)}`),
+      field("Attempts", `${a.attempts} (${a.retries === 1 ? "1 retry" : `${a.retries} retries`})`),
+      field("Errors by code", errors.length
+        ? el("dl", {class: "metadata"}, errors.map(([code, n]) => [el("dt", {text: code}), el("dd", {text: String(n)})]))
+        : el("span", {class: "muted", text: "none"}))];
+    $("analytics-fields").replaceChildren(...items.flat());
   }
 
   function renderActions() {

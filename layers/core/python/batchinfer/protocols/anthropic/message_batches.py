@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import intake, lifecycle, pausing, priority, results, retry, spend
+from ...service import analytics, intake, lifecycle, pausing, priority, results, retry, spend
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
@@ -270,7 +270,15 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "paused_at": _rfc3339(pausing.paused_at(item)),  # an extension: null unless the batch is paused
         **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
         "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
+        "analytics": _analytics(item),  # an extension: its rates, latencies, attempts, errors
     }
+
+
+def _analytics(item: BatchItem) -> dict:
+    """The batch's analytics (`service.analytics`) with its times in RFC 3339, as the batch's others."""
+    shown = analytics.analytics_of(item)
+    return {**shown, "started_at": _rfc3339(shown["started_at"]),
+            "last_finished_at": _rfc3339(shown["last_finished_at"])}
 
 
 def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:

@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import intake, lifecycle, pausing, priority, results, retry, spend, webhooks
+from ...service import analytics, intake, lifecycle, pausing, priority, results, retry, spend, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -119,6 +119,7 @@ def batch_object(item: BatchItem) -> dict:
         "paused_at": pausing.paused_at(item),  # an extension: null unless the batch is paused
         **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
         "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
+        "analytics": analytics.analytics_of(item),  # an extension: its rates, latencies, attempts, errors
     }
 
 
