@@ -27,7 +27,7 @@ def _ended(batch_status: str) -> bool:
 def watch(client: ApiClient, batch_id: str, after: str | None = None, out: IO[str] | None = None) -> BatchView:
     """Print every result from the cursor `after` (the start when None) as it finishes, until the batch
     has ended and nothing more is there. Ctrl-C: Interrupted, naming the cursor to go on from."""
-    out = out or sys.stdout
+    out = out or sys.stdout  # taken before the live bar starts: never through its redirect, which wraps lines
     path = batch_path(batch_id) + "/results"
     message_batch = is_message_batch(batch_id)
     view = fetch(client, batch_id)
