@@ -339,6 +339,35 @@ def test_pause_and_resume_a_running_batch(page, stack):
         sim.put("/_sim/config", json={"latency_seconds": 0})
 
 
+def test_a_running_batch_shows_its_newest_finished_results(page, stack):
+    """While a batch runs, its page shows the results that have finished, newest first, read from the API's
+    finished order (an extension); once it has ended the section goes (the results table has them all)."""
+    http = stack["http"]
+    answer = http.post("/v1/batches", json={"requests": [
+        chat_request("done-1", "quick one"), chat_request("done-2", "quick two"),
+        chat_request("stuck", "[[sim:fail-always]] retried for a while")]})
+    assert answer.status_code == 200, answer.text
+    batch_id = stack["ids"]["newest"] = answer.json()["id"]
+    try:
+        wait_for(lambda: http.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] == 2, 30,
+                 "two results to finish")
+        sign_in(page, stack)
+        open_batch(page, stack, "newest")
+        section = page.locator("#newest")
+        expect(section).to_be_visible()
+        rows = page.locator("#newest-rows tr")
+        expect(rows).to_have_count(2)
+        assert sorted(rows.locator(".custom-id").all_text_contents()) == ["done-1", "done-2"]
+        expect(rows.locator(".status")).to_have_text(["completed", "completed"])
+        expect(page.locator("#batch-fields .status").first).to_have_text("in_progress")
+        assert http.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
+        expect(section).to_be_hidden(timeout=20_000)  # ended: the next refresh drops it
+    finally:
+        http.post(f"/v1/batches/{batch_id}/cancel")
+        wait_for(lambda: http.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelled", 60, "the cancel")
+        assert http.delete(f"/v1/batches/{stack['ids'].pop('newest')}").status_code == 200
+
+
 def test_the_list_pages_through_both_apis_newest_first(page, stack):
     sign_in(page, stack)
     page.locator("#list-size").select_option("5")
@@ -394,13 +423,19 @@ def test_a_batch_shows_its_fields_and_pages_and_filters_its_results(page, stack)
     page.get_by_role("button", name="Previous").click()
     expect(results).to_have_count(5)
 
-    page.get_by_label("Status").select_option("failed")
-    expect(results).to_have_count(2)  # req-0 and req-3 of this page
+    page.get_by_label("Status").select_option("failed")  # the API's filter: every failed one, a page of them
+    expect(results).to_have_count(3)
     expect(results.nth(0)).to_contain_text("req-0")
     expect(results.nth(1)).to_contain_text("req-3")
+    expect(results.nth(2)).to_contain_text("req-6")
     expect(results.nth(0)).to_contain_text("Request rejected by the simulated backend")
-    expect(page.locator("#results-note")).to_contain_text("no status filter")
+    expect(page.get_by_role("button", name="Next")).to_be_disabled()  # has_more is exact
+    expect(page.locator("#results-note")).to_contain_text("the status filter is the API's")
+    page.get_by_label("Status").select_option("completed")
+    expect(results).to_have_count(4)
+    expect(page.get_by_role("button", name="Next")).to_be_disabled()
     page.get_by_label("Status").select_option("")
+    expect(results).to_have_count(5)
 
     completed = results.filter(has_text="req-1")
     expect(completed.locator("pre")).to_have_count(0)  # the body is fetched into the page on demand

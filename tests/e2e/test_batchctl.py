@@ -385,3 +385,24 @@ def test_submit_with_a_priority_and_change_it_while_it_runs(stack, fresh_env, tm
         batchctl(stack["dir"], fresh_env, "wait", ended)
     line = one_line_error(batchctl(stack["dir"], fresh_env, "priority", batch_id, "high"))
     assert line.startswith(f"batchctl: 409 Batch '{batch_id}' has ended"), line
+
+
+def test_watch_prints_each_result_once_as_it_finishes_with_progress(stack, fresh_env, slow_backend):
+    prompts = "".join(f"prompt {i}\n" for i in range(20)) + "[[sim:400]] refused\n"
+    batch_id = ok(batchctl(stack["dir"], fresh_env, "submit", "-", "--model", MODEL, stdin=prompts)).stdout.strip()
+    watched = ok(batchctl(stack["dir"], fresh_env, "watch", batch_id))
+    results = jsonl(watched.stdout)
+    assert len(results) == 21 and len({r["custom_id"] for r in results}) == 21  # each once
+    assert sorted(r["status"] for r in results) == ["completed"] * 20 + ["failed"]
+    assert progress_lines(watched.stderr)[-1].startswith(f"{batch_id}: 20/21 completed, 1 failed,")
+    # From the end's cursor nothing more; an unknown cursor is one line.
+    again = ok(batchctl(stack["dir"], fresh_env, "watch", batch_id))
+    assert jsonl(again.stdout) == results  # the same order for every reader
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "watch", batch_id, "--after", "nonsense"))
+    assert line.startswith("batchctl: 400") and "after" in line
+
+    msg_id = message_batch(stack, [{"custom_id": f"m{i}", "params": {
+        "model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": f"hi {i}"}]}} for i in range(3)])
+    lines = jsonl(ok(batchctl(stack["dir"], fresh_env, "watch", msg_id)).stdout)
+    assert sorted(r["custom_id"] for r in lines) == ["m0", "m1", "m2"]
+    assert {r["result"]["type"] for r in lines} == {"succeeded"}

@@ -79,6 +79,14 @@ def request_sk(index: int) -> str:
     return f"{REQUEST_PREFIX}{index:06d}"
 
 
+FEED_PREFIX = "FEED#"  # sort keys of a batch's finished-order log (records.feed)
+
+
+def feed_key(batch_id: str, seq: int) -> tuple[str, str]:
+    """Entry `seq` (1, 2, ...) of a batch's finished-order log: beside its request items, in its partition."""
+    return f"BATCH#{batch_id}", f"{FEED_PREFIX}{seq:09d}"
+
+
 def model_budget_key(model_id: str, shard: int = 0) -> tuple[str, str]:
     """One shard of a model's budget (records.Budget). Shard 0 is the item from before the shards; the others
     have partitions of their own, so that a model's slot takes and give-backs spread over as many partitions

@@ -30,9 +30,11 @@ from .records import (
     SlotLease,
     Usage,
     analytics,
+    finished_members,
     group_shards,
     lease_shards,
     shards_map,
+    transact_counted,
 )
 from .runtime import Services
 from .spending import settled_delta
@@ -166,7 +168,8 @@ def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | No
     due = (retry_due(req["model"]), outcome.retry_at or now) if outcome.to is RequestState.WAITING else None
     fields = {name: value for name in ("error", "response", "response_object")
               if (value := getattr(outcome, name)) is not None}
-    ops = [Request.move(svc.table, req, outcome.to, new_token(), now, due=due, fields=fields, extra=outcome.extra)]
+    token = new_token()
+    ops = [Request.move(svc.table, req, outcome.to, token, now, due=due, fields=fields, extra=outcome.extra)]
     if req.get("worst_usd") is not None and req["state"] in (RequestState.DISPATCHED.value,
                                                              RequestState.RUNNING.value):
         # Its claim committed its worst case against the batch's cap: the settle gives back what it did not spend.
@@ -175,8 +178,10 @@ def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | No
             not outcome.cost_unknown))
     moves = Moves()
     moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")))
-    svc.table.transact(ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
-                                       {int(req.get("budget_shard", 0)): 1}))
+    # A final outcome joins the batch's finished-order log in the transaction that counts it.
+    transact_counted(svc.table, req["batch_id"], ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
+                                                                 {int(req.get("budget_shard", 0)): 1}),
+                     finished_members([{**req, "state": outcome.to.value, "token": token}]), now, req.get("ttl"))
 
 
 def start(svc: Services, req: RequestItem) -> RequestItem:
@@ -346,7 +351,10 @@ def close_group(svc: Services, group: GroupItem, written: list[RequestItem],
     for item in (*written, *new):
         outcome, stop = tallied(item)
         moves.add(RequestState(group["state"]), outcome, stop, leased=bool(group.get("slot_lease")))
-    t.transact(ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"], group_shards(group)))
+    # Its members' final outcomes join the batch's finished-order log in the same transaction.
+    transact_counted(t, group["batch_id"], ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"],
+                                                           group_shards(group)),
+                     finished_members((*written, *new)), svc.now(), group.get("item_ttl"))
 
 
 def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap: int,

@@ -210,9 +210,25 @@ class Result(BaseModel):
 class ResultsPage(BaseModel):
     object: Literal["list"]
     data: list[Result]
-    first_id: str | None
-    last_id: str | None
+    first_id: str | None = Field(..., description="With order=finished (an extension): null")
+    last_id: str | None = Field(..., description="The last result's ID; with order=finished (an extension): the "
+                                                 "opaque cursor to pass as `after` for the next page, even when empty")
     has_more: bool
+    batch_status: str | None = Field(None, description="With order=finished (an extension): the batch's status "
+                                                       "as the page was read; once final and has_more is false, "
+                                                       "no more results come (unless the batch is retried)")
+
+
+class FinishedMessageResults(BaseModel):
+    """A page of a Message Batch's results in the order they finished (an extension beyond the Anthropic API):
+    each line as the results JSONL has it."""
+
+    object: Literal["list"]
+    data: list[dict] = Field(..., description="{custom_id, result} per request, as a results JSONL line")
+    first_id: None
+    last_id: str = Field(..., description="The opaque cursor to pass as `after` for the next page")
+    has_more: bool
+    batch_status: str = Field(..., description="The batch's status (OpenAI's words) as the page was read")
 
 
 class FileObject(BaseModel):
@@ -287,6 +303,8 @@ CREATE_BATCH_BODY = {"parameters": [IDEMPOTENCY_KEY],
 BATCH_OBJECT = _ok(BatchObject, "The batch")
 BATCH_LIST = _ok(BatchList, "A page of batches")
 RESULTS_PAGE = _ok(ResultsPage, "A page of results")
+FINISHED_MESSAGE_RESULTS = _ok(FinishedMessageResults, "With order=finished: a page of results as they finished")
+_MODELS = (*_MODELS, FinishedMessageResults)  # for components()
 DELETED_BATCH = _ok(DeletedBatch, "Deleted")
 FILE_OBJECT = _ok(FileObject, "The file")
 FILE_LIST = _ok(FileList, "A page of files")

@@ -1,4 +1,4 @@
-"""batchctl's user commands: submit, status, list, wait, results, priority, cancel, pause, resume, retry
+"""batchctl's user commands: submit, status, list, wait, watch, results, priority, cancel, pause, resume, retry
 and delete, as a client of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to
 `/v1/batches`, Message Batch ids (`msgbatch_...`) to `/v1/messages/batches`; the commands are the same for
 both.
@@ -8,7 +8,7 @@ stdout carries only what a command answers (a batch id, a status, results, or on
 
 Here: the commands, their arguments and how a command's failure becomes its exit code. What they do is in
 connection.py (where the calls go), submission.py and uploads.py (submit), views.py (status, list),
-progress.py (wait) and results.py (results).
+progress.py (wait), watch.py (watch) and results.py (results).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from .results import download_results
 from .submission import CHAT, ENDPOINTS, INLINE_MAX_BYTES, submit_batch
 from .uploads import UPLOAD_PART_BYTES
 from .views import BatchView, batch_path, batch_table, describe, fetch, list_batches
+from .watch import watch
 
 PRIORITIES = ("high", "normal", "low")  # a batch's priority among its account's batches
 
@@ -81,6 +82,12 @@ def cmd_wait(client: ApiClient, args: argparse.Namespace) -> int:
     hint = f"batchctl wait {args.id}" + (f" -o {args.output}" if args.output else "")
     view = wait_for(client, args.id, args.poll_interval, hint)
     return _finish_wait(client, args, view, args.output, summary_to_stdout=True)
+
+
+def cmd_watch(client: ApiClient, args: argparse.Namespace) -> int:
+    view = watch(client, args.id, args.after)
+    print(view.summary(), file=sys.stderr, flush=True)
+    return EXIT_OK if view.completed_ok else EXIT_NOT_COMPLETED
 
 
 def cmd_status(client: ApiClient, args: argparse.Namespace) -> int:
@@ -253,6 +260,14 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="OUT", help="then write its results there (JSONL)")
     _waiting(p)
     p.set_defaults(handler=cmd_wait)
+
+    p = groups.add_parser("watch", parents=[common], help="print a batch's results as they finish, with progress",
+                          description="Print a batch's results as they finish, one JSON line each, until it has "
+                                      "ended (an extension: the service's results in finished order). Exits as "
+                                      "wait does; on Ctrl-C it names the --after cursor to go on from.")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--after", metavar="CURSOR", help="go on from this cursor (a page's last_id)")
+    p.set_defaults(handler=cmd_watch)
 
     p = groups.add_parser("results", parents=[common], help="a batch's results as JSONL, once it has ended")
     p.add_argument("id", metavar="ID")

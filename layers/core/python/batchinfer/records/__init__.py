@@ -19,6 +19,7 @@ One module per family, each importing only those below it:
   files        batch files and uploads
   webhooks     the account's webhook and its events
   analytics    a batch's analytics counters (moved by the writes that settle its requests)
+  feed         a batch's finished-order log (its entries are written in the transactions that count outcomes)
 Callers import from the package (`from batchinfer.records import Batch`), not from its modules.
 """
 
@@ -27,6 +28,7 @@ from .accounts import Account, ApiKey, Usage, key_account_and_usage
 from .batches import Batch, Idempotency, Lane
 from .capacity import Budget, InteractiveLease, SlotLease, group_shards, lease_shards, shards_map
 from .expressions import Op, due_in
+from .feed import Feed, finished_members, transact_counted
 from .files import File, Upload
 from .shapes import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .webhooks import Webhook, WebhookEvent
@@ -37,4 +39,5 @@ __all__ = [
     "InteractiveLease", "Lane", "LaneState", "Op", "Request", "RequestItem", "SlotLease", "Upload", "UploadItem",
     "Usage", "Webhook", "WebhookEvent", "due_in", "group_shards", "key_account_and_usage", "lease_shards",
     "shards_map",
+    "Feed", "finished_members", "transact_counted",
 ]

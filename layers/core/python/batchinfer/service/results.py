@@ -50,6 +50,9 @@ def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: Re
             "response": response, "error": error}
 
 
+result_of = _result  # one result as every reader shows it (the finished-order feed reads them too)
+
+
 def shown_error(error: dict | None) -> dict | None:
     """A stored error as results show it: the service's `code` and `message`, and for an error answer beside
     them the backend's `status`, `request_id` and `body` (its JSON as sent: a `Text`; null when it sent no

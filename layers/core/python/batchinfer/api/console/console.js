@@ -456,14 +456,15 @@
 
   // --- One batch ----------------------------------------------------------------------------------------
 
-  const view = {id: null, api: null, batch: null, results: null};
+  const view = {id: null, api: null, batch: null, results: null, newest: null};
 
   async function openBatch(id, focus) {
     const apiName = apiOf(id);
     const changed = view.id !== id;
     if (changed) {
       Object.assign(view, {id, api: apiName, batch: null,
-                           results: {stack: [], after: null, next: null, open: new Set(), lines: null, offset: 0}});
+                           results: {stack: [], after: null, next: null, open: new Set(), lines: null, offset: 0},
+                           newest: {after: null, items: []}});
       $("batch-title").textContent = id;
       $("batch-fields").replaceChildren();
       show($("batch-analytics"), false);
@@ -471,6 +472,8 @@
       $("result-rows").replaceChildren();
       clearNotice($("batch-alert"));
       clearNotice($("results-alert"));
+      clearNotice($("newest-alert"));
+      $("newest-rows").replaceChildren();
       fillStatusFilter(apiName);
     }
     if (focus) showView("batch-view");
@@ -487,6 +490,8 @@
     renderBatch();
     await loadResults();
     if (view.id !== id || !view.batch) return;  // another batch was opened meanwhile: its own call goes on
+    await loadNewest();
+    if (view.id !== id || !view.batch) return;
     clearTimeout(timers.batch);
     if (!view.batch.final) timers.batch = setTimeout(refreshBatch, REFRESH_MS);
   }
@@ -799,11 +804,12 @@
     let rows;
     let hasMore;
     if (view.api === "openai") {
-      $("results-note").textContent = "In submission order. The API has no status filter: the filter applies to " +
-        "the results of this page only.";
+      $("results-note").textContent = "In submission order; the status filter is the API's (?status=, an " +
+        "extension): each page holds only results with that status.";
       let page;
       try {
-        page = await api(`v1/batches/${encodeURIComponent(view.id)}/results`, {query: {limit: size, after: state.after}});
+        page = await api(`v1/batches/${encodeURIComponent(view.id)}/results`,
+                         {query: {limit: size, after: state.after, status: filter || null}});
       } catch (error) {
         if (apiKey()) showError(box, error, "results", "openai");
         return;
@@ -846,10 +852,49 @@
       renderResults(rows, hasMore, matching.length ? null : "No results with that status.");
       return;
     }
-    const shown = filter ? rows.filter((r) => r.status === filter) : rows;
-    const empty = rows.length === 0 ? "No results." : shown.length === 0
-      ? `No ${filter} results on this page${hasMore ? "; try the next page" : ""}.` : null;
-    renderResults(shown, hasMore, empty);
+    renderResults(rows, hasMore, rows.length ? null : filter ? "No results with that status." : "No results.");
+  }
+
+  // --- Newest finished (while a batch runs) ---------------------------------------------------------------
+
+  const NEWEST_SHOWN = 10;
+  const NEWEST_PAGES = 5;  // pages of 100 read per refresh at most: a large batch's backlog is read over a few
+
+  /** The results that finished since the last look, read from the finished-order cursor (each comes once);
+   * the newest NEWEST_SHOWN are shown, newest first. */
+  async function loadNewest() {
+    const state = view.newest;
+    const id = view.id;
+    if (view.batch.final) { show($("newest"), false); return; }
+    show($("newest"), true);
+    const message = view.api === "message";
+    const path = message ? `v1/messages/batches/${encodeURIComponent(id)}/results`
+      : `v1/batches/${encodeURIComponent(id)}/results`;
+    try {
+      for (let n = 0; n < NEWEST_PAGES; n += 1) {
+        const page = await api(path, {anthropic: message, query: {order: "finished", limit: 100, after: state.after}});
+        if (view.id !== id) return;
+        for (const r of page.data) {
+          const result = r.result || {};
+          state.items.push(message ? {customId: r.custom_id, status: result.type, error: result.error || null}
+            : {customId: r.custom_id, status: r.status, error: r.error});
+        }
+        state.items = state.items.slice(-NEWEST_SHOWN);
+        state.after = page.last_id;
+        if (!page.has_more) break;
+      }
+    } catch (error) {
+      if (apiKey()) showError($("newest-alert"), error, "results", view.api);
+      return;
+    }
+    clearNotice($("newest-alert"));
+    const rows = state.items.slice().reverse().map((r) => el("tr", {},
+      el("td", {"data-label": "custom_id", class: "mono custom-id", text: r.customId}),
+      el("td", {"data-label": "Status"}, statusNode(r.status)),
+      el("td", {"data-label": "Error", class: "error-text"}, errorText(r.error) || el("span", {class: "muted", text: "—"}))));
+    replaceKeepingFocus($("newest-rows"), rows);
+    show($("newest-table"), rows.length > 0);
+    show($("newest-empty"), rows.length === 0);
   }
 
   function errorText(error) {
@@ -1091,9 +1136,7 @@
     $("list-refresh").addEventListener("click", () => loadList());
     $("list-prev").addEventListener("click", () => listPage(-1));
     $("list-next").addEventListener("click", () => listPage(1));
-    $("results-status").addEventListener("change", () => {
-      if (view.api === "message") restartResults(); else loadResults();
-    });
+    $("results-status").addEventListener("change", restartResults);
     $("results-size").addEventListener("change", restartResults);
     $("results-prev").addEventListener("click", () => resultsPage(-1));
     $("results-next").addEventListener("click", () => resultsPage(1));

@@ -6,13 +6,15 @@ answers 403; those already created keep running and stay readable."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import PayloadTooLarge, PermissionDenied
+from ...jsontext import to_json
 from ...protocols.anthropic import PROTOCOL as ANTHROPIC
 from ...protocols.anthropic import message_batches
 from ...runtime import Services
+from ...service import feed  # the descriptions of its query parameters
 from ...service.accounts import Principal
 from ..auth import caller, services_of
 from ..bodies import declared_over
@@ -21,6 +23,7 @@ from ..schemas import (
     ANTHROPIC_HEADERS,
     CREATE_MESSAGE_BATCH_BODY,
     DELETED_MESSAGE_BATCH,
+    FINISHED_MESSAGE_RESULTS,
     MESSAGE_BATCH,
     MESSAGE_BATCH_LIST,
     RETRY_IDEMPOTENCY_KEY,
@@ -95,10 +98,21 @@ def _add_routes(prefix: str) -> None:
                            200: {"description": "JSONL (LF line endings, no blank lines)",
                                  "content": {"application/x-jsonl": {}}},
                            302: {"description": "Large results: a short-lived URL to download them from"}},
-                openapi_extra=_extra())
+                description="With `order=finished` (an extension beyond the Anthropic API, docs/api.md): a JSON "
+                            "page of results in the order they finished, while the batch runs too.",
+                openapi_extra=_extra(FINISHED_MESSAGE_RESULTS))
     def message_batch_results(batch_id: str, who: Principal = Depends(caller),
-                              version: str = Depends(anthropic_version), svc: Services = Depends(services_of)
-                              ) -> StreamingResponse | RedirectResponse:
+                              version: str = Depends(anthropic_version), svc: Services = Depends(services_of),
+                              order: feed.Order | None = Query(None, description=feed.ORDER_HELP),
+                              after: str | None = Query(None, description="With order=finished: a page's last_id"),
+                              limit: int = Query(100, ge=1, le=1000, description="With order=finished: 1-1000"),
+                              wait: int | None = Query(None, ge=0, le=feed.MAX_WAIT_SECONDS,
+                                                       description=feed.WAIT_HELP),
+                              ) -> StreamingResponse | RedirectResponse | Response:
+        if order is not None or wait is not None:  # the finished-order extension: a JSON page, while it runs too
+            page = message_batches.finished_results(svc, who, batch_id, order, after, limit, wait)
+            if page is not None:
+                return Response(to_json(page, ensure_ascii=False), media_type="application/json")
         location = message_batches.results_location(svc, who, batch_id)
         if location:  # large results: a short-lived presigned S3 URL (the SDK follows the redirect)
             return RedirectResponse(location, status_code=302)

@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import analytics, intake, lifecycle, pausing, priority, results, retry, spend
+from ...service import analytics, feed, intake, lifecycle, pausing, priority, results, retry, spend
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
@@ -333,6 +333,22 @@ def results_location(svc: Services, principal: Principal, batch_id: str) -> str 
 def results_lines(svc: Services, principal: Principal, batch_id: str) -> Iterator[bytes]:
     """One JSON line per request, in submission order, LF-terminated and none blank."""
     return results.export_stream(svc, _ended_batch(svc, principal, batch_id, "results can be read"))
+
+
+def finished_results(svc: Services, principal: Principal, batch_id: str, order: str, after: str | None, limit: int,
+                     wait: int | None) -> dict | None:
+    """With `order=finished` (an extension beyond the Anthropic API): a JSON page of results lines in the order
+    they finished, while the batch runs too; `batch_status` is its processing_status. None for the plain
+    results (order=submitted)."""
+    if not 1 <= limit <= 1000:
+        raise InvalidRequest("limit: must be between 1 and 1000.", param="limit")
+    item = owned(svc, principal, batch_id)
+    page = feed.results_view(svc, item, limit=limit, after=after, order=order, wait=wait, status=None,
+                             custom_id=None, shape=PROTOCOL.export_line)
+    if page is None:
+        return None
+    now = Batch.get(svc.table, batch_id) or item
+    return {**page, "batch_status": message_batch_object(now, "")["processing_status"]}
 
 
 # --- Cancel and delete -------------------------------------------------------------------------------
