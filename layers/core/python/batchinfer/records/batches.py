@@ -135,20 +135,49 @@ class Batch:
                                      "AND attribute_not_exists(paused_at)" + fence)
 
     @staticmethod
-    def pause(t: Table, batch_id: str, now: int) -> Op:
+    def pause(t: Table, batch_id: str, now: int, walk: dict | None = None) -> Op:
         """Pause a batch: it starts no request until resumed. Fenced on it not being paused, stopped or
-        deleted, and on a status that may still start requests (pausing is a flag, not a status)."""
+        deleted, and on a status that may still start requests (pausing is a flag, not a status). `walk`: the
+        walk over its waiting requests it starts (`pause_walk`, service.pausing)."""
         pausable, vals = _in("status", PAUSABLE_BATCH)
-        return t.op_update(*batch_key(batch_id), "SET paused_at = :now", vals={**vals, ":now": now},
+        return t.op_update(*batch_key(batch_id), "SET paused_at = :now, pause_walk = :walk",
+                           vals={**vals, ":now": now, ":walk": walk or {}},
                            condition="attribute_not_exists(paused_at) AND attribute_not_exists(#stop) "
                                      f"AND attribute_not_exists(deleting) AND {pausable}")
 
     @staticmethod
-    def resume(t: Table, batch_id: str, paused_at: int) -> Op:
-        """Resume the batch paused at `paused_at` (fenced on that pause, and on it not stopped or deleted)."""
-        return t.op_update(*batch_key(batch_id), "REMOVE paused_at", vals={":at": paused_at},
+    def resume(t: Table, batch_id: str, paused_at: int, walk: dict | None = None) -> Op:
+        """Resume the batch paused at `paused_at` (fenced on that pause, and on it not stopped or deleted);
+        `walk`: the walk over its waiting requests it starts, in place of the pause's."""
+        return t.op_update(*batch_key(batch_id), "SET pause_walk = :walk REMOVE paused_at",
+                           vals={":at": paused_at, ":walk": walk or {}},
                            condition="paused_at = :at AND attribute_not_exists(#stop) "
                                      "AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def pause_walk_step(t: Table, batch_id: str, walk_id: str, cursor: str | None, new_cursor: str | None) -> Op:
+        """One step of a pause's (or resume's) walk over the batch's waiting requests: its cursor moved past
+        what it read (`new_cursor`; None: the walk is over and goes). Fenced on the walk (a pause or resume
+        since starts another) and its cursor (two walkers move one step once), and on the batch being neither
+        stopped nor deleted."""
+        vals: dict = {":w": walk_id}
+        if new_cursor is None:
+            expression = "REMOVE pause_walk"
+        else:
+            expression, vals[":new"] = "SET pause_walk.#cursor = :new", new_cursor
+        if cursor is None:
+            at = "attribute_not_exists(pause_walk.#cursor)"
+        else:
+            at, vals[":at"] = "pause_walk.#cursor = :at", cursor
+        return t.op_update(*batch_key(batch_id), expression, vals=vals,
+                           condition=f"pause_walk.#id = :w AND {at} AND attribute_not_exists(#stop) "
+                                     "AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def end_pause_walk(t: Table, batch_id: str, walk_id: str) -> None:
+        """A pause's walk ends early: its batch stopped, ended or is being deleted (what still waits is closed
+        with the batch)."""
+        t.update(*batch_key(batch_id), "REMOVE pause_walk", vals={":w": walk_id}, condition="pause_walk.#id = :w")
 
     @staticmethod
     def still_paused(t: Table, batch_id: str) -> Op:
@@ -268,7 +297,7 @@ class Batch:
         to = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
         removes = ["#stop", "stopped_at", "paused_at", "cancelling_at", "finalizing_at", "results_expires_at", "due_pk",
                    "due_at", "#error", "export_object", "output_file_id", "error_file_id", "result_file_ids",
-                   "writing", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
+                   "writing", "pause_walk", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
         sets = ["#status = :to", "expires_at = :exp", "active_pk = :apk", "active_sk = :id",
                 "retrying = :retrying", "retry_count = if_not_exists(retry_count, :zero) + :one",
                 "keep_until = if_not_exists(keep_until, :keep)",
@@ -351,7 +380,7 @@ class Batch:
         again is how a purge resumes."""
         pk, sk = batch_key(batch["id"])
         items, _ = t.query("pk = :pk AND sk > :b", {":pk": pk, ":b": sk}, limit=limit, consistent=True,
-                           projection="pk, sk, #state, #token, model")
+                           projection="pk, sk, #state, #token, model, uncounted")
         return items
 
     @staticmethod
