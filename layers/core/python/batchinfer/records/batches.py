@@ -108,11 +108,32 @@ class Batch:
                  condition="attribute_exists(pk) AND (attribute_not_exists(committed_usd) OR committed_usd <= :cap)")
 
     @staticmethod
-    def set_priority(t: Table, batch_id: str, priority: str) -> Op:
-        """The batch's priority within its account, while it has not ended (nor is being deleted)."""
+    def set_priority(t: Table, batch_id: str, priority: str, seen: BatchItem | None = None) -> Op:
+        """The batch's priority within its account, while it has not ended (nor is being deleted). `seen`: the
+        batch as read, whose lane items the same transaction changes: fenced on its lanes being as it was
+        then (still awaiting validation or not, paused or not), so that lanes made meanwhile are not missed."""
         final, vals = _in("status", FINAL_BATCH)
+        condition = f"attribute_exists(pk) AND attribute_not_exists(deleting) AND NOT {final}"
+        if seen is not None:
+            condition += " AND " + ("awaiting_validation = :yes" if seen.get("awaiting_validation")
+                                    else "attribute_not_exists(awaiting_validation)")
+            if seen.get("paused_at"):
+                condition += " AND paused_at = :paused"
+                vals[":paused"] = seen["paused_at"]
+            else:
+                condition += " AND attribute_not_exists(paused_at)"
+            if seen.get("awaiting_validation"):
+                vals[":yes"] = True
         return t.op_update(*batch_key(batch_id), "SET #priority = :p", vals={":p": priority, **vals},
-                           condition=f"attribute_exists(pk) AND attribute_not_exists(deleting) AND NOT {final}")
+                           condition=condition)
+
+    @staticmethod
+    def _same_priority(seen: BatchItem) -> tuple[str, dict]:
+        """A condition that the batch's priority is still the one `seen` read: what makes lanes from it (a
+        validation, a resume) carries it to them, so a change committed meanwhile must refuse the write."""
+        if seen.get("priority"):
+            return " AND #priority = :seen_priority", {":seen_priority": seen["priority"]}
+        return " AND attribute_not_exists(#priority)", {}
 
     @staticmethod
     def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
@@ -146,13 +167,16 @@ class Batch:
                                      f"AND attribute_not_exists(deleting) AND {pausable}")
 
     @staticmethod
-    def resume(t: Table, batch_id: str, paused_at: int, walk: dict | None = None) -> Op:
+    def resume(t: Table, batch_id: str, paused_at: int, walk: dict | None = None, seen: BatchItem | None = None
+               ) -> Op:
         """Resume the batch paused at `paused_at` (fenced on that pause, and on it not stopped or deleted);
-        `walk`: the walk over its waiting requests it starts, in place of the pause's."""
+        `walk`: the walk over its waiting requests it starts, in place of the pause's; `seen`: the batch as
+        read, whose lanes the same transaction makes again (fenced on its priority)."""
+        same, vals = Batch._same_priority(seen) if seen is not None else ("", {})
         return t.op_update(*batch_key(batch_id), "SET pause_walk = :walk REMOVE paused_at",
-                           vals={":at": paused_at, ":walk": walk or {}},
+                           vals={":at": paused_at, ":walk": walk or {}, **vals},
                            condition="paused_at = :at AND attribute_not_exists(#stop) "
-                                     "AND attribute_not_exists(deleting)")
+                                     "AND attribute_not_exists(deleting)" + same)
 
     @staticmethod
     def pause_walk_step(t: Table, batch_id: str, walk_id: str, cursor: str | None, new_cursor: str | None) -> Op:
@@ -270,17 +294,21 @@ class Batch:
                  condition=condition + " AND attribute_not_exists(deleting)")
 
     @staticmethod
-    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int, paused: bool = False) -> Op:
+    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int, paused: bool = False,
+                  seen: BatchItem | None = None) -> Op:
         """A file batch whose every line is valid: its requests may now be dispatched. Fenced on it being
-        paused or not as `paused` says (a paused one gets its lanes when it is resumed)."""
+        paused or not as `paused` says (a paused one gets its lanes when it is resumed), and on the priority
+        of `seen` (the batch as read, from which the same transaction makes its lanes)."""
+        same, vals = Batch._same_priority(seen) if seen is not None else ("", {})
         return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now "
                            "REMOVE awaiting_validation",
                            vals={":n": sum(lanes.values()), ":lanes": {m: {"next": 0, "total": n}
                                                                        for m, n in lanes.items()},
-                                 ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True},
+                                 ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True, **vals},
                            condition="#status = :v AND awaiting_validation = :yes AND attribute_not_exists(#stop) "
                                      "AND attribute_not_exists(deleting) AND "
-                                     + ("attribute_exists(paused_at)" if paused else "attribute_not_exists(paused_at)"))
+                                     + ("attribute_exists(paused_at)" if paused else "attribute_not_exists(paused_at)")
+                                     + same)
 
     @staticmethod
     def retry(t: Table, batch: BatchItem, *, now: int, expires_at: int, window_seconds: int, keep_until: int,

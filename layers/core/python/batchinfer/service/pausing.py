@@ -127,7 +127,7 @@ def resume(svc: Services, batch: BatchItem) -> BatchItem:
         # A file batch still being checked has no lanes yet: its validation creates them.
         lanes = [] if current.get("awaiting_validation") else [
             model_id for model_id, lane in current["lanes"].items() if int(lane["next"]) < int(lane["total"])]
-        return [Batch.resume(t, current["id"], int(current["paused_at"]), _walk(resume=True))] + [
+        return [Batch.resume(t, current["id"], int(current["paused_at"]), _walk(resume=True), seen=current)] + [
             Lane.create(t, m, current) for m in lanes]
 
     batch, changed = _change(svc, batch, "resumed", resuming)
