@@ -325,7 +325,7 @@ class Batch:
         to = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
         removes = ["#stop", "stopped_at", "paused_at", "cancelling_at", "finalizing_at", "results_expires_at", "due_pk",
                    "due_at", "#error", "export_object", "output_file_id", "error_file_id", "result_file_ids",
-                   "writing", "pause_walk", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
+                   "writing", "pause_walk", "unstarted_by", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
         sets = ["#status = :to", "expires_at = :exp", "active_pk = :apk", "active_sk = :id",
                 "retrying = :retrying", "retry_count = if_not_exists(retry_count, :zero) + :one",
                 "keep_until = if_not_exists(keep_until, :keep)",

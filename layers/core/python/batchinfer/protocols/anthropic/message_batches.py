@@ -244,6 +244,8 @@ def request_counts(item: BatchItem) -> dict:
     unstarted = int(item.get("unstarted", 0))
     canceled = unstarted if stop == Stop.CANCEL.value else 0
     expired = unstarted if stop == Stop.EXPIRE.value else 0
+    if (by := item.get("unstarted_by")) is not None:  # a retried batch's runs may have ended differently
+        canceled, expired = int(by.get(Stop.CANCEL.value, 0)), int(by.get(Stop.EXPIRE.value, 0))
     succeeded = int(item.get("completed", 0))
     return {"processing": 0, "succeeded": succeeded, "errored": total - succeeded - canceled - expired,
             "canceled": canceled, "expired": expired}
