@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 from batchinfer.layout import batch_key, retry_due
+from batchinfer.records import Request
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import pausing as pausing_module
 from batchinfer.service.accounts import authenticate
@@ -127,3 +128,28 @@ def test_a_large_pause_answers_at_once_and_the_sweeper_finishes_the_walk(api, sv
     final = finish(svc, batch["id"])
     assert final["status"] == "completed" and final["completed"] == 8 and waiting(svc) == 0
     assert_ledger_consistent(svc, batch["id"], authenticate(svc, key))
+
+
+def test_a_put_off_request_made_due_meanwhile_is_put_off_again_and_counted_once(api, svc):
+    """A paused batch's request made due again (as the quota's wake-up makes waiting requests due): the next
+    claim of it is refused and puts it off again, and the model's count does not move a second time."""
+    settings(svc, retry_base_seconds=600.0)
+    _, key = new_key(svc)
+    other = flaky_batch(api, svc, key, 1)  # keeps the count above zero: dispatchers look at due retries
+    batch = flaky_batch(api, svc, key, 2)
+    ok(pause(api, key, batch["id"]))
+    assert waiting(svc) == 1
+    stored = [r for r in svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
+                                             {":pk": f"BATCH#{batch['id']}", ":r": "REQ#"}, consistent=True)
+              if r["state"] == "waiting"]
+    for r in stored:
+        Request.redate(svc.table, r, svc.now())
+    assert Dispatcher(svc).claim(svc.catalog.get(MODEL)) == []
+    expires = svc.table.get(*batch_key(batch["id"]))["expires_at"]
+    assert [svc.table.get(r["pk"], r["sk"])["due_at"] for r in stored] == [expires] * 2 and waiting(svc) == 1
+    ok(pause(api, key, batch["id"], "resume"))
+    assert waiting(svc) == 3
+    later(svc, 1200)
+    for b in (batch, other):
+        assert finish(svc, b["id"])["status"] == "completed"
+    assert waiting(svc) == 0

@@ -392,8 +392,14 @@ def defer_while_paused(svc: Services, req: RequestItem, batch: BatchItem) -> boo
     read (a request that moved meanwhile is read once more). False when either changed."""
     t = svc.table
     for _ in range(2):
-        if req.get("uncounted"):
-            return True  # put off already
+        if req.get("uncounted"):  # put off already; made due meanwhile (the quota's wake-up): off again
+            if int(req.get("due_at", 0)) >= int(batch["expires_at"]):
+                return True
+            try:
+                t.transact([Request.defer(t, req, paused_until(batch, svc.now())), Batch.still_paused(t, batch["id"])])
+                return True
+            except ConditionFailed:
+                return False
         try:
             t.transact([Request.put_off(t, req, paused_until(batch, svc.now()), new_token()),
                         Batch.still_paused(t, batch["id"]), Budget.add(t, req["model"], {"waiting": -1})])
