@@ -377,6 +377,17 @@ class Batch:
                                      "AND attribute_not_exists(deleting)")
 
     @staticmethod
+    def file_never_dispatched(t: Table, batch: BatchItem, model_id: str, lane_next: int, new_next: int) -> Op:
+        """An ended batch's lane moves past never-dispatched requests filed as request items (in the same
+        transaction: service.never_dispatched). Fenced on the lane's cursor, on the status it ended with, and on
+        the batch being neither retried nor deleted meanwhile."""
+        return t.op_update(*batch_key(batch["id"]), "SET lanes.#m.#next = :new",
+                           vals={":new": new_next, ":old": lane_next, ":status": batch["status"]},
+                           names={"#m": model_id},
+                           condition="lanes.#m.#next = :old AND #status = :status AND attribute_not_exists(retrying) "
+                                     "AND attribute_not_exists(deleting)")
+
+    @staticmethod
     def end_requeue(t: Table, batch_id: str, retry: int) -> None:
         """A retry's walk ends early: its batch was stopped (or is being deleted) meanwhile."""
         t.update(*batch_key(batch_id), "REMOVE retrying", vals={":n": retry}, condition="retrying.#n = :n")
