@@ -11,7 +11,7 @@ import time
 
 from batchinfer import ledger
 from batchinfer.errors import Conflict
-from batchinfer.records import Batch, Request
+from batchinfer.records import Batch, Budget, Request
 from batchinfer.scheduling import dispatcher as claim_pass
 from batchinfer.scheduling import lanes
 from batchinfer.scheduling.dispatcher import Dispatcher
@@ -98,10 +98,11 @@ def test_pause_racing_a_retry_claim_puts_the_retry_off_until_resumed(svc, sim_co
     def paused_first(*args, **kwargs):
         if not raced:
             raced.append(pausing.pause(svc, get_batch(svc, batch_id)))
-            # The pause found the request waiting and put it off itself; make it due again, as a retry that
-            # began waiting just after the pause's look would be.
+            # The pause found the request waiting and put it off itself; make it due again and counted, as a
+            # retry that began waiting just after the pause's look would be.
             waiting = requests_by_custom_id(svc, batch_id)["flaky"]
-            svc.table.transact([Request.defer(svc.table, waiting, svc.now())])
+            svc.table.transact([Request.bring_back(svc.table, waiting, svc.now(), "late"),
+                                Budget.add(svc.table, GLM, {"waiting": 1})])
             args = (args[0], requests_by_custom_id(svc, batch_id)["flaky"], *args[2:])
         return real(*args, **kwargs)
 
@@ -110,6 +111,7 @@ def test_pause_racing_a_retry_claim_puts_the_retry_off_until_resumed(svc, sim_co
     monkeypatch.setattr(claim_pass, "claim_retry", real)
     waiting = requests_by_custom_id(svc, batch_id)["flaky"]
     assert waiting["state"] == "waiting" and waiting["due_at"] == get_batch(svc, batch_id)["expires_at"]
+    assert budget_of(svc, GLM)["waiting"] == 0  # put off: out of the model's count while paused
     assert_nothing_held(svc, batch_id)
     assert Dispatcher(svc).pass_once() == 0
     pausing.resume(svc, get_batch(svc, batch_id))
@@ -236,3 +238,94 @@ def test_pause_while_a_pump_holds_claimed_work_hands_it_back(svc, sim_control):
     assert final["status"] == "completed" and final["completed"] == 30
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     assert sim_stats(sim_control, settle=True)["total_requests"] == 30  # every request ran once
+
+
+def waiting_batch(svc, n: int, content: str) -> tuple[object, str, list[dict]]:
+    """A batch whose `n` requests failed once and wait for their retry (counted in the model's `waiting`)."""
+    who, batch_id, requests = new_batch(svc, n, f"[[sim:flaky:1:500]] {content}")
+    Dispatcher(svc).pass_once()
+    run_queued(svc)
+    assert budget_of(svc, GLM)["waiting"] == n
+    return who, batch_id, requests
+
+
+def put_off(svc, batch_id: str) -> list[bool]:
+    """Whether each waiting request of the batch is out of the model's count (a pause put it off)."""
+    return [bool(r.get("uncounted")) for r in requests_by_custom_id(svc, batch_id).values()
+            if r["state"] == "waiting"]
+
+
+def test_two_walkers_carrying_one_pause_on_move_each_request_once(svc, sim_control, monkeypatch):
+    """The pause answers before its walk is over; two sweepers carry the walk on at once, each from the batch
+    as it read it: every step is fenced on the walk's cursor (and each request on its token), so the model's
+    count goes down by exactly the waiting requests, and a resume's walk puts back exactly as many."""
+    monkeypatch.setattr(pausing, "WALK_PAGE", 3)
+    monkeypatch.setattr(pausing, "CALL_SECONDS", 0.0)
+    who, batch_id, requests = waiting_batch(svc, 10, "two walkers")
+    pausing.pause(svc, get_batch(svc, batch_id))
+    assert budget_of(svc, GLM)["waiting"] == 10 and get_batch(svc, batch_id)["pause_walk"]
+    seen = get_batch(svc, batch_id)
+    assert pausing._step(svc, seen)["pause_walk"]["cursor"]  # the first walker's step moved three
+    assert pausing._step(svc, seen)["pause_walk"] == get_batch(svc, batch_id)["pause_walk"]  # the stale one: none
+    assert budget_of(svc, GLM)["waiting"] == 7
+    walkers = [threading.Thread(target=pausing.carry_on, args=(svc, get_batch(svc, batch_id), None))
+               for _ in range(2)]
+    for w in walkers:
+        w.start()
+    for w in walkers:
+        w.join()
+    assert "pause_walk" not in get_batch(svc, batch_id)
+    assert budget_of(svc, GLM)["waiting"] == 0 and put_off(svc, batch_id) == [True] * 10
+    pausing.resume(svc, get_batch(svc, batch_id))
+    walkers = [threading.Thread(target=sweep_once, args=(svc,)) for _ in range(2)]
+    for w in walkers:
+        w.start()
+    for w in walkers:
+        w.join()
+    assert budget_of(svc, GLM)["waiting"] == 10 and put_off(svc, batch_id) == [False] * 10
+    svc.clock.advance(5)
+    assert pump(svc, batch_id)["status"] == "completed" and budget_of(svc, GLM)["waiting"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_walker_dying_midway_leaves_the_rest_to_the_sweeper(svc, sim_control, monkeypatch):
+    """The pause call's walk dies after two steps (its Lambda timed out): what it moved stays moved, the cursor
+    where its last step left it, and the sweeper carries on from there; a resume racing the dead walk starts
+    its own from the start. The model's count is exact throughout."""
+    monkeypatch.setattr(pausing, "WALK_PAGE", 2)
+    who, batch_id, requests = waiting_batch(svc, 9, "dying walker")
+    real, steps = pausing._step, []
+
+    def dies_on_the_third(svc_, batch):
+        if len(steps) == 2:
+            raise TimeoutError("the invocation ran out of time")
+        steps.append(batch["id"])
+        return real(svc_, batch)
+
+    monkeypatch.setattr(pausing, "_step", dies_on_the_third)
+    try:
+        pausing.pause(svc, get_batch(svc, batch_id))
+    except TimeoutError:
+        pass
+    monkeypatch.setattr(pausing, "_step", real)
+    batch = get_batch(svc, batch_id)
+    assert batch["paused_at"] and batch["pause_walk"]["cursor"]
+    assert budget_of(svc, GLM)["waiting"] == 5 and put_off(svc, batch_id).count(True) == 4
+    sweep_once(svc)
+    assert "pause_walk" not in get_batch(svc, batch_id) and budget_of(svc, GLM)["waiting"] == 0
+    # Again, with a resume while the pause's walk is dead midway.
+    steps.clear()
+    pausing.resume(svc, get_batch(svc, batch_id))
+    monkeypatch.setattr(pausing, "_step", dies_on_the_third)
+    try:
+        pausing.pause(svc, get_batch(svc, batch_id))
+    except TimeoutError:
+        pass
+    monkeypatch.setattr(pausing, "_step", real)
+    assert budget_of(svc, GLM)["waiting"] == 5
+    pausing.resume(svc, get_batch(svc, batch_id))
+    assert "pause_walk" not in get_batch(svc, batch_id) and budget_of(svc, GLM)["waiting"] == 9
+    assert put_off(svc, batch_id) == [False] * 9
+    svc.clock.advance(5)
+    assert pump(svc, batch_id)["status"] == "completed" and budget_of(svc, GLM)["waiting"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])

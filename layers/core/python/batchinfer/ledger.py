@@ -103,8 +103,10 @@ class Moves:
     cost_usd: float = 0.0
     answered: bool = False  # an attempt was answered: the batch's last finish moves (records.analytics)
 
-    def add(self, was: RequestState, outcome: Settlement, stop: Stop | None, leased: bool = False) -> None:
-        """`leased`: the request ran in a SlotLease's slots, which go back to the budget with the lease."""
+    def add(self, was: RequestState, outcome: Settlement, stop: Stop | None, leased: bool = False,
+            counted: bool = True) -> None:
+        """`leased`: the request ran in a SlotLease's slots, which go back to the budget with the lease;
+        `counted`: a waiting request is in its model's `waiting` count (a pause takes its batch's out)."""
         def bump(counters: dict, name: str, by: float) -> None:
             counters[name] = counters.get(name, 0) + by
 
@@ -137,7 +139,7 @@ class Moves:
         # when there are any.
         if outcome.to is RequestState.WAITING and was is not RequestState.WAITING:
             bump(self.model, "waiting", 1)
-        elif was is RequestState.WAITING and outcome.to is not RequestState.WAITING:
+        elif was is RequestState.WAITING and outcome.to is not RequestState.WAITING and counted:
             bump(self.model, "waiting", -1)
 
     def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str,
@@ -177,7 +179,8 @@ def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | No
             float(req["worst_usd"]), req["state"] == RequestState.RUNNING.value, outcome.cost_usd,
             not outcome.cost_unknown))
     moves = Moves()
-    moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")))
+    moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")),
+              counted=not req.get("uncounted"))
     # A final outcome joins the batch's finished-order log in the transaction that counts it.
     transact_counted(svc.table, req["batch_id"], ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
                                                                  {int(req.get("budget_shard", 0)): 1}),
@@ -367,6 +370,8 @@ def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap:
     lease_id = slot_lease["id"] if slot_lease else None
     # Under a lease, the count of retries waiting goes down on one of the lease's shards (only the sum is read).
     shard = next(iter(lease_shards(slot_lease))) if slot_lease else draw.shard if draw else 0
+    # A request a pause put off left the model's `waiting` count then (`put_off`): it does not leave it twice.
+    counted = not req.get("uncounted")
     # A capped batch's retry commits its worst case against the cap it reads now (a read only for those).
     capped = Batch.get(t, req["batch_id"]) if req.get("worst_usd") is not None else None
     ops = [Request.dispatch_retry(t, req, token, now + svc.settings.lease_seconds, slot_lease=lease_id,
@@ -374,10 +379,11 @@ def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap:
            Batch.take_retry_slot(t, req["batch_id"], capped, float(req["worst_usd"]) if capped else None)]
     if slot_lease is None:
         assert draw is not None
-        ops += _take_ops(svc, req["model"], req["account_id"], [(draw, 1)], account_cap, from_waiting=True)
+        ops += _take_ops(svc, req["model"], req["account_id"], [(draw, 1)], account_cap, from_waiting=counted)
     else:
-        ops += [Account.take(t, req["account_id"], 1, account_cap),
-                Budget.add(t, req["model"], {"waiting": -1}, shard)]
+        ops.append(Account.take(t, req["account_id"], 1, account_cap))
+        if counted:
+            ops.append(Budget.add(t, req["model"], {"waiting": -1}, shard))
     t.transact(ops)
     claimed = {**req, "state": RequestState.DISPATCHED.value, "token": token}
     claimed.pop("slot_lease", None)
@@ -399,14 +405,29 @@ def paused_until(batch: BatchItem, now: int) -> int:
 
 def defer_while_paused(svc: Services, req: RequestItem, batch: BatchItem) -> bool:
     """A waiting request of a paused batch: due again only when `paused_until` says, so that dispatchers
-    stop looking at it. Fenced on the batch still being paused (a resume that came first leaves it due) and
-    on the request still waiting. False when either changed."""
+    stop looking at it, and out of its model's `waiting` count until the resume (`Request.put_off`). Fenced on
+    the batch still being paused (a resume that came first leaves it due) and on the request still waiting as
+    read (a request that moved meanwhile is read once more). False when either changed."""
     t = svc.table
-    try:
-        t.transact([Request.defer(t, req, paused_until(batch, svc.now())), Batch.still_paused(t, batch["id"])])
-    except ConditionFailed:
-        return False
-    return True
+    for _ in range(2):
+        if req.get("uncounted"):  # put off already; made due meanwhile (the quota's wake-up): off again
+            if int(req.get("due_at", 0)) >= int(batch["expires_at"]):
+                return True
+            try:
+                t.transact([Request.defer(t, req, paused_until(batch, svc.now())), Batch.still_paused(t, batch["id"])])
+                return True
+            except ConditionFailed:
+                return False
+        try:
+            t.transact([Request.put_off(t, req, paused_until(batch, svc.now()), new_token()),
+                        Batch.still_paused(t, batch["id"]), Budget.add(t, req["model"], {"waiting": -1})])
+            return True
+        except ConditionFailed:
+            current = Request.get(t, req["batch_id"], req["index"])
+            if current is None or current["state"] != RequestState.WAITING.value or current["token"] == req["token"]:
+                return False  # claimed or closed, or the batch was resumed
+            req = current
+    return False
 
 
 def take_slots(svc: Services, model_id: str, parts: list[tuple[Draw, int]]) -> dict:

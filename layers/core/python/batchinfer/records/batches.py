@@ -108,11 +108,32 @@ class Batch:
                  condition="attribute_exists(pk) AND (attribute_not_exists(committed_usd) OR committed_usd <= :cap)")
 
     @staticmethod
-    def set_priority(t: Table, batch_id: str, priority: str) -> Op:
-        """The batch's priority within its account, while it has not ended (nor is being deleted)."""
+    def set_priority(t: Table, batch_id: str, priority: str, seen: BatchItem | None = None) -> Op:
+        """The batch's priority within its account, while it has not ended (nor is being deleted). `seen`: the
+        batch as read, whose lane items the same transaction changes: fenced on its lanes being as it was
+        then (still awaiting validation or not, paused or not), so that lanes made meanwhile are not missed."""
         final, vals = _in("status", FINAL_BATCH)
+        condition = f"attribute_exists(pk) AND attribute_not_exists(deleting) AND NOT {final}"
+        if seen is not None:
+            condition += " AND " + ("awaiting_validation = :yes" if seen.get("awaiting_validation")
+                                    else "attribute_not_exists(awaiting_validation)")
+            if seen.get("paused_at"):
+                condition += " AND paused_at = :paused"
+                vals[":paused"] = seen["paused_at"]
+            else:
+                condition += " AND attribute_not_exists(paused_at)"
+            if seen.get("awaiting_validation"):
+                vals[":yes"] = True
         return t.op_update(*batch_key(batch_id), "SET #priority = :p", vals={":p": priority, **vals},
-                           condition=f"attribute_exists(pk) AND attribute_not_exists(deleting) AND NOT {final}")
+                           condition=condition)
+
+    @staticmethod
+    def _same_priority(seen: BatchItem) -> tuple[str, dict]:
+        """A condition that the batch's priority is still the one `seen` read: what makes lanes from it (a
+        validation, a resume) carries it to them, so a change committed meanwhile must refuse the write."""
+        if seen.get("priority"):
+            return " AND #priority = :seen_priority", {":seen_priority": seen["priority"]}
+        return " AND attribute_not_exists(#priority)", {}
 
     @staticmethod
     def may_start(t: Table, batch_id: str, now: int, first_attempt: bool) -> Op:
@@ -135,20 +156,52 @@ class Batch:
                                      "AND attribute_not_exists(paused_at)" + fence)
 
     @staticmethod
-    def pause(t: Table, batch_id: str, now: int) -> Op:
+    def pause(t: Table, batch_id: str, now: int, walk: dict | None = None) -> Op:
         """Pause a batch: it starts no request until resumed. Fenced on it not being paused, stopped or
-        deleted, and on a status that may still start requests (pausing is a flag, not a status)."""
+        deleted, and on a status that may still start requests (pausing is a flag, not a status). `walk`: the
+        walk over its waiting requests it starts (`pause_walk`, service.pausing)."""
         pausable, vals = _in("status", PAUSABLE_BATCH)
-        return t.op_update(*batch_key(batch_id), "SET paused_at = :now", vals={**vals, ":now": now},
+        return t.op_update(*batch_key(batch_id), "SET paused_at = :now, pause_walk = :walk",
+                           vals={**vals, ":now": now, ":walk": walk or {}},
                            condition="attribute_not_exists(paused_at) AND attribute_not_exists(#stop) "
                                      f"AND attribute_not_exists(deleting) AND {pausable}")
 
     @staticmethod
-    def resume(t: Table, batch_id: str, paused_at: int) -> Op:
-        """Resume the batch paused at `paused_at` (fenced on that pause, and on it not stopped or deleted)."""
-        return t.op_update(*batch_key(batch_id), "REMOVE paused_at", vals={":at": paused_at},
+    def resume(t: Table, batch_id: str, paused_at: int, walk: dict | None = None, seen: BatchItem | None = None
+               ) -> Op:
+        """Resume the batch paused at `paused_at` (fenced on that pause, and on it not stopped or deleted);
+        `walk`: the walk over its waiting requests it starts, in place of the pause's; `seen`: the batch as
+        read, whose lanes the same transaction makes again (fenced on its priority)."""
+        same, vals = Batch._same_priority(seen) if seen is not None else ("", {})
+        return t.op_update(*batch_key(batch_id), "SET pause_walk = :walk REMOVE paused_at",
+                           vals={":at": paused_at, ":walk": walk or {}, **vals},
                            condition="paused_at = :at AND attribute_not_exists(#stop) "
+                                     "AND attribute_not_exists(deleting)" + same)
+
+    @staticmethod
+    def pause_walk_step(t: Table, batch_id: str, walk_id: str, cursor: str | None, new_cursor: str | None) -> Op:
+        """One step of a pause's (or resume's) walk over the batch's waiting requests: its cursor moved past
+        what it read (`new_cursor`; None: the walk is over and goes). Fenced on the walk (a pause or resume
+        since starts another) and its cursor (two walkers move one step once), and on the batch being neither
+        stopped nor deleted."""
+        vals: dict = {":w": walk_id}
+        if new_cursor is None:
+            expression = "REMOVE pause_walk"
+        else:
+            expression, vals[":new"] = "SET pause_walk.#cursor = :new", new_cursor
+        if cursor is None:
+            at = "attribute_not_exists(pause_walk.#cursor)"
+        else:
+            at, vals[":at"] = "pause_walk.#cursor = :at", cursor
+        return t.op_update(*batch_key(batch_id), expression, vals=vals,
+                           condition=f"pause_walk.#id = :w AND {at} AND attribute_not_exists(#stop) "
                                      "AND attribute_not_exists(deleting)")
+
+    @staticmethod
+    def end_pause_walk(t: Table, batch_id: str, walk_id: str) -> None:
+        """A pause's walk ends early: its batch stopped, ended or is being deleted (what still waits is closed
+        with the batch)."""
+        t.update(*batch_key(batch_id), "REMOVE pause_walk", vals={":w": walk_id}, condition="pause_walk.#id = :w")
 
     @staticmethod
     def still_paused(t: Table, batch_id: str) -> Op:
@@ -241,17 +294,21 @@ class Batch:
                  condition=condition + " AND attribute_not_exists(deleting)")
 
     @staticmethod
-    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int, paused: bool = False) -> Op:
+    def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int, paused: bool = False,
+                  seen: BatchItem | None = None) -> Op:
         """A file batch whose every line is valid: its requests may now be dispatched. Fenced on it being
-        paused or not as `paused` says (a paused one gets its lanes when it is resumed)."""
+        paused or not as `paused` says (a paused one gets its lanes when it is resumed), and on the priority
+        of `seen` (the batch as read, from which the same transaction makes its lanes)."""
+        same, vals = Batch._same_priority(seen) if seen is not None else ("", {})
         return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now "
                            "REMOVE awaiting_validation",
                            vals={":n": sum(lanes.values()), ":lanes": {m: {"next": 0, "total": n}
                                                                        for m, n in lanes.items()},
-                                 ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True},
+                                 ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True, **vals},
                            condition="#status = :v AND awaiting_validation = :yes AND attribute_not_exists(#stop) "
                                      "AND attribute_not_exists(deleting) AND "
-                                     + ("attribute_exists(paused_at)" if paused else "attribute_not_exists(paused_at)"))
+                                     + ("attribute_exists(paused_at)" if paused else "attribute_not_exists(paused_at)")
+                                     + same)
 
     @staticmethod
     def retry(t: Table, batch: BatchItem, *, now: int, expires_at: int, window_seconds: int, keep_until: int,
@@ -268,7 +325,7 @@ class Batch:
         to = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
         removes = ["#stop", "stopped_at", "paused_at", "cancelling_at", "finalizing_at", "results_expires_at", "due_pk",
                    "due_at", "#error", "export_object", "output_file_id", "error_file_id", "result_file_ids",
-                   "writing", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
+                   "writing", "pause_walk", "unstarted_by", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
         sets = ["#status = :to", "expires_at = :exp", "active_pk = :apk", "active_sk = :id",
                 "retrying = :retrying", "retry_count = if_not_exists(retry_count, :zero) + :one",
                 "keep_until = if_not_exists(keep_until, :keep)",
@@ -320,6 +377,17 @@ class Batch:
                                      "AND attribute_not_exists(deleting)")
 
     @staticmethod
+    def file_never_dispatched(t: Table, batch: BatchItem, model_id: str, lane_next: int, new_next: int) -> Op:
+        """An ended batch's lane moves past never-dispatched requests filed as request items (in the same
+        transaction: service.never_dispatched). Fenced on the lane's cursor, on the status it ended with, and on
+        the batch being neither retried nor deleted meanwhile."""
+        return t.op_update(*batch_key(batch["id"]), "SET lanes.#m.#next = :new",
+                           vals={":new": new_next, ":old": lane_next, ":status": batch["status"]},
+                           names={"#m": model_id},
+                           condition="lanes.#m.#next = :old AND #status = :status AND attribute_not_exists(retrying) "
+                                     "AND attribute_not_exists(deleting)")
+
+    @staticmethod
     def end_requeue(t: Table, batch_id: str, retry: int) -> None:
         """A retry's walk ends early: its batch was stopped (or is being deleted) meanwhile."""
         t.update(*batch_key(batch_id), "REMOVE retrying", vals={":n": retry}, condition="retrying.#n = :n")
@@ -351,7 +419,7 @@ class Batch:
         again is how a purge resumes."""
         pk, sk = batch_key(batch["id"])
         items, _ = t.query("pk = :pk AND sk > :b", {":pk": pk, ":b": sk}, limit=limit, consistent=True,
-                           projection="pk, sk, #state, #token, model")
+                           projection="pk, sk, #state, #token, model, uncounted")
         return items
 
     @staticmethod

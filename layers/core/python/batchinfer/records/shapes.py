@@ -49,6 +49,8 @@ class BatchItem(TypedDict, total=False):
     window_seconds: int  # once retried: its completion window's length, which each retry opens anew
     retried_at: int  # when it was last retried
     keep_until: int  # once retried: the latest its retention may end (its first request items' TTL less a day)
+    unstarted_by: dict  # an ended retried batch: its never-run requests per Stop (its runs may have ended apart)
+    pause_walk: dict  # while a pause or resume walks its waiting requests: the walk's id, kind and cursor
 
 
 class GroupItem(TypedDict, total=False):
@@ -96,6 +98,7 @@ class RequestItem(TypedDict, total=False):
     budget_shard: int  # a retry dispatched in a slot of its own: the budget shard it came from (0 if absent)
     tally: dict  # for a group member: what its outcome adds to the counters
     earlier_attempts: int  # attempts it used before its batch was retried (service.retry)
+    uncounted: bool  # waiting, put off by its batch's pause: not in its model's `waiting` count until resumed
     ttl: int
 
 

@@ -102,7 +102,8 @@ class Request:
         sets = ["#state = :to", "updated_at = :now", "#token = :newtoken"]
         vals: dict = {":to": to.value, ":now": now, ":expect": req["state"], ":token": req["token"],
                       ":newtoken": new_token}
-        removes = []
+        # Out of waiting, out of the paused ones' place outside the model's `waiting` count (`put_off`).
+        removes = [] if to is RequestState.WAITING else ["uncounted"]
         if due is not None:
             sets += ["due_pk = :due", "due_at = :at"]
             vals[":due"], vals[":at"] = due
@@ -142,10 +143,10 @@ class Request:
                 ":w": RequestState.WAITING.value, ":old": req["token"]}
         expression = "SET #state = :d, #token = :new, due_pk = :lease, due_at = :at"
         if slot_lease:
-            expression += ", slot_lease = :sl"
+            expression += ", slot_lease = :sl REMOVE uncounted"
             vals[":sl"] = slot_lease
         else:
-            expression += ", budget_shard = :bs REMOVE slot_lease"
+            expression += ", budget_shard = :bs REMOVE slot_lease, uncounted"
             vals[":bs"] = budget_shard
         return t.op_update(*request_key(req["batch_id"], req["index"]), expression, vals=vals,
                            condition="#state = :w AND #token = :old")
@@ -156,6 +157,28 @@ class Request:
         token, so a claim made meanwhile wins. Not a state change: it keeps its token."""
         return t.op_update(*request_key(req["batch_id"], req["index"]), "SET due_at = :at",
                            vals={":at": due_at, ":w": RequestState.WAITING.value, ":t": req["token"]},
+                           condition="#state = :w AND #token = :t")
+
+    @staticmethod
+    def put_off(t: Table, req: RequestItem, due_at: int, new_token: str) -> Op:
+        """A waiting request of a paused batch: due at `due_at` (its window's end) and out of its model's
+        `waiting` count until its batch resumes (`uncounted`; the caller moves the count in the same
+        transaction). A new token: a write decided from the request as read before (a claim, a stop's close, a
+        purge) is refused and decides again from what it is now, so the count moves once."""
+        return t.op_update(*request_key(req["batch_id"], req["index"]),
+                           "SET due_at = :at, uncounted = :yes, #token = :new",
+                           vals={":at": due_at, ":yes": True, ":new": new_token, ":w": RequestState.WAITING.value,
+                                 ":t": req["token"]},
+                           condition="#state = :w AND #token = :t AND attribute_not_exists(uncounted)")
+
+    @staticmethod
+    def bring_back(t: Table, req: RequestItem, now: int, new_token: str) -> Op:
+        """A waiting request a pause put off: due now, and in its model's `waiting` count again (the caller
+        moves the count when it was `uncounted`). Fenced on its state and token."""
+        return t.op_update(*request_key(req["batch_id"], req["index"]),
+                           "SET due_at = :now, #token = :new REMOVE uncounted",
+                           vals={":now": now, ":new": new_token, ":w": RequestState.WAITING.value,
+                                 ":t": req["token"]},
                            condition="#state = :w AND #token = :t")
 
     @staticmethod
@@ -189,11 +212,14 @@ class Request:
     @staticmethod
     def drop_waiting(t: Table, req: RequestItem) -> list[Op]:
         """Delete a request waiting for a retry (its batch is being purged), with its place in the model's
-        `waiting` count; fenced on its state and token, so it goes, and the count moves, once."""
-        return [t.op_delete(req["pk"], req["sk"], condition="#state = :w AND #token = :t",
-                            vals={":w": RequestState.WAITING.value, ":t": req["token"]}),
-                t.op_update(*model_budget_key(req["model"], int(req.get("budget_shard", 0))), "ADD waiting :minus",
-                            vals={":minus": -1})]
+        `waiting` count (unless a pause took it out: `uncounted`); fenced on its state and token, so it goes,
+        and the count moves, once."""
+        drop = t.op_delete(req["pk"], req["sk"], condition="#state = :w AND #token = :t",
+                           vals={":w": RequestState.WAITING.value, ":t": req["token"]})
+        if req.get("uncounted"):
+            return [drop]
+        return [drop, t.op_update(*model_budget_key(req["model"], int(req.get("budget_shard", 0))),
+                                  "ADD waiting :minus", vals={":minus": -1})]
 
     @staticmethod
     def waiting_later(t: Table, model_id: str, after: int, until: int) -> Iterator[dict]:

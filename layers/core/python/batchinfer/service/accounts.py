@@ -9,6 +9,7 @@ from ..layout import hash_api_key
 from ..records import Account, ApiKey, Usage
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
+from .batch_usage import shown_usd
 from .waits import wake_account
 
 
@@ -122,7 +123,7 @@ def daily_usage(svc: Services, account_id: str) -> list[dict]:
     for back in range(USAGE_DAYS):
         day = utc_day(now - back * 86400)
         item = Usage.get(svc.table, account_id, day) or {}
-        days.append({"day": day, "cost_usd": round(float(item.get("cost_usd", 0)), 10),
+        days.append({"day": day, "cost_usd": shown_usd(item.get("cost_usd", 0)),
                      "cost_unknown_attempts": int(item.get("cost_unknown_attempts", 0)),
                      "usage_estimated_attempts": int(item.get("usage_estimated_attempts", 0))})
     return days

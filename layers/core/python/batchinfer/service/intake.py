@@ -259,7 +259,8 @@ def validate_file_batch(svc: Services, batch: BatchItem) -> str:
     for _ in range(3):
         # A paused batch gets no lanes yet: its resume creates them.
         paused = bool(batch.get("paused_at"))
-        ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now(), paused=paused),
+        ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now(), paused=paused,
+                               seen=batch),
                Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
         ops += [] if paused else [Lane.create(t, model_id, batch) for model_id in lanes]
         try:
@@ -269,9 +270,9 @@ def validate_file_batch(svc: Services, batch: BatchItem) -> str:
             current = Batch.get(t, batch["id"])
             if current is None or not current.get("awaiting_validation") or current.get("stop"):
                 return "stale"  # validated by another run, or cancelled meanwhile: the sweeper settles it
-            if bool(current.get("paused_at")) == paused:
+            if bool(current.get("paused_at")) == paused and current.get("priority") == batch.get("priority"):
                 break
-            batch = current  # paused or resumed meanwhile: again, as it is now
+            batch = current  # paused, resumed or given another priority meanwhile: again, as it is now
     else:
         return "stale"  # paused and resumed over and over: the next sweep validates it
     problems = [{"code": "too_many_requests", "param": None, "line": None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 from ..domain import (
     FINAL_BATCH,
@@ -21,6 +22,7 @@ from ..domain import (
     counts_as_failed_unstarted,
     final_status,
     new_file_id,
+    unstarted_stop,
 )
 from ..layout import REQUEST_PREFIX, batch_prefix, export_object, file_prefix
 from ..ledger import Settlement, settle
@@ -122,6 +124,8 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
         if batch.get("input_file_id"):
             sets["output_file_id"], sets["error_file_id"] = writing["output"]["file"], writing["error"]["file"]
     never_started = undispatched_count(batch)
+    if batch.get("retry_count") and (never_started or int(batch.get("unstarted", 0))):
+        sets["unstarted_by"] = _unstarted_by_stop(svc, batch, stop, never_started)
     # A retried batch whose never-dispatched requests stayed as they were keeps the fate they ended with.
     final = final_status(stop or (Stop(batch["parked"]) if batch.get("parked") else None))
     # A retried batch is kept no longer than the request items of its first run (their TTL).
@@ -141,6 +145,23 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
         return Batch.get(svc.table, batch_id)  # someone else settled it, or it changed: the fresh read says which
     webhooks.announce(svc, event)
     return Batch.get(svc.table, batch_id)
+
+
+def _unstarted_by_stop(svc: Services, batch: BatchItem, stop: Stop | None, never_started: int) -> dict[str, int]:
+    """How many of a retried batch's requests that never ran ended under each stop: its runs may have ended
+    differently (cancelled, then retried for its failed requests, then expired), and the ones a retry left
+    keep their fate. From the request items (their error says which stop), the requests its lanes never
+    dispatched (this ending's stop) and those a retry left undispatched (`parked`). Read once, at the end."""
+    counts: Counter[str] = Counter()
+    for item in svc.table.query_all("pk = :pk AND begins_with(sk, :r)",
+                                    {":pk": batch["pk"], ":r": REQUEST_PREFIX, ":u": RequestState.UNSTARTED.value},
+                                    filter_expression="#state = :u", projection="#error", consistent=True):
+        counts[unstarted_stop(item.get("error")).value] += 1
+    if never_started and stop is not None:
+        counts[stop.value] += never_started
+    if batch.get("parked"):
+        counts[str(batch["parked"])] += never_dispatched_count(batch)
+    return dict(counts)
 
 
 def _announcing(svc: Services, batch: BatchItem, final: BatchStatus, ops: list) -> dict | None:

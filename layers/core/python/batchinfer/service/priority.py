@@ -42,11 +42,12 @@ def change(svc: Services, batch: BatchItem, priority: str) -> BatchItem:
         if batch["status"] in FINAL_BATCH:
             raise Conflict(f"Batch '{batch['id']}' has ended ({batch['status']}); its priority can no longer "
                            "change.", code="batch_ended")
-        # A stopped batch has no lanes left; a file batch awaiting validation has none yet (they are made from
-        # the batch item, priority included, when its lines are checked).
-        models = [] if batch.get("stop") else [m for m, lane in batch.get("lanes", {}).items()
-                                               if int(lane["next"]) < int(lane["total"])]
-        ops = [Batch.set_priority(t, batch["id"], priority)]
+        # A stopped batch has no lanes left; a paused one none until its resume, a file batch awaiting
+        # validation none yet: they are made from the batch item, priority included, fenced on the priority
+        # they read (`Batch.validated`, `Batch.resume`), as this write is on the lanes being as read.
+        models = [] if batch.get("stop") or batch.get("paused_at") or batch.get("awaiting_validation") else [
+            m for m, lane in batch.get("lanes", {}).items() if int(lane["next"]) < int(lane["total"])]
+        ops = [Batch.set_priority(t, batch["id"], priority, seen=batch)]
         ops += [Lane.set_priority(t, model_id, batch, priority) for model_id in models]
         try:
             t.transact(ops)

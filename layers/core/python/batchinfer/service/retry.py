@@ -39,7 +39,7 @@ from ..layout import REQUEST_PREFIX, export_object, file_prefix
 from ..records import Account, Batch, BatchItem, Budget, File, Idempotency, Lane, Request, RequestItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from . import analytics
+from . import analytics, never_dispatched
 from .accounts import Principal
 from .intake import IdempotencyClaim, body_hash, check_idempotency_key, replay
 from .lifecycle import never_dispatched_count
@@ -127,6 +127,12 @@ def retry(svc: Services, principal: Principal, batch: BatchItem, wanted: RetryFi
                        "completion window would outlast its results.", code="retention_ending")
     never = never_dispatched_count(batch)
     never_stop = _never_stop(batch)
+    if wanted.custom_ids is not None and never > 0 and never_stop is not None:
+        # A never-dispatched request has no request item for a custom id to name: they are filed as items first,
+        # with the fate they ended with (service.never_dispatched); those not named stay as they are (`parked`).
+        status, code = never_ran_shown(never_stop)
+        batch = never_dispatched.file_if_named(svc, batch, never_stop, lambda c: wanted.takes(c, status, code),
+                                               time.monotonic() + never_dispatched.CALL_SECONDS)
     lanes_back = (never > 0 and never_stop is not None and wanted.custom_ids is None
                   and wanted.takes(None, *never_ran_shown(never_stop)))
     nothing = f"No request of batch '{batch['id']}' that did not succeed matches {described}."

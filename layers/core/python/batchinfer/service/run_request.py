@@ -169,7 +169,7 @@ def _settle_without_running(svc: Services, req: dict, message: dict, seen: dict 
         try:
             settle(svc, req, outcome, stop)
             if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
-                pausing.after_wait(svc, batch["id"])
+                pausing.after_wait(svc, batch["id"], [req["index"]])
             return outcome.to.value
         except ConditionFailed:
             req = Request.get(svc.table, req["batch_id"], req["index"])
@@ -260,7 +260,7 @@ def _close_without_running(svc: Services, group: dict, batch: dict | None) -> Co
         try:
             close_group(svc, group, [], items)
             if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
-                pausing.after_wait(svc, batch["id"])
+                pausing.after_wait(svc, batch["id"], [item["index"] for item in items])
             return Counter({outcome.to.value: len(items)})
         except ConditionFailed:
             current = svc.table.get(group["pk"], group["sk"])

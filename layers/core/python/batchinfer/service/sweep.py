@@ -14,7 +14,7 @@ from ..ledger import Settlement, close_group, give_back_slots, position_item, se
 from ..records import Batch, GroupItem, InteractiveLease, Request, analytics
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
-from . import retry, spending_cap, webhooks
+from . import pausing, retry, spending_cap, webhooks
 from .intake import validate_file_batch
 from .lifecycle import begin_purge, due_to_expire, purge_batch, settle_batch, stop_batch
 
@@ -206,6 +206,8 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
         if after is None or after.get("retrying"):
             return done
         after = settle_batch(svc, batch_id, deadline)
+    if after is not None and after.get("pause_walk"):  # a pause or resume still walking its waiting requests
+        after = pausing.carry_on(svc, after, deadline)
     if after is not None and after.get("awaiting_validation") and not after.get("stop"):
         if deadline is not None and time.monotonic() + VALIDATION_RESERVE_SECONDS > deadline:
             return done  # not enough time left for the whole step (fenced, safe to repeat): the next run

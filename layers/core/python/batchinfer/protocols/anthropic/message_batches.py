@@ -27,7 +27,7 @@ from ...messages_to_chat import refused_everywhere, untranslatable
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import analytics, feed, intake, lifecycle, pausing, priority, results, retry, spend
+from ...service import analytics, batch_usage, feed, intake, lifecycle, pausing, priority, results, retry
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
@@ -244,6 +244,8 @@ def request_counts(item: BatchItem) -> dict:
     unstarted = int(item.get("unstarted", 0))
     canceled = unstarted if stop == Stop.CANCEL.value else 0
     expired = unstarted if stop == Stop.EXPIRE.value else 0
+    if (by := item.get("unstarted_by")) is not None:  # a retried batch's runs may have ended differently
+        canceled, expired = int(by.get(Stop.CANCEL.value, 0)), int(by.get(Stop.EXPIRE.value, 0))
     succeeded = int(item.get("completed", 0))
     return {"processing": 0, "succeeded": succeeded, "errored": total - succeeded - canceled - expired,
             "canceled": canceled, "expired": expired}
@@ -263,7 +265,7 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "created_at": _rfc3339(item["created_at"]), "expires_at": _rfc3339(item["expires_at"]),
         "archived_at": None, "cancel_initiated_at": _rfc3339(item.get("cancelling_at")),
         "results_url": f"{base_url}/v1/messages/batches/{item['id']}/results" if ended(item) else None,
-        **spend.spend_fields(item),  # an extension: the batch's tokens and known cost so far
+        **batch_usage.usage_fields(item),  # an extension: the batch's tokens and known cost so far
         # An extension, on a batch created with a spending cap only: the cap, and `error` once it stopped it.
         **({"max_cost_usd": item["max_cost_usd"], "error": item.get("error")}
            if item.get("max_cost_usd") is not None else {}),

@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import analytics, intake, lifecycle, pausing, priority, results, retry, spend, webhooks
+from ...service import analytics, batch_usage, intake, lifecycle, pausing, priority, results, retry, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -111,7 +111,7 @@ def batch_object(item: BatchItem) -> dict:
         "metadata": item.get("metadata"),
         **({"webhook_url": item["webhook_url"]} if item.get("webhook_url") else {}),  # only where one was given
         "usage": usage_object(item),
-        "cost_usd": round(float(item.get("cost_usd", 0)), 10),
+        "cost_usd": batch_usage.cost_of(item),
         "cost_unknown_attempts": item.get("cost_unknown_attempts", 0),
         **({"max_cost_usd": item["max_cost_usd"]} if item.get("max_cost_usd") is not None else {}),  # where one was set
         "results_expires_at": at("results_expires_at"),
@@ -132,8 +132,8 @@ def batch_model(item: BatchItem) -> str | None:
 
 
 def usage_object(item: BatchItem) -> dict:
-    """The batch's tokens (`service.spend`, as every batch API shows them)."""
-    return spend.usage_of(item)
+    """The batch's tokens (`service.batch_usage`, as every batch API shows them)."""
+    return batch_usage.usage_of(item)
 
 
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
