@@ -135,6 +135,18 @@ class Model(BaseModel):
             return CHAT_ENDPOINT in self.endpoints
         return endpoint in self.endpoints
 
+    @model_validator(mode="after")
+    def _endpoints_its_backend_serves(self) -> Model:
+        # Bedrock models are reached through Converse (chat, and Messages translated) and InvokeModel
+        # (embeddings, in the body format the catalog names): refuse at load what they cannot serve.
+        if self.backend is not None and self.backend.kind == "bedrock":
+            extra = sorted(set(self.endpoints) - {CHAT_ENDPOINT, "/v1/embeddings"})
+            if extra:
+                raise ValueError(f"model {self.id!r}: a bedrock backend does not serve {', '.join(extra)}")
+            if "/v1/embeddings" in self.endpoints and not self.backend.embedding_format:
+                raise ValueError(f"model {self.id!r}: /v1/embeddings on a bedrock backend needs embedding_format")
+        return self
+
     @property
     def backend_model(self) -> str:
         return (self.backend.model if self.backend else None) or self.id

@@ -23,6 +23,7 @@ from ..catalog import MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, Relay, new_token, next_utc_midnight
 from ..errors import ApiError, GatewayTimeout, InvalidRequest, NotFound, RateLimited, ServiceUnavailable, quoted
 from ..protocols.anthropic.message_batches import ParamsError, params_model
+from ..providers import backend_refusal
 from ..records import InteractiveLease, Usage
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
 from ..runtime import Services
@@ -37,6 +38,7 @@ OPENAI_ENDPOINTS = (CHAT, EMBEDDINGS, RESPONSES)
 NO_STREAM = ("stream: streaming answers are not served here: behind API Gateway and Lambda an answer is sent "
              "whole, so a stream would arrive all at once. Send stream false (or leave it out).")
 STREAMED_ENDPOINTS = (CHAT, MESSAGES_ENDPOINT)
+BEDROCK_NO_STREAM = "answers from Bedrock models are not streamed by this service; send stream false (or leave it out)."
 LEASE_GRACE_SECONDS = 60  # beyond the backend timeout: a request whose lease is older than this died
 log = logging.getLogger(__name__)
 
@@ -208,6 +210,9 @@ async def serve_openai(svc: Services, principal: Principal, endpoint: str, paylo
     if problem:
         raise InvalidRequest(problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
     model = route(svc, principal.account, payload.get("model"), endpoint)
+    refused = backend_refusal(model, endpoint, payload)  # what the model's backend cannot carry (`stream` too)
+    if refused:
+        raise InvalidRequest(refused, param=refused.split(":", 1)[0] or None)
     _check_quota(svc, principal.account)
     if streams:
         return Streamed(await _stream(svc, principal, model, endpoint, payload), model)
@@ -239,6 +244,8 @@ async def serve_messages(svc: Services, principal: Principal, payload: object, v
         raise ApiError(status, refused.error["message"], code=refused.error["code"]) from None
     _check_quota(svc, principal.account)
     assert isinstance(payload, dict)
+    if streams and model.backend is not None and model.backend.kind == "bedrock":
+        raise InvalidRequest(f"stream: {BEDROCK_NO_STREAM}", code="stream_unsupported", param="stream")
     if streams:
         return Streamed(await _stream(svc, principal, model, MESSAGES_ENDPOINT, payload, version), model)
     attempt, cost = await _run(svc, principal, model, MESSAGES_ENDPOINT, payload, version)
