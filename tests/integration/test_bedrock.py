@@ -1,0 +1,244 @@
+"""Amazon Bedrock models through the HTTP API: inline batches, Message Batches, interactive chat completions,
+messages and embeddings, run by the real worker through boto3's `bedrock-runtime` client against the simulated
+backend's Converse and InvokeModel routes (SigV4 with dummy credentials, real botocore parsing); what Converse
+cannot carry refused at intake naming the parameter; each Bedrock error class mapped to the service's rules."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from pathlib import Path
+
+import pytest
+import yaml
+
+from batchinfer.catalog import DEFAULT_MODELS_FILE
+from batchinfer.layout import model_budget_key
+from batchinfer.runtime import use_services
+from tests.helpers import make_services, new_key
+from tests.integration.test_api import anthropic_error, error, finish, ok, req, sim_requests
+from tests.integration.test_message_batches import V1, Messages
+
+CLAUDE = "claude-bedrock"  # the default catalog's Bedrock model
+CLAUDE_ID = "us.anthropic.claude-haiku-4-5-20251001-v1:0"
+TITAN, COHERE = "titan-embed-bedrock", "cohere-embed-bedrock"
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
+
+
+@pytest.fixture
+def catalog_file(tmp_path: Path) -> Path:
+    """The default catalog plus two Bedrock embedding models (Titan text and Cohere embed bodies)."""
+    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
+    for model_id, model, embedding_format in ((TITAN, "amazon.titan-embed-text-v2:0", "titan"),
+                                              (COHERE, "cohere.embed-english-v3", "cohere")):
+        catalog["models"].append({
+            "id": model_id, "endpoints": ["/v1/embeddings"], "batch_budget": 2,
+            "price": {"input_per_mtok": 0.13},
+            "backend": {"kind": "bedrock", "model_id": model, "region": "us-east-1",
+                        "endpoint_url": "${SIMULATED_BACKEND_URL}", "embedding_format": embedding_format}})
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(catalog))
+    return path
+
+
+@pytest.fixture
+def svc(svc, sim, catalog_file):
+    services = make_services(sim.url, table_name="batchinfer-bedrock", bucket_name="batchinfer-bedrock",
+                             models_file=str(catalog_file), message_batches_enabled=True,
+                             embeddings_responses_batches_enabled=True, interactive_streaming_enabled=True)
+    use_services(services)
+    yield services
+    use_services(svc)
+
+
+def converse_calls(sim_control) -> int:
+    paths = sim_control.get("/_sim/stats").json()["by_path"]
+    return sum(n for path, n in paths.items() if path.startswith("/model/") and path.endswith("/converse"))
+
+
+def cost(svc, model: str, usage: dict) -> float:
+    price = svc.catalog.get(model).price
+    return (usage["prompt_tokens"] * price.input_per_mtok + usage["completion_tokens"] * price.output_per_mtok) / 1e6
+
+
+def test_an_inline_batch_runs_on_bedrock_with_its_usage_and_cost(api, svc, sim_control):
+    _, key = new_key(svc)
+    batch = api.created(key, [req("q-0", "Summarize Hamlet", model=CLAUDE, max_tokens=40),
+                              req("q-1", "Name three primes", model=CLAUDE, temperature=0.2, top_p=0.9,
+                                  stop=["END"])])
+    final = finish(svc, batch["id"])
+    assert final["status"] == "completed"
+    page = ok(api.results(key, batch["id"]))["data"]
+    assert [r["status"] for r in page] == ["completed", "completed"]
+    body = page[0]["response"]["body"]
+    assert body["object"] == "chat.completion" and body["model"] == CLAUDE
+    assert body["choices"][0]["message"]["content"].startswith(f"Simulated answer from {CLAUDE_ID} to: Summarize")
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["prompt_tokens"] == 2 + 3 and body["usage"]["completion_tokens"] > 0
+    assert page[0]["response"]["request_id"].startswith("req_sim_")  # Bedrock's x-amzn-RequestId
+    assert converse_calls(sim_control) == 2
+    total = sum(cost(svc, CLAUDE, r["response"]["body"]["usage"]) for r in page)
+    shown = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+    assert abs(shown["cost_usd"] - total) < 1e-9 and shown["cost_unknown_attempts"] == 0
+    tokens = sum(r["response"]["body"]["usage"]["total_tokens"] for r in page)
+    assert shown["usage"]["total_tokens"] == tokens
+
+
+def test_a_file_batch_line_that_converse_cannot_carry_is_refused_naming_the_parameter(api, svc, sim_control):
+    _, key = new_key(svc)
+    for extra, param in (({"seed": 7}, "seed"), ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+                         ({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"tool_choice": "none", "tools": [{"type": "function", "function": {"name": "f"}}]},
+                          "tool_choice")):
+        reply = api.create(key, [req("a", model=CLAUDE, **extra)])
+        error(reply, 400, f"{param}: ")
+    assert sim_requests(sim_control) == 0
+
+
+def test_interactive_chat_carries_system_turns_tools_images_and_answers_tool_calls(api, svc, sim_control):
+    _, key = new_key(svc)
+    tools = [{"type": "function", "function": {"name": "search", "description": "Look it up",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    called = ok(api("POST", "/v1/chat/completions", key, json_body={
+        "model": CLAUDE, "tools": tools, "tool_choice": "auto",
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": [
+                         {"type": "text", "text": "What is this? [[sim:tool:search]]"},
+                         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}]}))
+    choice = called["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "search"
+    assert call["id"].startswith("tooluse_") and call["function"]["arguments"] == '{"query": "Simulated"}'
+    # The tool's answer goes back; the model answers in text.
+    answered = ok(api("POST", "/v1/chat/completions", key, json_body={
+        "model": CLAUDE, "tools": tools, "max_completion_tokens": 64,
+        "messages": [{"role": "user", "content": "What is this?"}, choice["message"],
+                     {"role": "tool", "tool_call_id": call["id"], "content": "a png"}]}))
+    assert answered["choices"][0]["finish_reason"] == "stop"
+    assert answered["choices"][0]["message"]["content"].startswith(f"Simulated answer from {CLAUDE_ID}")
+    # Cut at max_tokens: finish_reason "length".
+    cut = ok(api("POST", "/v1/chat/completions", key, json_body={
+        "model": CLAUDE, "max_tokens": 2, "messages": [{"role": "user", "content": "Tell me a story"}]}))
+    assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 2
+
+
+def test_interactive_refusals_name_the_parameter_and_send_nothing(api, svc, sim_control):
+    _, key = new_key(svc)
+    base = {"model": CLAUDE, "messages": [{"role": "user", "content": "hi"}]}
+    for extra, param in (({"stream": True}, "stream"), ({"seed": 1}, "seed"), ({"logprobs": True}, "logprobs"),
+                         ({"reasoning_effort": "low"}, "reasoning_effort"),
+                         ({"messages": [{"role": "user", "content": [
+                             {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]},
+                          "messages[0].content[0].image_url.url")):
+        error(api("POST", "/v1/chat/completions", key, json_body={**base, **extra}), 400, f"{param}: ", param=param)
+    streamed = {"model": CLAUDE, "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    refused = anthropic_error(api("POST", "/v1/messages", key, json_body=streamed,
+                                  headers={"anthropic-version": V1}), 400, "invalid_request_error", "stream: ")
+    assert "Bedrock" in refused["message"]
+    assert sim_requests(sim_control) == 0
+
+
+def test_interactive_messages_on_bedrock(api, svc, sim_control):
+    _, key = new_key(svc)
+    message = ok(api("POST", "/v1/messages", key, headers={"anthropic-version": V1}, json_body={
+        "model": CLAUDE, "max_tokens": 64, "system": "Be brief.", "top_k": 5, "stop_sequences": ["###"],
+        "messages": [{"role": "user", "content": "Hello there"}]}))
+    assert message["type"] == "message" and message["stop_reason"] == "end_turn"
+    assert message["content"][0]["text"].startswith(f"Simulated answer from {CLAUDE_ID} to: Hello there")
+    assert message["usage"]["input_tokens"] == 2 + 2 + 3 + 3 and message["usage"]["output_tokens"] > 0
+
+
+def test_a_message_batch_on_bedrock_with_tools_and_a_refused_request(api, svc, sim_control):
+    _, key = new_key(svc)
+    messages = Messages(api, key)
+    tools = [{"name": "search", "input_schema": {"type": "object"}}]
+    batch = messages.created([
+        {"custom_id": "tool", "params": {"model": CLAUDE, "max_tokens": 64, "tools": tools,
+                                         "tool_choice": {"type": "any"},
+                                         "messages": [{"role": "user", "content": "Look up [[sim:tool:search]]"}]}},
+        {"custom_id": "loop", "params": {"model": CLAUDE, "max_tokens": 64, "tools": tools, "messages": [
+            {"role": "user", "content": "Look it up"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "search", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "none found",
+                                          "is_error": True}]}]}},
+        {"custom_id": "thinking", "params": {"model": CLAUDE, "max_tokens": 64,
+                                             "thinking": {"type": "enabled", "budget_tokens": 1024},
+                                             "messages": [{"role": "user", "content": "hi"}]}}])
+    finish(svc, batch["id"])
+    results = {line["custom_id"]: line["result"] for line in messages.results(batch["id"])}
+    tool = results["tool"]["message"]
+    assert results["tool"]["type"] == "succeeded" and tool["stop_reason"] == "tool_use"
+    assert tool["content"] == [{"type": "tool_use", "id": tool["content"][0]["id"], "name": "search",
+                                "input": {"query": "Simulated"}}]
+    assert results["loop"]["type"] == "succeeded" and results["loop"]["message"]["stop_reason"] == "end_turn"
+    assert results["thinking"]["type"] == "errored"
+    assert results["thinking"]["error"]["error"]["message"].startswith("thinking: ")
+    assert converse_calls(sim_control) == 2
+
+
+def test_embeddings_through_invoke_model_in_titan_and_cohere_bodies(api, svc, sim_control):
+    _, key = new_key(svc)
+    for model in (TITAN, COHERE):
+        answer = ok(api("POST", "/v1/embeddings", key, json_body={"model": model, "input": ["one two", "three"]}))
+        assert [d["index"] for d in answer["data"]] == [0, 1] and len(answer["data"][0]["embedding"]) == 8
+        assert answer["usage"] == {"prompt_tokens": 3, "total_tokens": 3}, model
+        packed = ok(api("POST", "/v1/embeddings", key, json_body={"model": model, "input": "one two",
+                                                                   "encoding_format": "base64"}))
+        vector = struct.unpack("<8f", base64.b64decode(packed["data"][0]["embedding"]))
+        assert [round(v, 5) for v in vector] == [round(v, 5) for v in answer["data"][0]["embedding"]]
+    error(api("POST", "/v1/embeddings", key, json_body={"model": COHERE, "input": "x", "dimensions": 256}), 400,
+          "dimensions: ", param="dimensions")
+    error(api("POST", "/v1/embeddings", key, json_body={"model": TITAN, "input": [[1, 2]]}), 400, "input: ")
+    paths = sim_control.get("/_sim/stats").json()["by_path"]
+    assert sum(n for p, n in paths.items() if p.endswith("/invoke")) == 3 + 2  # Titan: a call per text
+
+
+# Bedrock's error class -> (status the caller sees, the OpenAI error type's status, the service's code, retried)
+ERROR_CLASSES = {
+    "ThrottlingException": (429, "rate_limited", True),
+    "ServiceQuotaExceededException": (429, "rate_limited", True),
+    "ModelTimeoutException": (502, "timeout", True),
+    "ServiceUnavailableException": (503, "service_unavailable", True),
+    "ModelNotReadyException": (503, "service_unavailable", True),
+    "InternalServerException": (502, "upstream_error", True),
+    "ValidationException": (400, "invalid_request", False),
+    "AccessDeniedException": (403, "forbidden", False),
+    "ResourceNotFoundException": (404, "model_not_found", False),
+    "ModelErrorException": (502, "upstream_error", True),
+}
+
+
+def test_each_bedrock_error_class_maps_to_the_services_rules(api, svc, sim_control):
+    _, key = new_key(svc)
+    svc.settings = svc.settings.model_copy(update={"max_attempts": 2})
+    batch = api.created(key, [req(name, f"x [[sim:bedrock:{name}]]", model=CLAUDE) for name in ERROR_CLASSES])
+    finish(svc, batch["id"])
+    page = {r["custom_id"]: r for r in ok(api.results(key, batch["id"]))["data"]}
+    for name, (_, code, retried) in ERROR_CLASSES.items():
+        failed = page[name]
+        assert failed["status"] == "failed" and failed["error"]["code"] == code, (name, failed["error"])
+        assert failed["error"]["message"] == f"Amazon Bedrock {name}: Simulated {name}", failed["error"]
+        assert failed["error"]["request_id"].startswith("req_sim_"), failed["error"]
+    paths = sim_control.get("/_sim/stats").json()["by_status"]
+    retried = sum(2 if r else 1 for _, _, r in ERROR_CLASSES.values())
+    assert converse_calls(sim_control) == retried, paths
+    # Interactive: the status a caller sees.
+    for name, (status, _, _) in ERROR_CLASSES.items():
+        reply = api("POST", "/v1/chat/completions", key, json_body={
+            "model": CLAUDE, "messages": [{"role": "user", "content": f"x [[sim:bedrock:{name}]]"}]})
+        assert reply.status == status, (name, reply.status, reply.text)
+        assert f"Amazon Bedrock {name}" in reply.json()["error"]["message"]
+
+
+def test_a_throttled_request_is_retried_and_backs_the_budget_off(api, svc, sim_control):
+    _, key = new_key(svc)
+    batch = api.created(key, [req("a", "Hello [[sim:flaky:2:429]]", model=CLAUDE)])
+    finish(svc, batch["id"])
+    final = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+    assert final["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert converse_calls(sim_control) == 3
+    assert sim_control.get("/_sim/stats").json()["by_status"]["429"] == 2
+    # The adaptive cap backed off from the model's budget (8), as for any backend's 429.
+    cap = svc.table.get(*model_budget_key(CLAUDE))["adaptive_cap"]
+    assert svc.catalog.get(CLAUDE).batch_floor <= cap < svc.catalog.get(CLAUDE).batch_budget
