@@ -215,7 +215,7 @@ def test_each_bedrock_error_class_maps_to_the_services_rules(api, svc, sim_contr
     batch = api.created(key, [req(name, f"x [[sim:bedrock:{name}]]", model=CLAUDE) for name in ERROR_CLASSES])
     finish(svc, batch["id"])
     page = {r["custom_id"]: r for r in ok(api.results(key, batch["id"]))["data"]}
-    for name, (_, code, retried) in ERROR_CLASSES.items():
+    for name, (_, code, _) in ERROR_CLASSES.items():
         failed = page[name]
         assert failed["status"] == "failed" and failed["error"]["code"] == code, (name, failed["error"])
         assert failed["error"]["message"] == f"Amazon Bedrock {name}: Simulated {name}", failed["error"]
