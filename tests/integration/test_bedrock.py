@@ -242,3 +242,24 @@ def test_a_throttled_request_is_retried_and_backs_the_budget_off(api, svc, sim_c
     # The adaptive cap backed off from the model's budget (8), as for any backend's 429.
     cap = svc.table.get(*model_budget_key(CLAUDE))["adaptive_cap"]
     assert svc.catalog.get(CLAUDE).batch_floor <= cap < svc.catalog.get(CLAUDE).batch_budget
+
+
+def test_a_lost_connection_and_a_timeout_are_told_apart_by_what_they_may_have_cost(svc, sim_control):
+    """No connection: the call never reached Bedrock (it cost nothing, unsent). No answer in time after it was
+    sent: Bedrock may have run it (cost unknown), as for the HTTP kinds."""
+    import asyncio
+
+    from batchinfer.providers import call_backend
+    from local.servers import free_port
+
+    model = svc.catalog.get(CLAUDE)
+    closed = model.model_copy(update={"backend": model.backend.model_copy(
+        update={"endpoint_url": f"http://127.0.0.1:{free_port()}"})})
+    body = {"model": CLAUDE, "messages": [{"role": "user", "content": "hi"}]}
+    unsent = asyncio.run(call_backend(closed, "/v1/chat/completions", body, None, 2.0))
+    assert (unsent.status_code, unsent.sent, unsent.cost_known) == (None, False, True), unsent
+    assert unsent.error()["code"] == "service_unavailable"
+    sim_control.put("/_sim/config", json={"latency_seconds": 3})
+    late = asyncio.run(call_backend(model, "/v1/chat/completions", body, None, 0.5))
+    assert (late.status_code, late.sent, late.cost_known) == (None, True, False), late
+    assert late.error()["code"] == "timeout"
