@@ -9,7 +9,10 @@ Endpoints: POST /v1/chat/completions, /v1/embeddings, /v1/responses (OpenAI shap
 signature): POST /model/{modelId}/converse (Converse's JSON; tool use as the other routes; errors as Bedrock
 sends them: the status of the error class, its name in `x-amzn-ErrorType`, a `{"message": ...}` body, the
 request id in `x-amzn-RequestId`) and /model/{modelId}/invoke (Titan text `{"inputText"}` and Cohere embed
-`{"texts", "input_type"}` embedding bodies; the token count in `X-Amzn-Bedrock-Input-Token-Count`). Faults
+`{"texts", "input_type"}` embedding bodies; the token count in `X-Amzn-Bedrock-Input-Token-Count`) and
+/model/{modelId}/converse-stream (the same answer as `application/vnd.amazon.eventstream` frames, as botocore
+parses them: messageStart, a contentBlockDelta per word or the tool's input, contentBlockStop, messageStop,
+metadata with the usage; `[[sim:cut-stream]]` ends it after its first delta, with no messageStop). Faults
 there answer as Bedrock's classes: 429 ThrottlingException, 500 InternalServerException, a timeout 408
 ModelTimeoutException, a 400 ValidationException. Chat completions and messages stream with `stream: true` (server-sent
 events in each API's shapes: the same answer, a word per delta, after the latency; chat sends a usage chunk
@@ -67,6 +70,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import binascii
 import hashlib
 import json
 import math
@@ -383,6 +387,40 @@ def _build_invoke(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
             "response_type": "embeddings_floats"}
 
 
+def event_frame(event_type: str, payload: dict[str, Any]) -> bytes:
+    """One `application/vnd.amazon.eventstream` message: prelude (total and headers length, CRC32), string
+    headers, the JSON payload, the message's CRC32."""
+    headers = b""
+    for name, value in ((":event-type", event_type), (":content-type", "application/json"),
+                        (":message-type", "event")):
+        headers += bytes([len(name)]) + name.encode() + b"\x07" + struct.pack(">H", len(value)) + value.encode()
+    body = json.dumps(payload).encode()
+    prelude = struct.pack(">II", 12 + len(headers) + len(body) + 4, len(headers))
+    message = prelude + struct.pack(">I", binascii.crc32(prelude)) + headers + body
+    return message + struct.pack(">I", binascii.crc32(message))
+
+
+def converse_events(answer: dict[str, Any], cut: bool = False) -> list[bytes]:
+    """A Converse answer as ConverseStream sends it; `cut`: only up to its first delta."""
+    frames = [event_frame("messageStart", {"role": "assistant"})]
+    for index, block in enumerate(answer["output"]["message"]["content"]):
+        if "toolUse" in block:
+            use = block["toolUse"]
+            frames.append(event_frame("contentBlockStart", {"contentBlockIndex": index, "start": {
+                "toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}}))
+            deltas = [{"toolUse": {"input": json.dumps(use["input"])}}]
+        else:
+            deltas = [{"text": word} for word in _words(block["text"])]
+        for delta in deltas:
+            frames.append(event_frame("contentBlockDelta", {"contentBlockIndex": index, "delta": delta}))
+            if cut:
+                return frames
+        frames.append(event_frame("contentBlockStop", {"contentBlockIndex": index}))
+    frames.append(event_frame("messageStop", {"stopReason": answer["stopReason"]}))
+    frames.append(event_frame("metadata", {"usage": answer["usage"], "metrics": answer["metrics"]}))
+    return frames
+
+
 def _bedrock_error(err: SimError) -> Response:
     name = err.code if err.code in BEDROCK_ERRORS else _BEDROCK_BY_STATUS.get(err.status, "InternalServerException")
     return JSONResponse({"message": err.message}, status_code=BEDROCK_ERRORS.get(name, err.status),
@@ -654,6 +692,9 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
                     raise SimError(BEDROCK_ERRORS[named.group(1)], f"Simulated {named.group(1)}", code=named.group(1))
             prompt = parse(body)
             await _apply_faults(request, state, prompt, body)
+            if request.url.path.endswith("/converse-stream"):
+                frames = converse_events(build(prompt, body), cut="[[sim:cut-stream]]" in "\n".join(prompt.texts))
+                return StreamingResponse(iter(frames), media_type="application/vnd.amazon.eventstream")
             if body.get("stream") is True:
                 return _streamed(build(prompt, body), body, flavour, state.config.stream_usage,
                                  state.config.answer_extra_json)
@@ -709,6 +750,7 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         "/v1/messages": (lambda b: _parse_chat(b, ("max_tokens",)), _build_anthropic, "anthropic"),
         "/model/{model_id:path}/converse": (_parse_converse, _build_converse, "bedrock"),
         "/model/{model_id:path}/invoke": (_parse_invoke, _build_invoke, "bedrock"),
+        "/model/{model_id:path}/converse-stream": (_parse_converse, _build_converse, "bedrock"),
     }
     for path, (parse, build, flavour) in routes.items():
         app.add_api_route(path, _endpoint(state, parse, build, flavour), methods=["POST"])

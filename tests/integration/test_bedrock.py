@@ -6,6 +6,7 @@ cannot carry refused at intake naming the parameter; each Bedrock error class ma
 from __future__ import annotations
 
 import base64
+import json
 import struct
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest
 import yaml
 
 from batchinfer.catalog import DEFAULT_MODELS_FILE
+from batchinfer.domain import utc_day
 from batchinfer.layout import model_budget_key
+from batchinfer.records import Usage
 from batchinfer.runtime import use_services
 from tests.helpers import make_services, new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, req, sim_requests
@@ -126,17 +129,64 @@ def test_interactive_chat_carries_system_turns_tools_images_and_answers_tool_cal
 def test_interactive_refusals_name_the_parameter_and_send_nothing(api, svc, sim_control):
     _, key = new_key(svc)
     base = {"model": CLAUDE, "messages": [{"role": "user", "content": "hi"}]}
-    for extra, param in (({"stream": True}, "stream"), ({"seed": 1}, "seed"), ({"logprobs": True}, "logprobs"),
+    for extra, param in (({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options"),
+                         ({"seed": 1}, "seed"), ({"logprobs": True}, "logprobs"),
                          ({"reasoning_effort": "low"}, "reasoning_effort"),
                          ({"messages": [{"role": "user", "content": [
                              {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]},
                           "messages[0].content[0].image_url.url")):
         error(api("POST", "/v1/chat/completions", key, json_body={**base, **extra}), 400, f"{param}: ", param=param)
-    streamed = {"model": CLAUDE, "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    refused = anthropic_error(api("POST", "/v1/messages", key, json_body=streamed,
-                                  headers={"anthropic-version": V1}), 400, "invalid_request_error", "stream: ")
-    assert "Bedrock" in refused["message"]
+    thinking = {"model": CLAUDE, "max_tokens": 10, "stream": True, "thinking": {"type": "enabled", "budget_tokens": 9},
+                "messages": [{"role": "user", "content": "hi"}]}
+    anthropic_error(api("POST", "/v1/messages", key, json_body=thinking, headers={"anthropic-version": V1}), 400,
+                    "invalid_request_error", "thinking: ")
     assert sim_requests(sim_control) == 0
+
+
+def sse(reply) -> list[tuple[str | None, object]]:
+    assert reply.status == 200 and reply.content_type.startswith("text/event-stream"), reply.text
+    found = []
+    for block in reply.text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        data = fields["data"]
+        found.append((fields.get("event"), data if data == "[DONE]" else json.loads(data)))
+    return found
+
+
+def test_stream_true_streams_through_converse_stream_at_the_same_cost(api, svc, sim_control):
+    """The simulated runtime sends real application/vnd.amazon.eventstream frames; botocore parses them."""
+    account, key = new_key(svc)
+    chat = {"model": CLAUDE, "messages": [{"role": "user", "content": "Name three primes"}]}
+    whole = ok(api("POST", "/v1/chat/completions", key, json_body=chat))
+    streamed = sse(api("POST", "/v1/chat/completions", key,
+                       json_body={**chat, "stream": True, "stream_options": {"include_usage": True}}))
+    assert streamed[-1] == (None, "[DONE]")
+    chunks = [data for _, data in streamed[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"] and len(chunks) > 4
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    day = Usage.get(svc.table, account["id"], utc_day(svc.now()))
+    assert abs(float(day["cost_usd"]) - 2 * cost(svc, CLAUDE, whole["usage"])) < 1e-12
+    assert day.get("cost_unknown_attempts", 0) == 0
+    paths = sim_control.get("/_sim/stats").json()["by_path"]
+    assert sum(n for p, n in paths.items() if p.endswith("/converse-stream")) == 1
+    # A Messages stream, with a tool call: the Anthropic events, translated as they come.
+    message = sse(api("POST", "/v1/messages", key, headers={"anthropic-version": V1}, json_body={
+        "model": CLAUDE, "max_tokens": 64, "stream": True, "tools": [{"name": "search", "input_schema": {}}],
+        "messages": [{"role": "user", "content": "Look up [[sim:tool:search]]"}]}))
+    names = [name for name, _ in message]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    [start] = [data for name, data in message if name == "content_block_start"]
+    assert start["content_block"]["type"] == "tool_use" and start["content_block"]["name"] == "search"
+    [delta] = [data for name, data in message if name == "content_block_delta"]
+    assert json.loads(delta["delta"]["partial_json"]) == {"query": "Simulated"}
+    assert message[-2][1]["delta"]["stop_reason"] == "tool_use" and message[-2][1]["usage"]["output_tokens"] > 0
+    # Cut off before its end: the caller is told, the cost is unknown.
+    cut = sse(api("POST", "/v1/chat/completions", key, json_body={**chat, "stream": True, "messages": [
+        {"role": "user", "content": "cut [[sim:cut-stream]]"}]}))
+    assert "error" in cut[-1][1]
+    assert Usage.get(svc.table, account["id"], utc_day(svc.now()))["cost_unknown_attempts"] == 1
 
 
 def test_interactive_messages_on_bedrock(api, svc, sim_control):

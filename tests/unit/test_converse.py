@@ -85,8 +85,8 @@ def test_chat_tools_calls_results_and_images():
 def test_every_chat_parameter_converse_cannot_carry_is_refused_by_name(name):
     refused_value = {"n": 2, "logprobs": True, "top_logprobs": 2, "logit_bias": {"1": 2}, "seed": 1,
                      "presence_penalty": 0.5, "frequency_penalty": 0.5, "response_format": {"type": "json_object"},
-                     "reasoning_effort": "low", "parallel_tool_calls": False, "stream": True,
-                     "stream_options": {"include_usage": True}, "store": True, "metadata": {"a": "b"},
+                     "reasoning_effort": "low", "parallel_tool_calls": False,
+                     "stream_options": {"include_obfuscation": False}, "store": True, "metadata": {"a": "b"},
                      "service_tier": "flex", "functions": [{"name": "f"}], "function_call": "auto",
                      "audio": {"voice": "x"}, "modalities": ["text", "audio"], "prediction": {"type": "content"},
                      "web_search_options": {}}[name]
@@ -307,3 +307,27 @@ def test_the_stop_and_finish_tables_cover_every_converse_stop_reason():
     model = botocore.loaders.Loader().load_service_model("bedrock-runtime", "service-2")
     reasons = set(model["shapes"]["StopReason"]["enum"]) - {"malformed_model_output", "malformed_tool_use"}
     assert reasons <= set(converse.FINISH_REASONS) and reasons <= set(converse.STOP_REASONS)
+
+
+def test_converse_stream_events_as_chat_chunks():
+    stream = converse.StreamedChat("claude", "r-1", 7)
+    chunks = [c for event in (
+        {"messageStart": {"role": "assistant"}},
+        {"contentBlockDelta": {"contentBlockIndex": 0, "delta": {"text": "Hi"}}},
+        {"contentBlockStop": {"contentBlockIndex": 0}},
+        {"contentBlockStart": {"contentBlockIndex": 1, "start": {"toolUse": {"toolUseId": "t1", "name": "f"}}}},
+        {"contentBlockDelta": {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '{"q":'}}}},
+        {"contentBlockDelta": {"contentBlockIndex": 1, "delta": {"toolUse": {"input": ' 1}'}}}},
+        {"messageStop": {"stopReason": "tool_use"}},
+        {"metadata": {"usage": {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7}, "metrics": {}}})
+        for c in stream.feed(event)]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": "Hi"},
+                      {"tool_calls": [{"index": 0, "id": "t1", "type": "function",
+                                       "function": {"name": "f", "arguments": ""}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": '{"q":'}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}]}, {}]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
+                                                                   "total_tokens": 7}
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and {c["created"] for c in chunks} == {7}

@@ -5,7 +5,7 @@ and a line here; the worker does not change. The only code that talks HTTP to ba
 An Anthropic Messages request for a model on an `openai` backend is translated to a chat completion and
 its answer back to a message (`messages_to_chat`); intake already refused what the translation cannot carry.
 Interactive `stream: true` answers are relayed by `streaming.open_stream`. A `bedrock` model (Amazon Bedrock,
-through boto3's Converse and InvokeModel) translates both APIs itself (`converse`) and does not stream.
+through boto3's Converse, ConverseStream and InvokeModel) translates both APIs itself (`converse`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Amazon Bedrock models: one attempt, one `bedrock-runtime` call, signed with the function's IAM role (no key).
-Chat completions and Anthropic Messages go through `Converse` (translated by `providers.converse`), embeddings
-through `InvokeModel` (Titan text or Cohere embed bodies, by the catalog's `embedding_format`).
+Chat completions and Anthropic Messages go through `Converse` (translated by `providers.converse`), or for an
+interactive `stream: true` through `ConverseStream` (relayed by `streaming`), embeddings through `InvokeModel`
+(Titan text or Cohere embed bodies, by the catalog's `embedding_format`).
 
 This is the one module outside `storage/` that touches boto3 (an allowance tests/unit/test_architecture.py
 names): Bedrock is a model backend like the HTTP ones, reached only through the AWS SDK's SigV4 signing, and
@@ -37,6 +38,7 @@ from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt
 from .converse import (
     EMBEDDINGS_ENDPOINT,
+    StreamedChat,
     Untranslatable,
     embedding_bodies,
     from_chat,
@@ -47,6 +49,7 @@ from .converse import (
     usage_of,
     vectors_of,
 )
+from .http import CutOff
 
 LOCAL_CREDENTIALS = ("local", "local")  # an endpoint_url (the simulated backend) takes any signature
 CONNECT_TIMEOUT_SECONDS = 10.0
@@ -224,3 +227,72 @@ def _failed(error: Exception) -> Attempt:
         return Attempt(status_code=None, cost_known=False,
                        message=f"Could not reach Amazon Bedrock: {type(error).__name__}")
     return Attempt(status_code=None, cost_known=False, message=f"The Bedrock call failed: {type(error).__name__}")
+
+
+# --- interactive `stream: true`: ConverseStream ----------------------------------------------------------------
+
+class ConverseChunks:
+    """A ConverseStream answer being read, as chat completion chunks (`StreamedChat`): each event is read on
+    the model's thread pool (botocore parses the event-stream frames), so the event loop never blocks. The
+    relay in `streaming` reads it as it reads an OpenAI-compatible backend's chunks."""
+
+    def __init__(self, stream, pool: ThreadPoolExecutor, chat: StreamedChat, request_id: str) -> None:
+        self.stream, self.pool, self.chat, self.request_id = stream, pool, chat, request_id
+        self.ended = False  # the metadata event (the usage) came
+
+    async def __aiter__(self):
+        loop = asyncio.get_running_loop()
+        events = iter(self.stream)
+        while True:
+            try:
+                event = await loop.run_in_executor(self.pool, next, events, None)
+            except Exception as error:  # an exception event (EventStreamError), a connection cut  # noqa: BLE001
+                raise CutOff(f"Amazon Bedrock's stream broke off: {type(error).__name__}") from error
+            if event is None:
+                return
+            for chunk in self.chat.feed(event):
+                yield chunk
+            if "metadata" in event:
+                self.ended = True
+
+    def outcome(self) -> Attempt:
+        if not self.ended or self.chat.usage is None:
+            return Attempt(status_code=200, request_id=self.request_id, cost_known=False,
+                           message="The stream ended before Amazon Bedrock reported its usage.")
+        prompt, completion, cached = usage_of({"usage": self.chat.usage})
+        return Attempt(status_code=200, request_id=self.request_id, input_tokens=prompt, output_tokens=completion,
+                       cached_tokens=cached)
+
+    async def aclose(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.pool, self.stream.close)
+
+
+async def open_stream(model: Model, endpoint: str, body: dict, timeout: float) -> ConverseChunks | Attempt:
+    """Start a ConverseStream answer: its chunks, or the Attempt it gave when it did not start."""
+    backend = model.backend
+    assert backend is not None and backend.model_id and backend.region
+    params = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    try:
+        request = from_chat(params, backend.features) if endpoint == CHAT_ENDPOINT else from_messages(
+            params, backend.features)
+    except Untranslatable as error:
+        return Attempt(status_code=400, sent=False, message=str(error))
+    runtime = client(backend.region, backend.endpoint_url, timeout, _threads(model))
+    pool = _pool(model)
+
+    def start():
+        try:
+            return runtime.converse_stream(modelId=backend.model_id, **request)
+        except Exception as error:  # noqa: BLE001
+            return _failed(error)
+
+    future = asyncio.get_running_loop().run_in_executor(pool, start)
+    try:
+        answer = await asyncio.wait_for(future, timeout + CONNECT_TIMEOUT_SECONDS + THREAD_GRACE_SECONDS)
+    except TimeoutError:
+        return Attempt(status_code=None, cost_known=False, message="Amazon Bedrock did not answer in time.")
+    if isinstance(answer, Attempt):
+        return answer
+    request_id = (answer.get("ResponseMetadata") or {}).get("RequestId") or ""
+    chat = StreamedChat(str(body.get("model") or model.id), request_id, int(time.time()))
+    return ConverseChunks(answer["stream"], pool, chat, request_id)

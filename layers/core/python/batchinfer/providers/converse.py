@@ -63,8 +63,9 @@ CHAT_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
                         "structured outputs (json_object, json_schema) are not carried to Converse"),
     "reasoning_effort": (_never, "reasoning effort is not carried to Converse"),
     "parallel_tool_calls": (lambda v: v is True, "Converse cannot forbid parallel tool calls"),
-    "stream": (lambda v: v is False, "answers from Bedrock models are not streamed by this service"),
-    "stream_options": (_never, "answers from Bedrock models are not streamed by this service"),
+    # `stream` itself is the route's business (a batch refuses it; an interactive call streams ConverseStream).
+    "stream_options": (lambda v: isinstance(v, dict) and set(v) <= {"include_usage"},
+                       "only include_usage can be carried to a Converse stream"),
     "store": (lambda v: v is False, "chat completions are not stored"),
     "metadata": (_never, "stored-completion metadata has no Converse counterpart"),
     "service_tier": (lambda v: v in ("auto", "default"), "the service has one tier"),
@@ -76,7 +77,7 @@ CHAT_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "web_search_options": (_never, "web search is not run by this service"),
 }
 _CHAT_CARRIED = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                           "top_k", "stop", "tools", "tool_choice", "user"})
+                           "top_k", "stop", "tools", "tool_choice", "user", "stream"})
 
 # Messages parameters with no Converse counterpart: (when the value asks for nothing, why not).
 MESSAGES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -688,3 +689,54 @@ def to_embeddings(vectors: list[list[float]], model: str, tokens: int, encoding_
             value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"object": "embedding", "index": i, "embedding": value})
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+# --- a streamed answer: ConverseStream events -> chat completion chunks ------------------------------------------
+
+class StreamedChat:
+    """ConverseStream's events as the chunks of a streamed chat completion, as they come: a role delta at
+    messageStart, a text delta per text delta, a tool call opened at its contentBlockStart and its arguments
+    as they come, the finish at messageStop and a usage chunk (no choices) from the metadata event. A Messages
+    stream is made of these chunks by `messages_to_chat.MessageStream`, as for an `openai` backend."""
+
+    def __init__(self, model: str, request_id: str, created: int) -> None:
+        self.base = {"id": "chatcmpl-" + hashlib.sha256(request_id.encode()).hexdigest()[:24],
+                     "object": "chat.completion.chunk", "created": created, "model": model}
+        self.tools: dict[int, int] = {}  # contentBlockIndex -> tool call index
+        self.usage: dict | None = None  # Converse's, from the metadata event
+
+    def _chunk(self, delta: dict, finish: str | None = None) -> dict:
+        return {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    def feed(self, event: dict) -> list[dict]:
+        if "messageStart" in event:
+            return [self._chunk({"role": "assistant", "content": ""})]
+        if "contentBlockStart" in event:
+            start = event["contentBlockStart"]
+            use = (start.get("start") or {}).get("toolUse")
+            if not use:
+                return []
+            index = self.tools[start.get("contentBlockIndex", 0)] = len(self.tools)
+            return [self._chunk({"tool_calls": [{"index": index, "id": use.get("toolUseId"), "type": "function",
+                                                 "function": {"name": use.get("name"), "arguments": ""}}]})]
+        if "contentBlockDelta" in event:
+            block = event["contentBlockDelta"]
+            delta = block.get("delta") or {}
+            if isinstance(delta.get("text"), str):
+                return [self._chunk({"content": delta["text"]})]
+            if isinstance(delta.get("toolUse"), dict):
+                index = self.tools.get(block.get("contentBlockIndex", 0), 0)
+                return [self._chunk({"tool_calls": [{"index": index, "function": {
+                    "arguments": delta["toolUse"].get("input") or ""}}]})]
+            return []  # reasoning was not asked for; its text is not the answer
+        if "messageStop" in event:
+            return [self._chunk({}, FINISH_REASONS.get(event["messageStop"].get("stopReason"), "stop"))]
+        if "metadata" in event:
+            self.usage = event["metadata"].get("usage") or {}
+            prompt, completion, cached = usage_of({"usage": self.usage})
+            usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                     "total_tokens": prompt + completion}
+            if cached:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            return [{**self.base, "choices": [], "usage": usage}]
+        return []

@@ -38,7 +38,6 @@ OPENAI_ENDPOINTS = (CHAT, EMBEDDINGS, RESPONSES)
 NO_STREAM = ("stream: streaming answers are not served here: behind API Gateway and Lambda an answer is sent "
              "whole, so a stream would arrive all at once. Send stream false (or leave it out).")
 STREAMED_ENDPOINTS = (CHAT, MESSAGES_ENDPOINT)
-BEDROCK_NO_STREAM = "answers from Bedrock models are not streamed by this service; send stream false (or leave it out)."
 LEASE_GRACE_SECONDS = 60  # beyond the backend timeout: a request whose lease is older than this died
 log = logging.getLogger(__name__)
 
@@ -210,7 +209,7 @@ async def serve_openai(svc: Services, principal: Principal, endpoint: str, paylo
     if problem:
         raise InvalidRequest(problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
     model = route(svc, principal.account, payload.get("model"), endpoint)
-    refused = backend_refusal(model, endpoint, payload)  # what the model's backend cannot carry (`stream` too)
+    refused = backend_refusal(model, endpoint, payload)  # what the model's backend cannot carry
     if refused:
         raise InvalidRequest(refused, param=refused.split(":", 1)[0] or None)
     _check_quota(svc, principal.account)
@@ -244,8 +243,6 @@ async def serve_messages(svc: Services, principal: Principal, payload: object, v
         raise ApiError(status, refused.error["message"], code=refused.error["code"]) from None
     _check_quota(svc, principal.account)
     assert isinstance(payload, dict)
-    if streams and model.backend is not None and model.backend.kind == "bedrock":
-        raise InvalidRequest(f"stream: {BEDROCK_NO_STREAM}", code="stream_unsupported", param="stream")
     if streams:
         return Streamed(await _stream(svc, principal, model, MESSAGES_ENDPOINT, payload, version), model)
     attempt, cost = await _run(svc, principal, model, MESSAGES_ENDPOINT, payload, version)
