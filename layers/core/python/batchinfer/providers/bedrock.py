@@ -141,13 +141,14 @@ async def call(model: Model, endpoint: str, body: dict, api_key: str | None, tim
             return Attempt(status_code=400, sent=False, message=f"{endpoint} is not served by Amazon Bedrock models.")
     except Untranslatable as error:  # intake checks the same rules; a catalog change may still get here
         return Attempt(status_code=400, sent=False, message=str(error))
-    runtime = client(backend.region, backend.endpoint_url, timeout, _threads(model))
+    # The client is built (once) on the pool's thread too: building one takes a while, and blocks.
+    runtime = lambda: client(backend.region, backend.endpoint_url, timeout, _threads(model))  # noqa: E731
     if endpoint == EMBEDDINGS_ENDPOINT:
-        work = lambda: _embed(runtime, backend.model_id, bodies, backend.embedding_format,  # noqa: E731
+        work = lambda: _embed(runtime(), backend.model_id, bodies, backend.embedding_format,  # noqa: E731
                               name, body.get("encoding_format"))
     else:
         stops = tuple(body.get("stop_sequences") or ())
-        work = lambda: _converse(runtime, backend.model_id, request, endpoint, name, stops)  # noqa: E731
+        work = lambda: _converse(runtime(), backend.model_id, request, endpoint, name, stops)  # noqa: E731
     future = asyncio.get_running_loop().run_in_executor(_pool(model), work)
     try:
         return await asyncio.wait_for(future, timeout + CONNECT_TIMEOUT_SECONDS + THREAD_GRACE_SECONDS)
@@ -277,11 +278,11 @@ async def open_stream(model: Model, endpoint: str, body: dict, timeout: float) -
             params, backend.features)
     except Untranslatable as error:
         return Attempt(status_code=400, sent=False, message=str(error))
-    runtime = client(backend.region, backend.endpoint_url, timeout, _threads(model))
     pool = _pool(model)
 
     def start():
         try:
+            runtime = client(backend.region, backend.endpoint_url, timeout, _threads(model))
             return runtime.converse_stream(modelId=backend.model_id, **request)
         except Exception as error:  # noqa: BLE001
             return _failed(error)
