@@ -28,7 +28,8 @@ ANSWERS = (f"q-0 Simulated answer from {CLAUDE_ID} to: Summarize the plot of Ham
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with local_stack(tmp_path_factory, file_batches_enabled=True, message_batches_enabled=True) as running:
+    with local_stack(tmp_path_factory, file_batches_enabled=True, message_batches_enabled=True,
+                     interactive_streaming_enabled=True) as running:
         yield running
 
 
@@ -95,3 +96,21 @@ def test_the_anthropic_message_batch_script_on_bedrock(stack, tmp_path, sdk_pyth
     lines = out.stdout.strip().splitlines()
     assert re.search(r"succeeded=2", lines[0]) and re.search(r"errored=0", lines[0]), lines
     assert len(lines) == 3 and all(line.startswith(a) for line, a in zip(lines[1:], ANSWERS, strict=True)), lines
+
+
+def test_both_sdks_stream_a_bedrock_answer_as_it_comes(stack):
+    """ConverseStream relayed: the OpenAI SDK's chunks and the Anthropic SDK's message stream (newest majors,
+    in this interpreter)."""
+    import anthropic
+    import openai
+
+    client = openai.OpenAI(base_url=stack["base"], api_key=stack["key"])
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count"}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith(f"Simulated answer from {CLAUDE_ID} to: Count") and chunks[-1].usage.completion_tokens > 0
+    messages = anthropic.Anthropic(base_url=stack["base"].removesuffix("/v1") + "/anthropic", api_key=stack["key"])
+    with messages.messages.stream(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "Count"}]) as s:
+        final = s.get_final_message()
+    assert final.content[0].text.startswith(f"Simulated answer from {CLAUDE_ID}") and final.stop_reason == "end_turn"
+    assert final.usage.output_tokens > 0
