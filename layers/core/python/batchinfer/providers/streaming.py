@@ -15,8 +15,8 @@ from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, Relay
 from ..jsontext import to_json
 from ..messages_to_chat import MessageStream, to_chat
-from . import bedrock
 from .anthropic import MessageEvents, open_message
+from .bedrock import open_stream as open_converse_stream
 from .http import CutOff
 from .openai_compat import ChatChunks, open_chat
 
@@ -62,7 +62,7 @@ async def open_stream(model: Model, endpoint: str, body: dict, api_key: str | No
         translation = MessageStream(str(body.get("model")), body.get("stop_sequences") or ())
         return Relay(_translated(chunks, translation), chunks.outcome, chunks.events.aclose)
     if endpoint in (CHAT_ENDPOINT, MESSAGES_ENDPOINT) and model.backend.kind == "bedrock":  # ConverseStream
-        converse = await bedrock.open_stream(model, endpoint, body, timeout)
+        converse = await open_converse_stream(model, endpoint, body, timeout)
         if isinstance(converse, Attempt):
             return converse
         if endpoint == CHAT_ENDPOINT:
