@@ -313,3 +313,21 @@ def test_a_lost_connection_and_a_timeout_are_told_apart_by_what_they_may_have_co
     late = asyncio.run(call_backend(model, "/v1/chat/completions", body, None, 0.5))
     assert (late.status_code, late.sent, late.cost_known) == (None, True, False), late
     assert late.error()["code"] == "timeout"
+
+
+def test_a_json_schema_goes_as_output_config_to_a_model_that_takes_it(svc, sim_control):
+    """botocore validates and sends Converse's outputConfig; a model without the feature refuses it at intake."""
+    import asyncio
+
+    from batchinfer.providers import call_backend
+
+    model = svc.catalog.get(CLAUDE)
+    structured = model.model_copy(update={"backend": model.backend.model_copy(
+        update={"features": ["structured_outputs"]})})
+    body = {"model": CLAUDE, "messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}}
+    ran = asyncio.run(call_backend(structured, "/v1/chat/completions", body, None, 5.0))
+    assert ran.ok and ran.body["object"] == "chat.completion", ran
+    refused = asyncio.run(call_backend(model, "/v1/chat/completions", body, None, 5.0))
+    assert refused.status_code == 400 and not refused.sent and refused.message.startswith("response_format: ")
+    assert converse_calls(sim_control) == 1

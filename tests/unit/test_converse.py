@@ -331,3 +331,27 @@ def test_converse_stream_events_as_chat_chunks():
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
                                                                    "total_tokens": 7}
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and {c["created"] for c in chunks} == {7}
+
+
+def test_a_json_schema_response_format_is_carried_where_the_model_takes_it():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = chat(response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema,
+                                                                         "strict": True}})
+    request = from_chat(body, ("structured_outputs",))
+    assert request["outputConfig"] == {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": {
+        "schema": json.dumps(schema), "name": "answer"}}}}
+    assert refusal("/v1/chat/completions", body, ("images",)).startswith("response_format: ")
+    refused = chat(response_format={"type": "json_object"})
+    assert refusal("/v1/chat/completions", refused, ("structured_outputs",)).startswith("response_format: ")
+    missing = chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+    assert refusal("/v1/chat/completions", missing, ("structured_outputs",)).startswith(
+        "response_format.json_schema.schema: ")
+
+
+def test_structured_outputs_is_a_bedrock_feature_only():
+    from batchinfer.catalog import Backend
+
+    assert "structured_outputs" in Backend(kind="bedrock", model_id="m", region="us-east-1",
+                                           features=["structured_outputs"]).features
+    with pytest.raises(ValueError, match="structured_outputs"):
+        Backend(kind="openai", base_url="http://x/v1", features=["structured_outputs"])

@@ -57,7 +57,8 @@ _DLQ_SUFFIX = "-dlq"
 _HASH_CHARS = 8
 
 
-BackendFeature = Literal["images", "top_k", "documents"]
+# structured_outputs: a bedrock model that takes Converse's JSON schema output (chat `response_format`).
+BackendFeature = Literal["images", "top_k", "documents", "structured_outputs"]
 
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -96,6 +97,8 @@ class Backend(BaseModel):
                                  "(or endpoint_url): it takes no base_url, api_key_env or api_key_secret")
         elif not self.base_url:
             raise ValueError(f"a {self.kind} backend needs base_url")
+        elif "structured_outputs" in self.features:  # only Converse's translation carries it
+            raise ValueError(f"the structured_outputs feature is for bedrock backends, not {self.kind}")
         return self
 
 

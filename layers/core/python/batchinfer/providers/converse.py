@@ -59,8 +59,10 @@ CHAT_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (_never, "Converse takes no sampling seed"),
     "presence_penalty": (lambda v: v == 0, "Converse has no presence penalty"),
     "frequency_penalty": (lambda v: v == 0, "Converse has no frequency penalty"),
+    # json_schema is carried for a model with the structured_outputs feature (`_output_config`).
     "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text",
-                        "structured outputs (json_object, json_schema) are not carried to Converse"),
+                        "structured outputs (json_object, or json_schema without the model's structured_outputs "
+                        "feature) are not carried to Converse"),
     "reasoning_effort": (_never, "reasoning effort is not carried to Converse"),
     "parallel_tool_calls": (lambda v: v is True, "Converse cannot forbid parallel tool calls"),
     # `stream` itself is the route's business (a batch refuses it; an interactive call streams ConverseStream).
@@ -127,10 +129,11 @@ def refusal(endpoint: str, body: dict, features: Collection[str], embedding_form
     return None
 
 
-def _refuse_table(body: dict, carried: frozenset[str], table: dict[str, tuple[Callable[[Any], bool], str]]
-                  ) -> None:
+def _refuse_table(body: dict, carried: frozenset[str], table: dict[str, tuple[Callable[[Any], bool], str]],
+                  also: Callable[[str, Any], bool] = lambda key, value: False) -> None:
+    """Refuse what the table refuses (or any key it does not know), but what `also` says is carried."""
     for key, value in body.items():
-        if value is None or key in carried:
+        if value is None or key in carried or also(key, value):
             continue
         if key in table:
             harmless, why = table[key]
@@ -224,7 +227,9 @@ def from_chat(body: dict, features: Collection[str]) -> dict:
     """The Converse request (without modelId) for a chat-completions body; raises Untranslatable."""
     if not isinstance(body, dict):
         raise Untranslatable("body: expected a JSON object")
-    _refuse_table(body, _CHAT_CARRIED, CHAT_REFUSED)
+    schema_carried = "structured_outputs" in features
+    _refuse_table(body, _CHAT_CARRIED, CHAT_REFUSED, lambda key, value: schema_carried and key == "response_format"
+                  and isinstance(value, dict) and value.get("type") == "json_schema")
     system, messages = _chat_messages(body.get("messages"), features)
     request: dict[str, Any] = {"messages": messages}
     if system:
@@ -236,9 +241,27 @@ def from_chat(body: dict, features: Collection[str]) -> dict:
     tools = [_chat_tool(tool, f"tools[{i}]") for i, tool in enumerate(body.get("tools") or [])]
     request.update(_tool_config(tools, _chat_tool_choice(body.get("tool_choice"), bool(tools)), "tool_choice"))
     request.update(_top_k(body.get("top_k"), features))
+    request.update(_output_config(body.get("response_format"), features))
     if body.get("user") is not None:
         request.update(_request_metadata("user", "user", body["user"]))
     return request
+
+
+def _output_config(response_format: Any, features: Collection[str]) -> dict:
+    """A json_schema response_format as Converse's outputConfig, for a model that takes it (else refused)."""
+    if not (isinstance(response_format, dict) and response_format.get("type") == "json_schema"
+            and "structured_outputs" in features):
+        return {}
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise Untranslatable("response_format.json_schema.schema: a JSON schema object is needed")
+    for key, value in spec.items():
+        if key not in ("name", "schema", "strict", "description") and value is not None:
+            raise Untranslatable(f"response_format.json_schema.{key}: {_NOT_A_PARAMETER}")
+    definition = {"schema": json.dumps(spec["schema"])}  # Converse takes the schema as JSON text
+    definition.update({k: spec[k] for k in ("name", "description") if spec.get(k)})
+    # strict or not, Converse holds the answer to the schema: stricter than asked, never looser.
+    return {"outputConfig": {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": definition}}}}
 
 
 def _chat_messages(messages: Any, features: Collection[str]) -> tuple[list[dict], list[dict]]:
