@@ -356,6 +356,11 @@ def _build_converse(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
         call_id, name, tool_input = call
         content = [{"toolUse": {"toolUseId": f"tooluse_{call_id}", "name": name, "input": tool_input}}]
         stop, n_out = "tool_use", len(json.dumps(tool_input).split())
+    if (body.get("additionalModelRequestFields") or {}).get("thinking"):  # as Claude thinks on Bedrock
+        thought = f"Thinking about: {' '.join(_ANY_MARK_RE.sub('', p.last_user).split()[:8])}"
+        signed = {"text": thought, "signature": f"sig_{p.digest.hex()[:32]}"}
+        content = [{"reasoningContent": {"reasoningText": signed}}, *content]
+        n_out += len(thought.split())
     return {"output": {"message": {"role": "assistant", "content": content}}, "stopReason": stop,
             "usage": {"inputTokens": p.prompt_tokens, "outputTokens": n_out, "totalTokens": p.prompt_tokens + n_out},
             "metrics": {"latencyMs": 1}}
@@ -409,6 +414,10 @@ def converse_events(answer: dict[str, Any], cut: bool = False) -> list[bytes]:
             frames.append(event_frame("contentBlockStart", {"contentBlockIndex": index, "start": {
                 "toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}}))
             deltas = [{"toolUse": {"input": json.dumps(use["input"])}}]
+        elif "reasoningContent" in block:
+            text = block["reasoningContent"]["reasoningText"]
+            deltas = [{"reasoningContent": {"text": text["text"]}},
+                      {"reasoningContent": {"signature": text["signature"]}}]
         else:
             deltas = [{"text": word} for word in _words(block["text"])]
         for delta in deltas:

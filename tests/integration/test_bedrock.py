@@ -331,3 +331,27 @@ def test_a_json_schema_goes_as_output_config_to_a_model_that_takes_it(svc, sim_c
     refused = asyncio.run(call_backend(model, "/v1/chat/completions", body, None, 5.0))
     assert refused.status_code == 400 and not refused.sent and refused.message.startswith("response_format: ")
     assert converse_calls(sim_control) == 1
+
+
+def test_thinking_reaches_a_model_that_takes_it_and_comes_back_as_thinking_blocks(svc, sim_control):
+    import asyncio
+
+    from batchinfer.providers import call_backend, open_stream
+
+    model = svc.catalog.get(CLAUDE)
+    thinker = model.model_copy(update={"backend": model.backend.model_copy(update={"features": ["thinking"]})})
+    params = {"model": CLAUDE, "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1024},
+              "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
+    ran = asyncio.run(call_backend(thinker, "/v1/messages", params, None, 5.0))
+    assert ran.ok, ran
+    thought, text = ran.body["content"]
+    assert thought["type"] == "thinking" and thought["thinking"].startswith("Thinking about: Why is the sky")
+    assert thought["signature"].startswith("sig_") and text["type"] == "text"
+    # Back again in the next turn, signature and all.
+    again = {**params, "messages": [*params["messages"], {"role": "assistant", "content": ran.body["content"]},
+                                    {"role": "user", "content": "And at sunset?"}]}
+    assert asyncio.run(call_backend(thinker, "/v1/messages", again, None, 5.0)).ok
+    # Streamed, it would be lost on the way: refused, unsent.
+    streamed = asyncio.run(open_stream(thinker, "/v1/messages", params, None, 5.0))
+    assert streamed.status_code == 400 and not streamed.sent and streamed.message.startswith("thinking: ")
+    assert converse_calls(sim_control) == 2

@@ -355,3 +355,26 @@ def test_structured_outputs_is_a_bedrock_feature_only():
                                            features=["structured_outputs"]).features
     with pytest.raises(ValueError, match="structured_outputs"):
         Backend(kind="openai", base_url="http://x/v1", features=["structured_outputs"])
+
+
+def test_thinking_goes_through_for_a_model_with_the_feature_and_comes_back_as_thinking_blocks():
+    thinking = {"type": "enabled", "budget_tokens": 2048}
+    body = params(thinking=thinking, top_k=4, messages=[
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s1"},
+                                          {"type": "redacted_thinking", "data": PNG},
+                                          {"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}])
+    request = from_messages({**body, "tools": [{"name": "f", "input_schema": {}}]}, ("thinking", "top_k"))
+    assert request["additionalModelRequestFields"] == {"top_k": 4, "thinking": thinking}
+    assert request["messages"][1]["content"][:2] == [
+        {"reasoningContent": {"reasoningText": {"text": "hm", "signature": "s1"}}},
+        {"reasoningContent": {"redactedContent": PNG_BYTES}}]
+    assert refusal("/v1/messages", params(thinking=thinking), ()).startswith("thinking: ")
+    answer = {"output": {"message": {"role": "assistant", "content": [
+        {"reasoningContent": {"reasoningText": {"text": "so", "signature": "s2"}}},
+        {"reasoningContent": {"redactedContent": PNG_BYTES}}, {"text": "Yes"}]}}, "stopReason": "end_turn"}
+    assert to_message(answer, "m", "r")["content"] == [{"type": "thinking", "thinking": "so", "signature": "s2"},
+                                                       {"type": "redacted_thinking", "data": PNG},
+                                                       {"type": "text", "text": "Yes"}]
+    assert to_chat_completion(answer, "m", "r", 0)["choices"][0]["message"]["content"] == "Yes"

@@ -57,8 +57,10 @@ _DLQ_SUFFIX = "-dlq"
 _HASH_CHARS = 8
 
 
-# structured_outputs: a bedrock model that takes Converse's JSON schema output (chat `response_format`).
-BackendFeature = Literal["images", "top_k", "documents", "structured_outputs"]
+# structured_outputs: a bedrock model that takes Converse's JSON schema output (chat `response_format`);
+# thinking: a bedrock model that takes Anthropic's `thinking` (through additionalModelRequestFields).
+BackendFeature = Literal["images", "top_k", "documents", "structured_outputs", "thinking"]
+BEDROCK_ONLY_FEATURES = ("structured_outputs", "thinking")
 
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -97,8 +99,8 @@ class Backend(BaseModel):
                                  "(or endpoint_url): it takes no base_url, api_key_env or api_key_secret")
         elif not self.base_url:
             raise ValueError(f"a {self.kind} backend needs base_url")
-        elif "structured_outputs" in self.features:  # only Converse's translation carries it
-            raise ValueError(f"the structured_outputs feature is for bedrock backends, not {self.kind}")
+        elif only := sorted(set(self.features) & set(BEDROCK_ONLY_FEATURES)):  # only Converse carries them
+            raise ValueError(f"the {', '.join(only)} feature is for bedrock backends, not {self.kind}")
         return self
 
 

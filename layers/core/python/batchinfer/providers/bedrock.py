@@ -273,6 +273,11 @@ async def open_stream(model: Model, endpoint: str, body: dict, timeout: float) -
     backend = model.backend
     assert backend is not None and backend.model_id and backend.region
     params = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    thinking = params.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
+        # The chunks a stream is relayed as carry no thinking blocks: it would be lost on the way.
+        return Attempt(status_code=400, sent=False, message="thinking: a Bedrock model's thinking is not streamed "
+                       "by this service; send stream false (or leave it out)")
     try:
         request = from_chat(params, backend.features) if endpoint == CHAT_ENDPOINT else from_messages(
             params, backend.features)

@@ -83,8 +83,9 @@ _CHAT_CARRIED = frozenset({"model", "messages", "max_tokens", "max_completion_to
 
 # Messages parameters with no Converse counterpart: (when the value asks for nothing, why not).
 MESSAGES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # Carried for a model with the thinking feature (`_thinking`).
     "thinking": (lambda v: isinstance(v, dict) and v.get("type") == "disabled",
-                 "extended thinking is not carried to Converse by this service"),
+                 "extended thinking is carried only to a model whose backend declares the thinking feature"),
     "cache_control": (_never, "prompt caching is not carried to Converse by this service"),
     "output_config": (_never, "output configuration (structured outputs, effort) is not carried to Converse"),
     "output_format": (_never, "structured outputs are not carried to Converse"),
@@ -400,7 +401,8 @@ def from_messages(params: dict, features: Collection[str]) -> dict:
         raise Untranslatable("params: expected a JSON object")
     if (refused := refused_everywhere(params)) is not None:
         raise Untranslatable(refused)
-    _refuse_table(params, _MESSAGES_CARRIED, MESSAGES_REFUSED)
+    thinks = "thinking" in features
+    _refuse_table(params, _MESSAGES_CARRIED, MESSAGES_REFUSED, lambda key, value: thinks and key == "thinking")
     request: dict[str, Any] = {"messages": _messages(params.get("messages"), features)}
     system = _system(params.get("system"))
     if system:
@@ -412,6 +414,10 @@ def from_messages(params: dict, features: Collection[str]) -> dict:
     tools = [_message_tool(tool, f"tools[{i}]") for i, tool in enumerate(params.get("tools") or [])]
     request.update(_tool_config(tools, _message_tool_choice(params.get("tool_choice"), bool(tools)), "tool_choice"))
     request.update(_top_k(params.get("top_k"), features))
+    thinking = params.get("thinking")
+    if thinks and isinstance(thinking, dict) and thinking.get("type") != "disabled":
+        # As Anthropic's API takes it: Bedrock hands additionalModelRequestFields to the model as they are.
+        request.setdefault("additionalModelRequestFields", {})["thinking"] = thinking
     metadata = params.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
@@ -504,8 +510,16 @@ def _block(block: Any, path: str, role: str, features: Collection[str]) -> dict:
         return {"toolUse": {"toolUseId": block["id"], "name": block.get("name"), "input": block["input"]}}
     if kind == "tool_result" and role == "user":
         return _tool_result(block, path, features)
+    if kind in ("thinking", "redacted_thinking") and role == "assistant" and "thinking" in features:
+        if kind == "thinking":
+            _check_block(block, path, {"thinking", "signature"})
+            return {"reasoningContent": {"reasoningText": {"text": block.get("thinking") or "",
+                                                           "signature": block.get("signature") or ""}}}
+        _check_block(block, path, {"data"})
+        return {"reasoningContent": {"redactedContent": _decoded(block.get("data"), f"{path}.data")}}
     if kind in ("thinking", "redacted_thinking"):
-        raise Untranslatable(f"{path}: thinking blocks are not carried to Converse by this service")
+        raise Untranslatable(f"{path}: thinking blocks are carried only to a model whose backend declares the "
+                             "thinking feature")
     raise Untranslatable(f"{path}: {kind!r} blocks cannot be carried to {_TO} in {role} messages")
 
 
@@ -645,7 +659,17 @@ def to_message(answer: dict, model: str, request_id: str, stop_sequences: Sequen
             use = block["toolUse"]
             content.append({"type": "tool_use", "id": use.get("toolUseId"), "name": use.get("name"),
                             "input": use.get("input") or {}})
-        elif "reasoningContent" not in block:
+        elif isinstance(block.get("reasoningContent"), dict):  # thinking was asked for (the thinking feature)
+            reasoning = block["reasoningContent"]
+            if isinstance(reasoning.get("reasoningText"), dict):
+                text = reasoning["reasoningText"]
+                content.append({"type": "thinking", "thinking": text.get("text") or "",
+                                "signature": text.get("signature") or ""})
+            elif reasoning.get("redactedContent") is not None:
+                data = reasoning["redactedContent"]
+                content.append({"type": "redacted_thinking", "data": base64.b64encode(data).decode()
+                                if isinstance(data, bytes) else str(data)})
+        else:
             raise ValueError(f"output.message.content[{k}]: a {next(iter(block), '?')!r} block cannot be carried "
                              "into a message")
     stop_reason = STOP_REASONS.get(answer.get("stopReason"), "end_turn")
