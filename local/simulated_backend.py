@@ -5,7 +5,16 @@ of the request (model + message texts), so the same input always gives the same 
 different inputs give different outputs. It exists for unit/integration tests and benchmarks.
 
 Endpoints: POST /v1/chat/completions, /v1/embeddings, /v1/responses (OpenAI shapes), POST /v1/messages
-(Anthropic shape), GET /v1/models. Chat completions and messages stream with `stream: true` (server-sent
+(Anthropic shape), GET /v1/models; and Amazon Bedrock's runtime as boto3 calls it (`endpoint_url`, any SigV4
+signature): POST /model/{modelId}/converse (Converse's JSON; tool use as the other routes; errors as Bedrock
+sends them: the status of the error class, its name in `x-amzn-ErrorType`, a `{"message": ...}` body, the
+request id in `x-amzn-RequestId`) and /model/{modelId}/invoke (Titan text `{"inputText"}` and Cohere embed
+`{"texts", "input_type"}` embedding bodies; the token count in `X-Amzn-Bedrock-Input-Token-Count`) and
+/model/{modelId}/converse-stream (the same answer as `application/vnd.amazon.eventstream` frames, as botocore
+parses them: messageStart, a contentBlockDelta per word or the tool's input, contentBlockStop, messageStop,
+metadata with the usage; `[[sim:cut-stream]]` ends it after its first delta, with no messageStop). Faults
+there answer as Bedrock's classes: 429 ThrottlingException, 500 InternalServerException, a timeout 408
+ModelTimeoutException, a 400 ValidationException. Chat completions and messages stream with `stream: true` (server-sent
 events in each API's shapes: the same answer, a word per delta, after the latency; chat sends a usage chunk
 only with `stream_options.include_usage`, as OpenAI does).
 
@@ -39,6 +48,8 @@ Markers inside message content:
                                          tool_calls entry (id "call_<16 hex>") and content null, /v1/messages
                                          answers stop_reason "tool_use" with one tool_use block (id
                                          "toolu_<16 hex>"); max_tokens is not applied to it
+  [[sim:bedrock:CLASS]]               -> (Bedrock routes) the error class CLASS (ThrottlingException,
+                                         AccessDeniedException, ModelErrorException, ...) with its status
   [[sim:tag:NAME]]                    -> the request is listed under NAME in GET /_sim/timeline's `tags`
                                          (a benchmark tells its kinds of traffic apart); no other effect
 Anthropic tool_result blocks count as the text of their content; tool_use blocks add no text.
@@ -59,6 +70,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import binascii
 import hashlib
 import json
 import math
@@ -269,6 +281,161 @@ def _parse_embeddings(body: Any) -> Prompt:
     return Prompt(model, items, items[-1])
 
 
+# --- Amazon Bedrock runtime --------------------------------------------------------------------------------------
+
+# Bedrock's error classes and their HTTP status, as botocore's service model for bedrock-runtime has them.
+BEDROCK_ERRORS = {"ValidationException": 400, "ServiceQuotaExceededException": 400, "AccessDeniedException": 403,
+                  "ResourceNotFoundException": 404, "ModelTimeoutException": 408, "ModelErrorException": 424,
+                  "ThrottlingException": 429, "ModelNotReadyException": 429, "InternalServerException": 500,
+                  "ServiceUnavailableException": 503}
+_BEDROCK_BY_STATUS = {400: "ValidationException", 429: "ThrottlingException", 500: "InternalServerException",
+                      504: "ModelTimeoutException", 499: "ModelTimeoutException"}
+_BEDROCK_RE = re.compile(r"\[\[sim:bedrock:([A-Za-z]{1,64})\]\]")
+
+
+def _bedrock_invalid(message: str) -> SimError:
+    return SimError(400, message, code="ValidationException")
+
+
+def _converse_texts(blocks: Any, param: str) -> str:
+    if not isinstance(blocks, list) or not blocks:
+        raise _bedrock_invalid(f"The value at {param} must be a non-empty list of content blocks.")
+    texts = []
+    for k, block in enumerate(blocks):
+        if not isinstance(block, dict) or len(block) != 1:
+            raise _bedrock_invalid(f"The content block at {param}.{k} must set exactly one member.")
+        if "text" in block:
+            if not isinstance(block["text"], str) or not block["text"].strip():
+                raise _bedrock_invalid(f"The text field in the ContentBlock object at {param}.{k} is blank. Add "
+                                       "text to the text field, and try again.")
+            texts.append(block["text"])
+        elif "toolResult" in block:  # the tool's answer is text, as for the other routes
+            for inner in block["toolResult"].get("content") or []:
+                texts.append(inner["text"] if "text" in inner else json.dumps(inner.get("json")))
+    return " ".join(texts)
+
+
+def _parse_converse(body: Any) -> Prompt:
+    """A Converse request, checked as Bedrock checks it (roles alternate from a user turn, no blank text, tool
+    blocks only with a toolConfig), so a translation that real Bedrock would refuse fails here too."""
+    model = body["modelId"]
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bedrock_invalid("The messages field must be a non-empty list.")
+    texts: list[str] = []
+    last_user, previous, tool_blocks = "", None, False
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant") or (previous is None and role != "user") or role == previous:
+            raise _bedrock_invalid("A conversation must start with a user message and alternate between user and "
+                                   "assistant roles. Try again with a conversation that alternates.")
+        previous = role
+        tool_blocks = tool_blocks or any("toolUse" in b or "toolResult" in b for b in message.get("content") or []
+                                         if isinstance(b, dict))
+        texts.append(_converse_texts(message.get("content"), f"messages.{i}.member.content"))
+        if role == "user":
+            last_user = texts[-1]
+    if tool_blocks and not (body.get("toolConfig") or {}).get("tools"):
+        raise _bedrock_invalid("The toolConfig field must be defined when using toolUse and toolResult content "
+                               "blocks.")
+    system = [b.get("text", "") for b in body.get("system") or [] if isinstance(b, dict)]
+    if system:
+        texts = [" ".join(system), *texts]
+    config = body.get("inferenceConfig") or {}
+    max_tokens = config.get("maxTokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise _bedrock_invalid("The maxTokens field must be a positive integer.")
+    return Prompt(model, texts, last_user, max_tokens, len(texts))
+
+
+def _build_converse(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
+    text, n_out, cut = generate_answer(p)
+    content: list[dict[str, Any]] = [{"text": text}]
+    stop = "max_tokens" if cut else "end_turn"
+    if call := tool_call_of(p):
+        call_id, name, tool_input = call
+        content = [{"toolUse": {"toolUseId": f"tooluse_{call_id}", "name": name, "input": tool_input}}]
+        stop, n_out = "tool_use", len(json.dumps(tool_input).split())
+    if (body.get("additionalModelRequestFields") or {}).get("thinking"):  # as Claude thinks on Bedrock
+        thought = f"Thinking about: {' '.join(_ANY_MARK_RE.sub('', p.last_user).split()[:8])}"
+        signed = {"text": thought, "signature": f"sig_{p.digest.hex()[:32]}"}
+        content = [{"reasoningContent": {"reasoningText": signed}}, *content]
+        n_out += len(thought.split())
+    return {"output": {"message": {"role": "assistant", "content": content}}, "stopReason": stop,
+            "usage": {"inputTokens": p.prompt_tokens, "outputTokens": n_out, "totalTokens": p.prompt_tokens + n_out},
+            "metrics": {"latencyMs": 1}}
+
+
+def _parse_invoke(body: Any) -> Prompt:
+    """A Titan text or Cohere embed body."""
+    model = body["modelId"]
+    if isinstance(body.get("inputText"), str) and body["inputText"]:
+        return Prompt(model, [body["inputText"]], body["inputText"])
+    texts = body.get("texts")
+    if isinstance(texts, list) and texts and all(isinstance(t, str) and t for t in texts):
+        if body.get("input_type") not in ("search_document", "search_query", "classification", "clustering"):
+            raise _bedrock_invalid("Malformed input request: #: required key [input_type] not found, please "
+                                   "reformat your input and try again.")
+        return Prompt(model, texts, texts[-1])
+    raise _bedrock_invalid("Malformed input request: expected inputText (Titan) or texts (Cohere), please reformat "
+                           "your input and try again.")
+
+
+def _build_invoke(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
+    vectors = [embedding_vector(p.model, text) for text in p.texts]
+    if "inputText" in body:
+        return {"embedding": vectors[0], "inputTextTokenCount": p.prompt_tokens}
+    if body.get("embedding_types"):
+        return {"id": str(uuid.UUID(bytes=p.digest[:16])), "embeddings": {"float": vectors}, "texts": p.texts,
+                "response_type": "embeddings_by_type"}
+    return {"id": str(uuid.UUID(bytes=p.digest[:16])), "embeddings": vectors, "texts": p.texts,
+            "response_type": "embeddings_floats"}
+
+
+def event_frame(event_type: str, payload: dict[str, Any]) -> bytes:
+    """One `application/vnd.amazon.eventstream` message: prelude (total and headers length, CRC32), string
+    headers, the JSON payload, the message's CRC32."""
+    headers = b""
+    for name, value in ((":event-type", event_type), (":content-type", "application/json"),
+                        (":message-type", "event")):
+        headers += bytes([len(name)]) + name.encode() + b"\x07" + struct.pack(">H", len(value)) + value.encode()
+    body = json.dumps(payload).encode()
+    prelude = struct.pack(">II", 12 + len(headers) + len(body) + 4, len(headers))
+    message = prelude + struct.pack(">I", binascii.crc32(prelude)) + headers + body
+    return message + struct.pack(">I", binascii.crc32(message))
+
+
+def converse_events(answer: dict[str, Any], cut: bool = False) -> list[bytes]:
+    """A Converse answer as ConverseStream sends it; `cut`: only up to its first delta."""
+    frames = [event_frame("messageStart", {"role": "assistant"})]
+    for index, block in enumerate(answer["output"]["message"]["content"]):
+        if "toolUse" in block:
+            use = block["toolUse"]
+            frames.append(event_frame("contentBlockStart", {"contentBlockIndex": index, "start": {
+                "toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}}))
+            deltas = [{"toolUse": {"input": json.dumps(use["input"])}}]
+        elif "reasoningContent" in block:
+            text = block["reasoningContent"]["reasoningText"]
+            deltas = [{"reasoningContent": {"text": text["text"]}},
+                      {"reasoningContent": {"signature": text["signature"]}}]
+        else:
+            deltas = [{"text": word} for word in _words(block["text"])]
+        for delta in deltas:
+            frames.append(event_frame("contentBlockDelta", {"contentBlockIndex": index, "delta": delta}))
+            if cut:
+                return frames
+        frames.append(event_frame("contentBlockStop", {"contentBlockIndex": index}))
+    frames.append(event_frame("messageStop", {"stopReason": answer["stopReason"]}))
+    frames.append(event_frame("metadata", {"usage": answer["usage"], "metrics": answer["metrics"]}))
+    return frames
+
+
+def _bedrock_error(err: SimError) -> Response:
+    name = err.code if err.code in BEDROCK_ERRORS else _BEDROCK_BY_STATUS.get(err.status, "InternalServerException")
+    return JSONResponse({"message": err.message}, status_code=BEDROCK_ERRORS.get(name, err.status),
+                        headers={"x-amzn-ErrorType": f"{name}:http://internal.amazon.com/coral/com.amazon.bedrock/"})
+
+
 def tool_call_of(p: Prompt) -> tuple[str, str, dict[str, str]] | None:
     """(16 hex id, tool name, input) when the prompt's last message holds [[sim:tool:NAME]], else None.
     Only the last message counts, so once the tool's answer is sent back the double answers in text."""
@@ -449,7 +616,9 @@ class _SimState:
                 "first_started_at": self.first_started_at, "last_ended_at": self.last_ended_at}
 
 
-def _error_response(err: SimError, flavour: str) -> JSONResponse:
+def _error_response(err: SimError, flavour: str) -> Response:
+    if flavour == "bedrock":
+        return _bedrock_error(err)
     oa_type, oa_code, an_type = _ERROR_KINDS.get(err.status, ("server_error", None, "api_error"))
     if err.body is not None:
         content = err.body
@@ -523,21 +692,34 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
                 body = json.loads(await request.body())
             except ValueError:
                 raise SimError(400, "We could not parse the JSON body of your request") from None
+            if flavour == "bedrock":  # the model is in the path; faults by marker answer as Bedrock's classes
+                if not isinstance(body, dict):
+                    raise _bedrock_invalid("The request body must be a JSON object.")
+                body = {**body, "modelId": request.path_params["model_id"]}
+                named = _BEDROCK_RE.search(json.dumps(body))
+                if named and named.group(1) in BEDROCK_ERRORS:
+                    raise SimError(BEDROCK_ERRORS[named.group(1)], f"Simulated {named.group(1)}", code=named.group(1))
             prompt = parse(body)
             await _apply_faults(request, state, prompt, body)
+            if request.url.path.endswith("/converse-stream"):
+                frames = converse_events(build(prompt, body), cut="[[sim:cut-stream]]" in "\n".join(prompt.texts))
+                return StreamingResponse(iter(frames), media_type="application/vnd.amazon.eventstream")
             if body.get("stream") is True:
                 return _streamed(build(prompt, body), body, flavour, state.config.stream_usage,
                                  state.config.answer_extra_json)
             answer = json.dumps(build(prompt, body), ensure_ascii=False, separators=(",", ":"))
             if state.config.answer_extra_json:
                 answer = answer[:-1] + "," + state.config.answer_extra_json + "}"
-            return Response(answer, media_type="application/json")
+            counted = ({"X-Amzn-Bedrock-Input-Token-Count": str(prompt.prompt_tokens)} if parse is _parse_invoke
+                       else None)
+            return Response(answer, media_type="application/json", headers=counted)
         except SimError as err:
             return _error_response(err, flavour)
 
     async def identified(request: Request) -> Response:
         response = await handle(request)
-        response.headers["request-id" if flavour == "anthropic" else "x-request-id"] = f"req_sim_{uuid.uuid4().hex}"
+        header = {"anthropic": "request-id", "bedrock": "x-amzn-RequestId"}.get(flavour, "x-request-id")
+        response.headers[header] = f"req_sim_{uuid.uuid4().hex}"
         return response
 
     async def endpoint(request: Request) -> Response:
@@ -575,6 +757,9 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         "/v1/embeddings": (_parse_embeddings, _build_embeddings, "openai"),
         "/v1/responses": (_parse_responses, _build_responses, "openai"),
         "/v1/messages": (lambda b: _parse_chat(b, ("max_tokens",)), _build_anthropic, "anthropic"),
+        "/model/{model_id:path}/converse": (_parse_converse, _build_converse, "bedrock"),
+        "/model/{model_id:path}/invoke": (_parse_invoke, _build_invoke, "bedrock"),
+        "/model/{model_id:path}/converse-stream": (_parse_converse, _build_converse, "bedrock"),
     }
     for path, (parse, build, flavour) in routes.items():
         app.add_api_route(path, _endpoint(state, parse, build, flavour), methods=["POST"])

@@ -47,7 +47,8 @@ def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_
     assert all(n > 0 for n in out["chat"]["usage"])
     assert len(out["embeddings"]) == 2 and out["embeddings"][0] > 0
     assert out["responses"]["object"] == "response" and out["responses"]["text"]
-    assert out["models"] == [MODEL, "qwen3.6-35b", "auto", "auto-pro"] and out["model"] == "qwen3.6-35b"
+    assert out["models"] == [MODEL, "qwen3.6-35b", "claude-bedrock", "auto", "auto-pro"]
+    assert out["model"] == "qwen3.6-35b"
     assert out["auto"] == "qwen3.6-35b"
     status, param, message = out["refused"]
     assert status == 400 and param == "temperature" and "hot" in message

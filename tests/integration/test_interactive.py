@@ -59,7 +59,7 @@ def test_chat_embeddings_responses_and_models(api, svc, sim_control):
     assert response["object"] == "response" and response["output"]
     models = ok(api("GET", "/v1/models", key))
     assert models["object"] == "list"
-    assert [m["id"] for m in models["data"]] == [GLM, QWEN, "auto", "auto-pro"]
+    assert [m["id"] for m in models["data"]] == [GLM, QWEN, "claude-bedrock", "auto", "auto-pro"]
     assert ok(api("GET", f"/v1/models/{QWEN}", key)) == {"id": QWEN, "object": "model", "created": 0,
                                                         "owned_by": "batchinfer"}
     error(api("GET", "/v1/models/no-such-model", key), 404, "no-such-model", code="model_not_found")

@@ -18,7 +18,9 @@ def test_effective_budget(item, expected):
 
 def test_default_catalog_serves_the_spec_s_models_from_the_simulator():
     catalog = load_catalog(DEFAULT_MODELS_FILE, {"SIMULATED_BACKEND_URL": "http://127.0.0.1:9"})
-    assert [m.id for m in catalog.runnable] == ["glm-5.3-flash", "qwen3.6-35b"]
+    assert [m.id for m in catalog.runnable] == ["glm-5.3-flash", "qwen3.6-35b", "claude-bedrock"]
+    bedrock = catalog.get("claude-bedrock").backend
+    assert (bedrock.kind, bedrock.endpoint_url, bedrock.region) == ("bedrock", "http://127.0.0.1:9", "us-east-1")
     assert catalog.lookup("glm-flash").id == "glm-5.3-flash"
     assert catalog.lookup("auto").auto and catalog.lookup("nope") is None
     assert catalog.get("qwen3.6-35b").backend.base_url == "http://127.0.0.1:9/v1"

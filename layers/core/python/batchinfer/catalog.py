@@ -57,7 +57,10 @@ _DLQ_SUFFIX = "-dlq"
 _HASH_CHARS = 8
 
 
-BackendFeature = Literal["images", "top_k", "documents"]
+# structured_outputs: a bedrock model that takes Converse's JSON schema output (chat `response_format`);
+# thinking: a bedrock model that takes Anthropic's `thinking` (through additionalModelRequestFields).
+BackendFeature = Literal["images", "top_k", "documents", "structured_outputs", "thinking"]
+BEDROCK_ONLY_FEATURES = ("structured_outputs", "thinking")
 
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -96,6 +99,8 @@ class Backend(BaseModel):
                                  "(or endpoint_url): it takes no base_url, api_key_env or api_key_secret")
         elif not self.base_url:
             raise ValueError(f"a {self.kind} backend needs base_url")
+        elif only := sorted(set(self.features) & set(BEDROCK_ONLY_FEATURES)):  # only Converse carries them
+            raise ValueError(f"the {', '.join(only)} feature is for bedrock backends, not {self.kind}")
         return self
 
 
@@ -134,6 +139,18 @@ class Model(BaseModel):
         if endpoint == MESSAGES_ENDPOINT:
             return CHAT_ENDPOINT in self.endpoints
         return endpoint in self.endpoints
+
+    @model_validator(mode="after")
+    def _endpoints_its_backend_serves(self) -> Model:
+        # Bedrock models are reached through Converse (chat, and Messages translated) and InvokeModel
+        # (embeddings, in the body format the catalog names): refuse at load what they cannot serve.
+        if self.backend is not None and self.backend.kind == "bedrock":
+            extra = sorted(set(self.endpoints) - {CHAT_ENDPOINT, "/v1/embeddings"})
+            if extra:
+                raise ValueError(f"model {self.id!r}: a bedrock backend does not serve {', '.join(extra)}")
+            if "/v1/embeddings" in self.endpoints and not self.backend.embedding_format:
+                raise ValueError(f"model {self.id!r}: /v1/embeddings on a bedrock backend needs embedding_format")
+        return self
 
     @property
     def backend_model(self) -> str:

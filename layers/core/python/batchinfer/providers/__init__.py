@@ -4,7 +4,8 @@ and a line here; the worker does not change. The only code that talks HTTP to ba
 
 An Anthropic Messages request for a model on an `openai` backend is translated to a chat completion and
 its answer back to a message (`messages_to_chat`); intake already refused what the translation cannot carry.
-Interactive `stream: true` answers are relayed by `streaming.open_stream`.
+Interactive `stream: true` answers are relayed by `streaming.open_stream`. A `bedrock` model (Amazon Bedrock,
+through boto3's Converse, ConverseStream and InvokeModel) translates both APIs itself (`converse`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Protocol
 
 from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt
-from ..messages_to_chat import to_chat, to_message
-from . import anthropic, openai_compat
+from ..messages_to_chat import to_chat, to_message, untranslatable
+from . import anthropic, bedrock, converse, openai_compat
 from .streaming import open_stream
 
-__all__ = ["PROVIDERS", "Provider", "call_backend", "open_stream", "register", "unregister"]
+__all__ = ["PROVIDERS", "Provider", "backend_refusal", "call_backend", "open_stream", "register", "unregister"]
 
 
 class Provider(Protocol):
@@ -29,7 +30,21 @@ class Provider(Protocol):
 
 
 # Modules, not functions: a call looks the function up when it is made (tests can wrap it in place).
-PROVIDERS: dict[str, Provider] = {"openai": openai_compat, "anthropic": anthropic}
+PROVIDERS: dict[str, Provider] = {"openai": openai_compat, "anthropic": anthropic, "bedrock": bedrock}
+
+
+def backend_refusal(model: Model, endpoint: str, body: dict) -> str | None:
+    """What in a request its model's backend cannot carry, as a message naming the parameter, or None. Intake
+    asks it of every request (batch lines, Message Batch entries, interactive calls), so what a backend cannot
+    carry fails there, never silently on the way."""
+    backend = model.backend
+    if backend is None:
+        return None
+    if backend.kind == "bedrock":
+        return converse.refusal(endpoint, body, backend.features, backend.embedding_format)
+    if backend.kind == "openai" and endpoint == MESSAGES_ENDPOINT:
+        return untranslatable(body, backend.features)
+    return None
 
 
 def register(kind: str, provider: Provider) -> Provider | None:

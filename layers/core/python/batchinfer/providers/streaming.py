@@ -16,6 +16,7 @@ from ..domain import Attempt, Relay
 from ..jsontext import to_json
 from ..messages_to_chat import MessageStream, to_chat
 from .anthropic import MessageEvents, open_message
+from .bedrock import open_stream as open_converse_stream
 from .http import CutOff
 from .openai_compat import ChatChunks, open_chat
 
@@ -60,6 +61,16 @@ async def open_stream(model: Model, endpoint: str, body: dict, api_key: str | No
             return chunks
         translation = MessageStream(str(body.get("model")), body.get("stop_sequences") or ())
         return Relay(_translated(chunks, translation), chunks.outcome, chunks.events.aclose)
+    if endpoint in (CHAT_ENDPOINT, MESSAGES_ENDPOINT) and model.backend.kind == "bedrock":  # ConverseStream
+        converse = await open_converse_stream(model, endpoint, body, timeout)
+        if isinstance(converse, Attempt):
+            return converse
+        if endpoint == CHAT_ENDPOINT:
+            options = body.get("stream_options")
+            with_usage = isinstance(options, dict) and options.get("include_usage") is True
+            return Relay(_chat(converse, with_usage), converse.outcome, converse.aclose)
+        translation = MessageStream(str(body.get("model")), body.get("stop_sequences") or ())
+        return Relay(_translated(converse, translation), converse.outcome, converse.aclose)
     if endpoint == MESSAGES_ENDPOINT and model.backend.kind == "anthropic":
         events = await open_message(model, body, api_key, timeout, version)
         if isinstance(events, Attempt):

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def backend_key(svc: Services, model: Model) -> str | None:
     """The model's backend key: its Secrets Manager secret (deployed) or its environment variable."""
     backend = model.backend
-    if backend is None:
+    if backend is None or backend.kind == "bedrock":  # Bedrock calls are signed with the function's role
         return None
     secret = svc.settings.model_secrets.get(model.id) or backend.api_key_secret
     if secret:

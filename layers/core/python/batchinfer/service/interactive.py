@@ -23,6 +23,7 @@ from ..catalog import MESSAGES_ENDPOINT, Model
 from ..domain import Attempt, Relay, new_token, next_utc_midnight
 from ..errors import ApiError, GatewayTimeout, InvalidRequest, NotFound, RateLimited, ServiceUnavailable, quoted
 from ..protocols.anthropic.message_batches import ParamsError, params_model
+from ..providers import backend_refusal
 from ..records import InteractiveLease, Usage
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem
 from ..runtime import Services
@@ -208,6 +209,9 @@ async def serve_openai(svc: Services, principal: Principal, endpoint: str, paylo
     if problem:
         raise InvalidRequest(problem, param=problem.split(":", 1)[0].removeprefix("body.") or None)
     model = route(svc, principal.account, payload.get("model"), endpoint)
+    refused = backend_refusal(model, endpoint, payload)  # what the model's backend cannot carry
+    if refused:
+        raise InvalidRequest(refused, param=refused.split(":", 1)[0] or None)
     _check_quota(svc, principal.account)
     if streams:
         return Streamed(await _stream(svc, principal, model, endpoint, payload), model)

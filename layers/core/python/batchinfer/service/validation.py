@@ -11,6 +11,7 @@ from ..domain import BatchStatus
 from ..errors import QUOTED_CHARS, ApiError, InvalidRequest, clipped, quoted
 from ..jsontext import DuplicateKey, where
 from ..jsontext import loads as read_json
+from ..providers import backend_refusal
 from ..request_bodies import CHAT, EMBEDDINGS, RESPONSES, body_problem, got
 from ..runtime import Services
 from .accounts import may_use_model
@@ -260,7 +261,7 @@ def check_request(svc: Services, account: dict, req: object, endpoint: str | Non
         raise Problem("model_not_found", f"Model '{name}' is an auto model; auto models cannot be used in a batch")
     if model.backend is None or url not in model.endpoints:
         raise Problem("unsupported_endpoint", f"Model '{name}' does not serve {url}")
-    problem = _check_body(url, body)
+    problem = _check_body(url, body) or backend_refusal(model, url, body)  # the types, then what its backend carries
     if problem:
         raise Problem("invalid_body", problem)
     return ValidRequest(custom_id=custom_id, model_id=model.id, body=body)

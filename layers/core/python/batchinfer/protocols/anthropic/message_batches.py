@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
 from ...errors import InvalidRequest, NotFound, PermissionDenied, clipped, quoted
-from ...messages_to_chat import refused_everywhere, untranslatable
+from ...messages_to_chat import refused_everywhere
+from ...providers import backend_refusal
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
@@ -197,10 +198,9 @@ def params_model(svc: Services, account: dict, params: object, version: str) -> 
     if not model.serves(MESSAGES_ENDPOINT):
         raise ParamsError(f"model: '{name}' does not serve Messages requests.", code="unsupported_endpoint")
     assert model.backend is not None
-    if model.backend.kind == "openai":
-        problem = untranslatable(params, model.backend.features)
-        if problem:
-            raise ParamsError(problem)
+    problem = backend_refusal(model, MESSAGES_ENDPOINT, params)  # what a translation to its backend cannot carry
+    if problem:
+        raise ParamsError(problem)
     return model.id
 
 
