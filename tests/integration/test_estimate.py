@@ -14,7 +14,7 @@ from batchinfer.layout import account_key, batch_key
 from batchinfer.records import Budget, Lane
 from batchinfer.runtime import use_services
 from batchinfer.service.accounts import spent_today
-from batchinfer.service.forecast import START_AND_END_SECONDS
+from batchinfer.service.forecast import END_SECONDS, IDLE_START_SECONDS
 from batchinfer.service.tokenizer import count_text, encoding
 from tests.helpers import chat_request, make_services, new_key
 from tests.integration.test_api import error, finish, ok, settings
@@ -137,8 +137,8 @@ def test_the_figures_of_a_known_batch(api, svc):
     assert figures["queue_ahead"] == 64 and figures["batch_budget"] == 16 and figures["batch_cap_now"] == 16
     assert figures["mean_latency_seconds"] == 2.0 and figures["tier_limit"] == 16
     # Two accounts share 16 slots: 8 each, 4 requests a second; 33 requests take 8.25 s, plus half a call, plus
-    # the batch's start and end.
-    assert figures["estimated_seconds"] == pytest.approx(33 / 4 + 1.0 + START_AND_END_SECONDS, abs=0.1)
+    # the batch's end (the model is busy: no start of a pump to wait for).
+    assert figures["estimated_seconds"] == pytest.approx(33 / 4 + 1.0 + END_SECONDS, abs=0.1)
     assert answer["estimated_completion_at"] - answer["created_at"] == math.ceil(figures["estimated_seconds"])
     assert answer["fits_window"] is True and answer["rejected"] == []
     assert svc.table.get(*batch_key(queued["id"]))["total"] == 64  # the other batch is as it was
@@ -192,6 +192,8 @@ def test_reject_if_late_refuses_a_late_batch_and_admits_one_in_time(api, svc):
     assert ok(api("GET", "/v1/batches", key))["data"] == []
     estimate = ok(api("POST", ESTIMATE, key, json_body={"requests": requests}))
     assert estimate["fits_window"] is False
+    # On an idle model: 4 waves of 16 calls of 2 s, half a call, a pump's start and the batch's end.
+    assert estimate["models"][0]["estimated_seconds"] == pytest.approx(8 + 1 + IDLE_START_SECONDS + END_SECONDS)
     settings(svc, batch_completion_window_seconds=60)
     created = ok(api("POST", "/v1/batches", key, json_body={"requests": requests, "admission": "reject_if_late"}))
     assert finish(svc, created["id"], timeout=60)["status"] == "completed"

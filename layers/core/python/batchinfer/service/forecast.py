@@ -38,10 +38,12 @@ MAX_LANES = 1000
 # A noted latency older than this says little about the backend now: the scheduler's first guess is used.
 LATENCY_FRESH_SECONDS = 24 * 3600
 NEW = object()  # the estimated batch's own lane among the model's
-# What a batch takes beyond its calls: its first claim reaching a worker (the dispatcher's turn, the queue, the
-# group's start) and, after its last answer, the last group's close and the settle that ends it. About 2-3 s
-# on the local stack (bench/estimate.py: a 16-request batch at L=1 s ends 3-4 s after its create).
-START_AND_END_SECONDS = 2.5
+# What a batch takes beyond its calls. On an idle model, its first claim reaching a worker: the dispatcher's
+# turn, the queue, a worker and its pump starting (~2 s on the local stack: a 16-request batch at L=1 s ends
+# 3-4 s after its create); on a busy one the running pumps claim it at their next claim. And after its last
+# answer, the last group's close and the settle that ends it (~0.5 s).
+IDLE_START_SECONDS = 2.0
+END_SECONDS = 0.5
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Queue:
     latency: float  # seconds per call, as measured (or the scheduler's first guess)
     measured: float | None  # the measured mean, None when none was noted
     waiting: int  # retries waiting (they go first)
+    in_flight: int = 0  # batch requests running now
     lanes: list[tuple[str, int]] = field(default_factory=list)  # (account id, requests left) per batch
     limits: dict[str, int] = field(default_factory=dict)  # account id -> tier limit
 
@@ -110,7 +113,8 @@ def read_queue(svc: Services, model: Model) -> Queue:
     batches = t.get_many([batch_key(lane["batch_id"]) for lane in lanes], consistent=False) if lanes else {}
     accounts = t.get_many([account_key(a) for a in {lane["account_id"] for lane in lanes}], consistent=False) \
         if lanes else {}
-    queue = Queue(cap=cap, latency=latency, measured=measured, waiting=max(0, int(budget.get("waiting", 0))))
+    queue = Queue(cap=cap, latency=latency, measured=measured, waiting=max(0, int(budget.get("waiting", 0))),
+                  in_flight=max(0, int(budget.get("in_flight", 0))))
     for lane in lanes:
         batch = batches.get(batch_key(lane["batch_id"]))
         cursor = (batch or {}).get("lanes", {}).get(model.id) or {}
@@ -176,7 +180,8 @@ def seconds_to_finish(queue: Queue, account_id: str, own_limit: int, count: int)
         elapsed += step
     # The fluid model ends when the last call would, spread over the slots; real calls run whole, so the
     # last wave ends on average half a call later.
-    return elapsed + latency / 2 + START_AND_END_SECONDS
+    idle = not queue.lanes and not queue.waiting and not queue.in_flight
+    return elapsed + latency / 2 + END_SECONDS + (IDLE_START_SECONDS if idle else 0.0)
 
 
 def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
