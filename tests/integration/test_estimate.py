@@ -197,3 +197,14 @@ def test_reject_if_late_refuses_a_late_batch_and_admits_one_in_time(api, svc):
     settings(svc, batch_completion_window_seconds=60)
     created = ok(api("POST", "/v1/batches", key, json_body={"requests": requests, "admission": "reject_if_late"}))
     assert finish(svc, created["id"], timeout=60)["status"] == "completed"
+
+
+def test_the_queue_ahead_counts_every_batch_waiting_past_one_read_of_a_hundred(api, svc):
+    settings(svc, max_unfinished_batches=200)
+    _, other = new_key(svc)
+    for i in range(105):  # more lanes than one BatchGetItem reads
+        ok(api("POST", "/v1/batches", other,
+               json_body={"requests": [chat_request(f"o{i}", "x"), chat_request("p", "y")]}))
+    _, key = new_key(svc)
+    answer = ok(api("POST", ESTIMATE, key, json_body={"requests": [chat_request("a", "hi")]}))
+    assert answer["models"][0]["queue_ahead"] == 210

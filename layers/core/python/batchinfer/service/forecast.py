@@ -35,6 +35,7 @@ REJECT_IF_LATE = "reject_if_late"
 ADMISSIONS = ("always", REJECT_IF_LATE)
 # Lanes read per model: the queue ahead past this many batches is counted as far as it was read.
 MAX_LANES = 1000
+BATCH_GET_KEYS = 100  # DynamoDB's most keys in one BatchGetItem
 # A noted latency older than this says little about the backend now: the scheduler's first guess is used.
 LATENCY_FRESH_SECONDS = 24 * 3600
 NEW = object()  # the estimated batch's own lane among the model's
@@ -110,9 +111,8 @@ def read_queue(svc: Services, model: Model) -> Queue:
     measured = float(noted) if fresh else None
     latency = measured if measured else scheduler_config(svc.settings).first_call_seconds
     lanes, _ = Lane.in_turn(t, model.id, None, MAX_LANES)
-    batches = t.get_many([batch_key(lane["batch_id"]) for lane in lanes], consistent=False) if lanes else {}
-    accounts = t.get_many([account_key(a) for a in {lane["account_id"] for lane in lanes}], consistent=False) \
-        if lanes else {}
+    batches = _read_many(svc, [batch_key(lane["batch_id"]) for lane in lanes])
+    accounts = _read_many(svc, [account_key(a) for a in {lane["account_id"] for lane in lanes}])
     queue = Queue(cap=cap, latency=latency, measured=measured, waiting=max(0, int(budget.get("waiting", 0))),
                   in_flight=max(0, int(budget.get("in_flight", 0))))
     for lane in lanes:
@@ -125,6 +125,14 @@ def read_queue(svc: Services, model: Model) -> Queue:
         account = accounts.get(account_key(lane["account_id"])) or {}
         queue.limits[lane["account_id"]] = svc.settings.tier_limits.get(account.get("tier", "free"), 0)
     return queue
+
+
+def _read_many(svc: Services, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
+    """Items by key, eventually consistent, in BatchGetItem's pages of 100 keys."""
+    found: dict[tuple[str, str], dict] = {}
+    for start in range(0, len(keys), BATCH_GET_KEYS):
+        found.update(svc.table.get_many(keys[start:start + BATCH_GET_KEYS], consistent=False))
+    return found
 
 
 def _water_fill(room: float, wants: dict, caps: dict) -> dict:
