@@ -1,10 +1,10 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
 Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness priority cap yield
-file spread lanes short (all twelve by default: ~85 min on 2 cores). `--quick` runs small sizes (~5 minutes in all);
-each benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its ratios against its goal
-and the command that reproduces it; a summary of every goal line comes at the end. docs/benchmarks.md has the
-current figures and what bounds each one.
+file spread lanes short estimate (all thirteen by default: ~100 min on 2 cores). `--quick` runs small sizes (~6
+minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its
+ratios against its goal and the command that reproduces it; a summary of every goal line comes at the end.
+docs/benchmarks.md has the current figures and what bounds each one.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ BENCHMARKS = {
     "lanes": ("bench.hot_items", ["--batches", "40", "--accounts", "20"]),
     # short calls (embeddings, small models) at one slot and at four, against a direct client
     "short": ("bench.short_calls", ["--requests", "300", "--runs", "1"]),
+    # an estimate's end against the real end: 200 and 2,000 requests, alone and behind another account's batch
+    "estimate": ("bench.estimate", ["--sizes", "200", "--ahead", "400", "--runs", "1"]),
 }
 # Arguments a benchmark always gets (before the quick ones): what makes it the benchmark it is.
 ALWAYS = {"spread": ["--latency", "1", "--distribution", "lognormal", "--sigma", "0.5"]}

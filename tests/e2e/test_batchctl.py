@@ -178,6 +178,23 @@ def test_submit_a_prompt_list_with_model(stack, fresh_env, tmp_path):
     assert answers[1].startswith(f'Simulated answer from {MODEL} to: a "json" prompt')
 
 
+def test_estimate_creates_nothing_and_says_what_the_batch_would_take(stack, fresh_env, tmp_path):
+    prompts = tmp_path / "estimate.txt"
+    prompts.write_text("tiktoken is great!\nhello world\n")
+    listed = json.loads(ok(batchctl(stack["dir"], fresh_env, "list", "--json")).stdout)["data"]
+    shown = json.loads(ok(batchctl(stack["dir"], fresh_env, "estimate", str(prompts), "--model", MODEL,
+                                   "--json")).stdout)
+    # 6 and 2 o200k_base tokens of text, 7 more each (OpenAI's chat counting rule); the catalog's output limit.
+    assert shown["object"] == "batch.estimate" and shown["input_tokens"] == 13 + 9
+    assert shown["max_output_tokens"] == 2 * 32768 and shown["fits_window"] is True
+    human = ok(batchctl(stack["dir"], fresh_env, "estimate", str(prompts), "--model", MODEL)).stdout.splitlines()
+    assert human[0].startswith("2 requests, 22 input tokens (o200k_base), at most 65536 output tokens; cost $")
+    assert human[1].startswith(f"  {MODEL}: 2 requests, ") and "within its 86400 s window" in human[-1]
+    line = one_line_error(batchctl(stack["dir"], fresh_env, "estimate", str(prompts), "--model", "no-such-model"))
+    assert "requests[0]" in line and "no-such-model" in line
+    assert json.loads(ok(batchctl(stack["dir"], fresh_env, "list", "--json")).stdout)["data"] == listed
+
+
 def test_a_large_submission_goes_as_a_file_batch(stack, fresh_env, tmp_path):
     prompts = tmp_path / "many.txt"
     prompts.write_text("".join(f"prompt {i} {'x' * 40}\n" for i in range(30)))  # ~2.7 KB inline

@@ -33,7 +33,8 @@ SCOPE_KEY = "batchinfer.envelope"
 FINAL_STATUSES = (410, 413)  # answers a retry cannot change
 # batch_ended, batch_not_running: a pause or resume; batch_not_ended: a retry in place of a batch still
 # running. The SDK's own retries must not repeat them.
-FINAL_CODES = ("idempotency_key_reused", "batch_ended", "batch_not_running", "batch_not_ended")
+FINAL_CODES = ("idempotency_key_reused", "batch_ended", "batch_not_running", "batch_not_ended",
+               "batch_would_be_late")  # the last: admission reject_if_late (capacity does not free up in seconds)
 
 
 ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or expired API key",

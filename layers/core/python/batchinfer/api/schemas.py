@@ -65,6 +65,9 @@ class CreateBatch(BaseModel):
         "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
         "max_cost_reached."))
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    admission: Literal["always", "reject_if_late"] = Field("always", description=(
+        "An extension: `reject_if_late` refuses the batch (429 `batch_would_be_late`, not retried by the SDKs) "
+        "when its estimate says it would not end within its completion window at the capacity there is now."))
 
 
 class RequestCounts(BaseModel):
@@ -286,6 +289,58 @@ def _ref(model: type[BaseModel]) -> dict:
 def _ok(model: type[BaseModel], description: str) -> dict:
     return {"responses": {"200": {"description": description, "content": {"application/json": {
         "schema": _ref(model)}}}}}
+
+
+# --- Estimates before running (an extension): POST .../batches/estimate ---------------------------------
+
+class CostRange(BaseModel):
+    min: float = Field(description="Input tokens at the input price")
+    max: float | None = Field(description="Plus every output token allowed at the output price (null: a request "
+                                          "has no output limit of its own nor in the catalog)")
+
+
+class ModelEstimate(BaseModel):
+    model: str
+    request_count: int
+    input_tokens: int
+    max_output_tokens: int | None
+    cost_usd: CostRange
+    tokenizer: str = Field(description="The tiktoken encoding input tokens were counted with")
+    queue_ahead: int = Field(description="Unstarted batch requests of all accounts on the model now")
+    batch_budget: int = Field(description="The model's batch slots (the catalog)")
+    batch_cap_now: int = Field(description="Its slots now, as interactive load and backend 429s leave them")
+    tier_limit: int = Field(description="Your account's batch requests in flight at most")
+    mean_latency_seconds: float | None = Field(description="The mean duration of its recent calls (null: none "
+                                                           "measured yet)")
+    latency_used_seconds: float = Field(description="What the estimate took a call to last")
+    estimated_seconds: float | None = Field(description="From now until this model's last request would end")
+
+
+class RejectedEstimate(BaseModel):
+    custom_id: str
+    error: dict
+
+
+class BatchEstimate(BaseModel):
+    object: Literal["batch.estimate"]
+    endpoint: str
+    created_at: int
+    request_count: int
+    input_tokens: int
+    max_output_tokens: int | None
+    cost_usd: CostRange
+    tokenizer: str = Field(description="The tiktoken encoding(s) input tokens were counted with (o200k_base unless "
+                                       "the catalog names one per model)")
+    models: list[ModelEstimate]
+    completion_window_seconds: int
+    estimated_completion_at: int | None = Field(description="Unix seconds: when the batch would end if submitted "
+                                                            "now (null: never at the capacity there is now)")
+    fits_window: bool = Field(description="Whether that is before its completion window would close")
+    rejected: list[RejectedEstimate] = Field(description="A Message Batch's requests that would error at once")
+
+
+_MODELS = (*_MODELS, BatchEstimate)  # for components()
+BATCH_ESTIMATE = _ok(BatchEstimate, "The estimate (nothing is stored)")
 
 
 # The header `service.intake.check_idempotency_key` reads (the route reads it raw, so FastAPI cannot say it).

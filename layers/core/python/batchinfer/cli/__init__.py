@@ -1,6 +1,6 @@
 """batchctl: the command line of batch inference.
 
-  batchctl submit|status|list|wait|results|cancel|delete ...   your batches, through the service's HTTP API
+  batchctl submit|estimate|status|list|wait|results|cancel|delete ...   your batches, through the HTTP API
   batchctl admin ...                                           accounts and API keys (the operator's)
 
 Both need no flags next to a running local stack (`make run` writes .local/stack.json and .local/api-key).

@@ -1,5 +1,5 @@
-"""batchctl's user commands: submit, status, list, wait, watch, results, priority, cancel, pause, resume, retry
-and delete, as a client of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to
+"""batchctl's user commands: submit, estimate, status, list, wait, watch, results, priority, cancel, pause, resume,
+retry and delete, as a client of the service's own HTTP API (never its storage). Batch ids (`batch_...`) go to
 `/v1/batches`, Message Batch ids (`msgbatch_...`) to `/v1/messages/batches`; the commands are the same for
 both.
 
@@ -33,6 +33,7 @@ from .common import (
     one_line,
 )
 from .connection import connection, env_defaults
+from .estimate import cmd_estimate
 from .progress import Interrupted, wait_for
 from .results import download_results
 from .submission import CHAT, ENDPOINTS, INLINE_MAX_BYTES, submit_batch
@@ -244,6 +245,16 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
                         f"(default: {UPLOAD_PART_BYTES}, the service's part limit)")
     _waiting(p)
     p.set_defaults(handler=cmd_submit)
+
+    p = groups.add_parser("estimate", parents=[common], help="what a batch of FILE would cost and when it would end",
+                          description="Estimate FILE as a batch (an extension): requests, input tokens, the cost "
+                                      "range, the queue ahead and when it would end if submitted now. Nothing is "
+                                      "created. FILE as for submit.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--model", help="the model of prompts, and of batch lines whose body names none")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default=None, help=f"as for submit (default: {CHAT})")
+    p.add_argument("--max-cost", type=_positive(float), metavar="USD", help="as for submit: checked as create would")
+    p.set_defaults(handler=cmd_estimate)
 
     p = groups.add_parser("status", parents=[common], help="a batch's status and counts")
     p.add_argument("id", metavar="ID")

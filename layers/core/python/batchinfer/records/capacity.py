@@ -69,6 +69,12 @@ class Budget:
                  vals={":d": delta, ":at": moved_at})
 
     @staticmethod
+    def note_latency(t: Table, model_id: str, call_seconds: float, now: int) -> None:
+        """The mean duration of the model's recent backend calls (shard 0; `call_seconds_at`: when noted)."""
+        t.update(*model_budget_key(model_id), "SET call_seconds = :s, call_seconds_at = :at",
+                 vals={":s": round(call_seconds, 4), ":at": now})
+
+    @staticmethod
     def back_off(t: Table, model_id: str, cap: int, now: int) -> None:
         """Set the adaptive cap, at most once a second. Raises ConditionFailed if another did this second."""
         t.update(*model_budget_key(model_id), "SET adaptive_cap = :cap, throttled_at = :now",

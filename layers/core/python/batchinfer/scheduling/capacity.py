@@ -75,6 +75,11 @@ def effective_budget(model: Model, budget_item: dict | None, yield_per_request: 
     return policy.effective_cap(model.batch_budget, model.batch_floor, interactive, yield_per_request, adaptive_cap)
 
 
+def note_call_seconds(svc: Services, model: Model, seconds: float) -> None:
+    """The model's recent mean call duration, as a pump measured it (the last pump to write wins)."""
+    Budget.note_latency(svc.table, model.id, seconds, svc.now())
+
+
 def over_cap(svc: Services, model_id: str) -> bool:
     """Whether the model has more batch slots taken than it may have now."""
     model = svc.catalog.lookup(model_id)

@@ -55,6 +55,8 @@ class SchedulerConfig:
     first_claim_seconds: float = 0.05
     first_call_seconds: float = 1.0
     average_weight: float = 0.2
+    # A pump writes its average call's duration on the model's budget at most this often (estimates read it).
+    latency_note_seconds: float = 5.0
     # A pump stops claiming this long before its invocation must have ended, beyond the longest call (the
     # backend timeout): its last calls answer and its slots go back in time.
     end_margin_seconds: float = 10.0

@@ -26,7 +26,7 @@ from ..records import Batch
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from . import policy
-from .capacity import Draws, InteractiveMemory, backend_said_429, effective_budget, read_budget
+from .capacity import Draws, InteractiveMemory, backend_said_429, effective_budget, note_call_seconds, read_budget
 from .claimed_work import GroupRun, Member, RunsRequests
 from .config import SchedulerConfig, scheduler_config
 from .dispatcher import Dispatcher
@@ -84,6 +84,8 @@ class SlotPump:
         self.outcome: Counter = Counter()
         self.claim_seconds = config.first_claim_seconds  # moving averages: how long a claim and a call take
         self.call_seconds = config.first_call_seconds
+        self.calls_measured = 0  # calls whose duration the average took in since it was last noted on the budget
+        self.latency_noted = time.monotonic()
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
@@ -260,6 +262,7 @@ class SlotPump:
                 self._call_ended(member)
             self.call_seconds = policy.moving_average(self.call_seconds, time.monotonic() - started,
                                                       self.config.average_weight)
+            self.calls_measured += 1
             self._spawn(self._record(member, attempt))
 
     @property
@@ -428,8 +431,15 @@ class SlotPump:
                 return
             try:
                 await self._poll_budget()
+                await self._note_latency()
             except Throttled:
                 log.warning("could not read %s's budget now; polling again", self.model.id)
+
+    async def _note_latency(self) -> None:
+        """Now and then, the average call's duration on the budget, where estimates of a batch's end read it."""
+        if self.calls_measured and time.monotonic() - self.latency_noted >= self.config.latency_note_seconds:
+            self.latency_noted, self.calls_measured = time.monotonic(), 0
+            await self._in(self.poll_pool, note_call_seconds, self.svc, self.model, self.call_seconds)
 
     async def _poll_budget(self) -> dict | None:
         """Read the budget; when it has shrunk, stop runners after their current call, this lease's share of

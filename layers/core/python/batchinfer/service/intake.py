@@ -84,8 +84,7 @@ def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str |
     batch an earlier call with the same key and body created (a replay), if any. The protocol is part of
     what a replay must match (where its batches carry `api`), so one key cannot answer for two kinds of
     batch."""
-    if len(raw) > svc.settings.max_body_bytes:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+    check_size(svc, raw)
     check_idempotency_key(idem_key)
     payload = parse_json_body(raw)
     try:
@@ -94,6 +93,17 @@ def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str |
         raise InvalidRequest("The body is nested too deeply.") from None
     claim = IdempotencyClaim(idem_key, digest) if idem_key else None
     return payload, claim, replay(svc, principal, claim) if claim else None
+
+
+def check_size(svc: Services, raw: bytes) -> None:
+    if len(raw) > svc.settings.max_body_bytes:
+        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+
+
+def read_body(svc: Services, raw: bytes) -> object:
+    """A create call's body as an estimate reads it: within the size limit (413), parsed (400)."""
+    check_size(svc, raw)
+    return parse_json_body(raw)
 
 
 def replay(svc: Services, principal: Principal, claim: IdempotencyClaim) -> BatchItem | None:
@@ -128,9 +138,7 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
     limits = svc.settings
     if protocol.api_field:
         extra = {"api": protocol.name, **(extra or {})}
-    if (extra or {}).get(CAP_PARAM) is not None and (unbounded := unbounded_under_cap(svc, batch.endpoint,
-                                                                                       batch.requests)):
-        raise InvalidRequest(unbounded_message(*unbounded), param=CAP_PARAM)
+    check_cap(svc, batch, extra)
     try:
         return _store_new_batch(svc, principal, batch, claim, extra, protocol.batch_ids.new()), True
     except ConditionFailed:
@@ -138,12 +146,29 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
             existing = replay(svc, principal, claim)
             if existing:
                 return existing, False
-        current = Account.get(svc.table, principal.account_id) or {}
-        if current.get("unfinished_batches", 0) >= limits.max_unfinished_batches:
-            raise RateLimited(f"You already have {limits.max_unfinished_batches} unfinished batches, the most "
-                              "allowed. Wait for one to finish.", code="too_many_batches") from None
+        check_room(svc, principal, None)
         raise RateLimited(f"This batch would take your unfinished batch requests past the limit of "
                           f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
+
+
+def check_cap(svc: Services, batch: ValidatedBatch, extra: dict | None) -> None:
+    """A batch with a spending cap must bound every request's cost (400 naming the first that does not)."""
+    if (extra or {}).get(CAP_PARAM) is not None and (unbounded := unbounded_under_cap(svc, batch.endpoint,
+                                                                                       batch.requests)):
+        raise InvalidRequest(unbounded_message(*unbounded), param=CAP_PARAM)
+
+
+def check_room(svc: Services, principal: Principal, total: int | None) -> None:
+    """429 when the account's unfinished batches are at their limit, or (given the batch's `total`) when its
+    requests would take the unfinished requests past theirs: what storing the batch would refuse."""
+    limits = svc.settings
+    current = Account.get(svc.table, principal.account_id) or {}
+    if current.get("unfinished_batches", 0) >= limits.max_unfinished_batches:
+        raise RateLimited(f"You already have {limits.max_unfinished_batches} unfinished batches, the most "
+                          "allowed. Wait for one to finish.", code="too_many_batches") from None
+    if total is not None and current.get("unfinished_requests", 0) + total > limits.max_unfinished_requests:
+        raise RateLimited(f"This batch would take your unfinished batch requests past the limit of "
+                          f"{limits.max_unfinished_requests}.", code="too_many_requests")
 
 
 def cap_fields(cap_value: object) -> dict:

@@ -17,6 +17,7 @@ from ..auth import caller, services_of
 from ..bodies import declared_over
 from ..envelopes import error_responses, route_class
 from ..schemas import (
+    BATCH_ESTIMATE,
     BATCH_LIST,
     BATCH_OBJECT,
     CREATE_BATCH_BODY,
@@ -44,6 +45,17 @@ async def create(request: Request, who: Principal = Depends(caller), svc: Servic
     # A replay answers with the batch the first call created, 200 both times as OpenAI's create answers;
     # the header tells a client that looks which one it got (as Stripe's Idempotent-Replayed does).
     return JSONResponse(obj, status_code=200, headers=None if created else {"idempotent-replayed": "true"})
+
+
+@router.post("/estimate", summary="Estimate a batch before creating it: tokens, cost, when it would end (an extension)",
+             responses=error_responses(OPENAI, 403, 413, 429),
+             openapi_extra={"requestBody": CREATE_BATCH_BODY["requestBody"], **BATCH_ESTIMATE})
+async def estimate(request: Request, who: Principal = Depends(caller), svc: Services = Depends(services_of)
+                   ) -> dict:
+    # The body of a create call, read raw as create reads it (see create).
+    if declared_over(request, svc.settings.max_body_bytes):
+        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+    return await run_in_threadpool(batches.estimate_batch, svc, who, await request.body())
 
 
 @router.get("", summary="List your batches, newest first", responses=error_responses(OPENAI),

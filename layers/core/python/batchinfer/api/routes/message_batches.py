@@ -21,6 +21,7 @@ from ..bodies import declared_over
 from ..envelopes import error_responses, route_class, unmatched_paths_under
 from ..schemas import (
     ANTHROPIC_HEADERS,
+    BATCH_ESTIMATE,
     CREATE_MESSAGE_BATCH_BODY,
     DELETED_MESSAGE_BATCH,
     FINISHED_MESSAGE_RESULTS,
@@ -77,6 +78,19 @@ def _add_routes(prefix: str) -> None:
                                                 request.headers.get("idempotency-key"), version)
         return JSONResponse(message_batches.message_batch_object(item, base_url(request)),
                             headers=None if created else {"idempotent-replayed": "true"})
+
+    @router.post(base + "/estimate",
+                 summary="Estimate a Message Batch before creating it: tokens, cost, when it would end (an extension)",
+                 responses=error_responses(ANTHROPIC, 403, 413, 429),
+                 openapi_extra=_extra({"requestBody": CREATE_MESSAGE_BATCH_BODY["requestBody"]}, BATCH_ESTIMATE))
+    async def estimate_message_batch(request: Request, who: Principal = Depends(caller),
+                                     version: str = Depends(anthropic_version), svc: Services = Depends(services_of)
+                                     ) -> dict:
+        if not svc.settings.message_batches_enabled:
+            raise PermissionDenied("Message Batches are not enabled.")
+        if declared_over(request, svc.settings.max_body_bytes):
+            raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+        return await run_in_threadpool(message_batches.estimate, svc, who, await request.body(), version)
 
     @router.get(base, summary="List Message Batches, newest first", responses=error_responses(ANTHROPIC),
                 openapi_extra=_extra(MESSAGE_BATCH_LIST))

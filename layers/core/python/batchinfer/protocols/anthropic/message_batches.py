@@ -28,7 +28,7 @@ from ...providers import backend_refusal
 from ...records import Batch, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
-from ...service import analytics, batch_usage, feed, intake, lifecycle, pausing, priority, results, retry
+from ...service import analytics, batch_usage, feed, forecast, intake, lifecycle, pausing, priority, results, retry
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
 from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
@@ -84,15 +84,31 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
     payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, PROTOCOL)
     if existing:
         return existing, False
-    intake.admit(svc, principal)
-    batch = _validated(svc, principal.account, payload, version)
-    cap = intake.cap_fields(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
-    item, created = intake.store(svc, principal, batch, claim, PROTOCOL,
-                                 {"anthropic_version": version, **cap,
-                                  "priority": priority.parse(payload.get("priority"))})
+    batch, extra = _prepared(svc, principal, payload, version)
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
     if created and not item["lanes"]:  # every request errored at intake: it has ended already
         item = lifecycle.settle_batch(svc, item["id"]) or item
     return item, created
+
+
+def _prepared(svc: Services, principal: Principal, payload: object, version: str) -> tuple[ValidatedBatch, dict]:
+    """What create checks before storing (an estimate checks the same): the batch and its item's extra fields."""
+    intake.admit(svc, principal)
+    batch = _validated(svc, principal.account, payload, version)
+    cap = intake.cap_fields(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
+    return batch, {"anthropic_version": version, **cap, "priority": priority.parse(payload.get("priority"))}
+
+
+def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> dict:
+    """An estimate (an extension): the body checked as create checks it (requests that cannot run are
+    listed in `rejected`, not refused), nothing stored."""
+    if not svc.settings.message_batches_enabled:
+        raise PermissionDenied("Message Batches are not enabled.", code="message_batches_disabled")
+    batch, extra = _prepared(svc, principal, intake.read_body(svc, raw), version)
+    intake.check_cap(svc, batch, extra)
+    answer = forecast.estimate(svc, principal, batch)
+    intake.check_room(svc, principal, answer["request_count"])
+    return answer
 
 
 def _validated(svc: Services, account: dict, payload: object, version: str) -> ValidatedBatch:

@@ -12,7 +12,7 @@ from ...domain import FINAL_BATCH, parse_result_id
 from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
-from ...service import analytics, batch_usage, intake, lifecycle, pausing, priority, results, retry, webhooks
+from ...service import analytics, batch_usage, forecast, intake, lifecycle, pausing, priority, results, retry, webhooks
 from ...service.accounts import Principal
 from ...service.listing import owner_page
 from ...service.validation import (
@@ -40,6 +40,16 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
     payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, PROTOCOL)
     if existing:
         return batch_object(existing), False
+    batch, extra = _prepared(svc, principal, payload)
+    if forecast.parse_admission(payload.get(forecast.ADMISSION_PARAM)) == forecast.REJECT_IF_LATE:
+        forecast.refuse_if_late(_estimate(svc, principal, batch, extra))  # an extension: 429 when it would be late
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
+    return batch_object(item), created
+
+
+def _prepared(svc: Services, principal: Principal, payload: object) -> tuple[ValidatedBatch, dict]:
+    """What create checks of a batch before storing it (an estimate checks the same): the account may
+    create one, the body, and its extension fields; the batch with its item's extra fields."""
     intake.admit(svc, principal)
     if isinstance(payload, dict) and payload.get("input_file_id") is not None:
         batch, extra = _file_batch(svc, principal, payload)
@@ -49,9 +59,24 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
         extra = {**(extra or {}), "webhook_url": webhook_url}
     if cap := intake.cap_fields(payload.get("max_cost_usd")):  # an extension: the batch's spending cap
         extra = {**(extra or {}), **cap}
-    extra = {**(extra or {}), "priority": priority.parse(payload.get("priority"))}
-    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
-    return batch_object(item), created
+    forecast.parse_admission(payload.get(forecast.ADMISSION_PARAM))  # an extension: 400 for an unknown one
+    return batch, {**(extra or {}), "priority": priority.parse(payload.get("priority"))}
+
+
+def _estimate(svc: Services, principal: Principal, batch: ValidatedBatch, extra: dict) -> dict:
+    """The estimate of a checked batch; a file batch's lines are read and checked now, as its validation would."""
+    lines = forecast.file_requests(svc, principal, batch.endpoint, extra["input_file_id"]) \
+        if extra.get("input_file_id") else None
+    return forecast.estimate(svc, principal, batch, lines)
+
+
+def estimate_batch(svc: Services, principal: Principal, raw: bytes) -> dict:
+    """An estimate (an extension): the create body checked as create checks it, nothing stored."""
+    batch, extra = _prepared(svc, principal, intake.read_body(svc, raw))
+    intake.check_cap(svc, batch, extra)
+    estimate = _estimate(svc, principal, batch, extra)
+    intake.check_room(svc, principal, estimate["request_count"])
+    return estimate
 
 
 def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[ValidatedBatch, dict]:
