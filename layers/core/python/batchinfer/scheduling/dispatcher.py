@@ -32,6 +32,7 @@ class Dispatcher:
         self.runs_what_it_claims = runs_what_it_claims
         self.lanes = Lanes(svc)
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
+        self.emptied: set[str] = set()  # the batches whose lane on the model the last claim took the last of
         # The interactive load seen lately, per model.
         self.interactive = InteractiveMemory(self.config.interactive_window_seconds)
 
@@ -83,6 +84,7 @@ class Dispatcher:
         never more than `most` (what its holder can start in time), if given."""
         svc = self.svc
         self.batches_seen = {}
+        self.emptied = set()
         if slot_lease is None:
             budget_item = read_budget(svc, model)
             probe_up(svc, model, budget_item)
@@ -94,7 +96,7 @@ class Dispatcher:
         # the most it may take in that lease.
         scope = ClaimScope(draws=Draws(budget_item, cap), slot_lease=slot_lease,
                            most=math.inf if most is None else most, running=self.runs_what_it_claims,
-                           batches_seen=self.batches_seen)
+                           batches_seen=self.batches_seen, emptied=self.emptied)
         free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:
             free = min(free, limit)
