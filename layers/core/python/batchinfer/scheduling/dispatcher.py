@@ -33,6 +33,8 @@ class Dispatcher:
         self.lanes = Lanes(svc)
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
         self.emptied: set[str] = set()  # the batches whose lane on the model the last claim took the last of
+        # The accounts the last claim read (`AccountSlots.read`), for a worker running its groups at once.
+        self.accounts_read: dict[str, tuple[str, dict | None, dict | None]] = {}
         # The interactive load seen lately, per model.
         self.interactive = InteractiveMemory(self.config.interactive_window_seconds)
 
@@ -85,6 +87,7 @@ class Dispatcher:
         svc = self.svc
         self.batches_seen = {}
         self.emptied = set()
+        self.accounts_read = {}
         if slot_lease is None:
             budget_item = read_budget(svc, model)
             probe_up(svc, model, budget_item)
@@ -103,6 +106,7 @@ class Dispatcher:
         if free <= 0:
             return []
         accounts = AccountSlots(svc)  # read once per pass
+        self.accounts_read = accounts.read
         dispatched: list[dict] = []
 
         # Requests waiting for a retry go first: they have already waited their turn. The model's

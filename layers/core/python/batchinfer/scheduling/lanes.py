@@ -37,10 +37,15 @@ class AccountSlots:
         self.svc = svc
         self.left: dict[str, int] = {}  # account id -> free account slots
         self.limits: dict[str, int] = {}  # account id -> its tier's limit
+        # account id -> (the UTC day, the account, its usage that day) as this claim read them (strongly
+        # consistent): the checks before its groups start go by them rather than read them again.
+        self.read: dict[str, tuple[str, dict | None, dict | None]] = {}
 
     def free(self, account_id: str) -> int:
         if account_id not in self.left:
-            account, usage = Account.with_usage(self.svc.table, account_id, utc_day(self.svc.now()))
+            day = utc_day(self.svc.now())
+            account, usage = Account.with_usage(self.svc.table, account_id, day)
+            self.read[account_id] = (day, account, usage)
             account = account or {}
             limit = self.svc.settings.tier_limits.get(account.get("tier", "free"), 0)
             self.limits[account_id] = limit

@@ -501,7 +501,9 @@ class SlotPump:
                 queued += 1
                 continue
             batch = self.dispatcher.batches_seen.get(unit["batch_id"])
-            decided = await self._claiming(self.requests.close_without_running, unit, batch)
+            # The account as this claim read it a moment ago: the checks before the start read only the key.
+            decided = await self._claiming(self.requests.close_without_running, unit, batch,
+                                           self.dispatcher.accounts_read.get(unit["account_id"]))
             if decided:  # its batch stopped or its owner lost access: closed without running
                 self.outcome.update(decided)
                 continue
