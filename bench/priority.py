@@ -7,7 +7,10 @@ L=2 s, the account's tier limit above the model's budget (the account's share is
   workers had claimed ahead of them).
 - equal priority: a small batch (30 requests) created right after a large one (400 requests), both
   `normal`. Its completion time divided by its time alone. Goal <= 2.0: no worse than an even share of the
-  model (which gives 2).
+  model (which gives 2). `--delay` creates it that many seconds after the large one instead, once the large
+  one runs at the model's budget (its completion time still counted from its own creation): the calls
+  running then are service the large batch receives after the small one arrived, which the small one is
+  owed.
 
 Each run: the small batch alone; then the large batch and, right after it, the small batch again; the large
 batch is cancelled once the small one is done (and waited for, so the next run starts empty). The medians of
@@ -44,11 +47,12 @@ def timed(session, base: str, requests: list[dict], priority: str | None = None)
     return time.monotonic() - started
 
 
-def after_large(svc, session, base: str, large: list[dict], small: list[dict], priority: str | None
-                ) -> tuple[float, int]:
-    """The small batch's time right after the large one; and how many of the large one's requests had
-    started or finished by then. The large one is cancelled and waited for."""
+def after_large(svc, session, base: str, large: list[dict], small: list[dict], priority: str | None,
+                delay: float = 0.0) -> tuple[float, int]:
+    """The small batch's time right after the large one (`delay` seconds after it); and how many of the large
+    one's requests had started or finished by then. The large one is cancelled and waited for."""
     big = create(session, base, large)
+    time.sleep(delay)
     shared = timed(session, base, small, priority)
     item = svc.table.get(*batch_key(big["id"]))
     progress = int(item.get("completed", 0)) + int(item.get("in_flight", 0))
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--high", type=int, default=100, help="the high batch's requests")
     parser.add_argument("--small", type=int, default=30, help="the equal-priority small batch's requests")
     parser.add_argument("--only", choices=("high", "equal"), help="run one of the two measures")
+    parser.add_argument("--delay", type=float, default=0.0,
+                        help="seconds between the large batch and the equal-priority small one")
     args = parser.parse_args(argv)
     normal_big, equal_big = max(1, round(1000 * args.scale)), max(1, round(400 * args.scale))
     high = {"alone": [], "shared": [], "progress": []}
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
                 shared, progress = after_large(svc, session, base,
                                                [chat(f"el{run}-{i}", f"large {i}") for i in range(equal_big)],
                                                [chat(f"es{run}-{i}", f"small after large {i}")
-                                                for i in range(args.small)], None)
+                                                for i in range(args.small)], None, args.delay)
                 equal["shared"].append(shared)
                 equal["progress"].append(progress)
     print(f"priority: C={args.budget}, L={args.latency}s, one account (its share: the whole model); {args.runs} runs")
@@ -110,6 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
         out["high_ratio"] = report("high after normal", args.high, normal_big, high["alone"], high["shared"],
                                    high["progress"], HIGH_GOAL, "the account's slots go to its high batch first")
     if equal["alone"]:
+        if args.delay:
+            print(f"  (the small batch created {args.delay:.1f} s after the large one)")
         out["equal_ratio"] = report("equal priority", args.small, equal_big, equal["alone"], equal["shared"],
                                     equal["progress"], EQUAL_GOAL, "an even share of the model gives 2.0")
     print(f"  reproduce: {command_line('bench.priority')}")

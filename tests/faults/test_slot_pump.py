@@ -15,7 +15,7 @@ from batchinfer.scheduling import held_slots, lanes
 from batchinfer.scheduling import pump as slot_pump
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
+from batchinfer.service import accounts, run_request
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.sweep import sweep_once
 from tests.faults.harness import (
@@ -51,6 +51,60 @@ def test_pump_runs_a_batch_within_its_slots_and_gives_them_back(svc, sim_control
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 30
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_pumps_claim_reads_the_account_once_and_its_start_reads_the_key_again(svc, sim_control, monkeypatch):
+    """The checks before a group the pump has just claimed starts go by the account and its usage as the claim
+    read them (strongly consistent, a moment before): only the key is read again."""
+    set_budgets(svc, {GLM: 4})
+    sim_config(sim_control, latency_seconds=0.05)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"a-{i}", f"read once {i}") for i in range(24)]
+    batch_id = submit(svc, who, requests)
+    reads: Counter = Counter()
+    for module, name in ((lanes.Account, "with_usage"), (run_request, "key_account_and_usage"),
+                         (run_request.ApiKey, "get")):
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            reads[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    outcome = run_pump(svc, slots=4)
+
+    assert outcome["completed"] == 24, outcome
+    assert reads["key_account_and_usage"] == 0, reads  # the account is not read again at the start
+    assert 0 < reads["get"] <= reads["with_usage"], reads  # the key is, once per claim's group check
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 24
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_key_revoked_after_the_claim_read_the_account_still_stops_the_batch(svc, sim_control, monkeypatch):
+    set_budgets(svc, {GLM: 4})
+    sim_config(sim_control, latency_seconds=0.05)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"k-{i}", f"revoked {i}") for i in range(8)]
+    batch_id = submit(svc, who, requests)
+    real = lanes.Account.with_usage
+
+    def read_then_revoke(*args, **kwargs):
+        read = real(*args, **kwargs)
+        accounts.revoke_key(svc, key)  # after the claim's read, before the group starts
+        return read
+
+    monkeypatch.setattr(lanes.Account, "with_usage", read_then_revoke)
+
+    run_pump(svc, slots=4)
+
+    final = pump(svc, batch_id)
+    assert final["status"] == "failed" and final["error"]["code"] == "owner_unauthorized"
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 0  # nothing ran on the revoked key
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 

@@ -12,7 +12,7 @@ import pytest
 from batchinfer import protocols
 from batchinfer.domain import FINAL_BATCH, BatchStatus
 from batchinfer.errors import ApiError
-from batchinfer.layout import owner_sort
+from batchinfer.layout import owner_sort, owner_sort_created_us
 from batchinfer.protocols import anthropic, openai
 
 ROOT = Path(__file__).resolve().parents[2] / "layers" / "core" / "python"
@@ -60,6 +60,9 @@ def test_ids_and_listings_of_two_protocols_cannot_be_mistaken_for_each_other():
 def test_each_protocol_lists_its_batches_apart():
     for protocol in protocols.PROTOCOLS.values():
         assert owner_sort(7, protocol.batch_ids.new()).startswith(f"{protocol.owner_prefix}{7:018d}#")
+        # The scheduler reads a batch's creation to the microsecond back from it.
+        assert owner_sort_created_us(owner_sort(1_764_700_000_123_456, protocol.batch_ids.new())) \
+            == 1_764_700_000_123_456
 
 
 def test_each_ending_announces_an_event_of_its_protocol():

@@ -201,6 +201,30 @@ def test_turn_goes_to(lanes, index, spent, goes_to):
     assert policy.turn_goes_to(lanes, index, spent) == goes_to
 
 
+@pytest.mark.parametrize(("lanes", "order"), [
+    # A batch that arrived late holds nothing: its lane takes the first turn, whatever its place in the ring.
+    (ranked(("big", "x", 20, 380, None), ("new", "x", 0, 30, None)), [1, 0]),
+    (ranked(("new", "x", 0, 30, None), ("big", "x", 20, 380, None)), [0, 1]),
+    # It keeps the first turn until it holds as many as the others (ties: the ring's order).
+    (ranked(("big", "x", 12, 380, None), ("new", "x", 16, 14, None)), [0, 1]),
+    (ranked(("big", "x", 16, 380, None), ("new", "x", 16, 14, None)), [0, 1]),
+    (ranked(("a", "x", 8, 9, None), ("b", "y", 3, 9, None), ("c", "x", 8, 9, None), ("d", "z", 0, 9, None)),
+     [3, 1, 0, 2]),
+    (ranked(("a", "x", 0, 9, None)), [0]),
+])
+def test_in_deficit_order(lanes, order):
+    assert policy.in_deficit_order(lanes) == order
+
+
+@given(helds=st.lists(st.integers(0, 64), min_size=0, max_size=10))
+def test_the_deficit_order_is_every_lane_once_fewest_held_first_and_the_ring_on_ties(helds):
+    lanes = [LaneWant(key=i, account="x", held=held, room=1) for i, held in enumerate(helds)]
+    order = policy.in_deficit_order(lanes)
+    assert sorted(order) == list(range(len(lanes)))
+    for before, after in zip(order, order[1:], strict=False):
+        assert (helds[before], before) < (helds[after], after)
+
+
 priority_rows = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 30),
                                    st.sampled_from(("high", "normal", "low", None))), min_size=1, max_size=8)
 
@@ -411,23 +435,83 @@ def test_next_to_run(queued, running, index):
     assert policy.next_to_run(queued, running) == index
 
 
+@pytest.mark.parametrize(("served", "running", "created", "start"), [
+    # A batch created after a large one running 16 calls is owed the 16 starts those calls stand for.
+    ({"big": 400}, {"big": 16}, {"big": 1, "new": 2}, 384),
+    ({"big": 400, "mid": 30}, {"big": 16, "mid": 8}, {"big": 1, "mid": 2, "new": 3}, 22),
+    ({"big": 400, "mid": 30}, {"big": 16}, {"big": 1, "mid": 2, "new": 3}, 30),  # `mid`: queued, none running
+    # A batch created earlier whose work reaches this pump after a newer one's is owed nothing by it.
+    ({"new": 8}, {"new": 8}, {"big": 1, "new": 2}, 8),
+    ({"new": 8, "old": 20}, {"new": 8, "old": 4}, {"big": 1, "new": 2, "old": 0}, 8),
+    # Created in the same second: they arrived together, neither is owed.
+    ({"big": 400}, {"big": 16}, {"big": 2, "new": 2}, 400),
+    ({}, {}, {"new": 1}, 0),
+    ({}, {"gone": 3}, {}, 0),
+])
+def test_served_at_arrival(served, running, created, start):
+    assert policy.served_at_arrival(served, running, created, "new" if "new" not in served else "big") == start
+
+
+@pytest.mark.parametrize(("queued", "running", "served", "index"), [
+    # The late batch is owed starts: it takes the runners while it has been served less since it came,
+    # even once it runs more calls than the large one.
+    (queue_of(("big", "x", None), ("new", "x", None)), {"big": 6, "new": 10}, {"big": 400, "new": 394}, 1),
+    (queue_of(("big", "x", None), ("new", "x", None)), {"big": 0, "new": 16}, {"big": 400, "new": 400}, 0),
+    # Served alike: the fewest running, then the first queued.
+    (queue_of(("big", "x", None), ("new", "x", None)), {"big": 9, "new": 7}, {"big": 400, "new": 400}, 1),
+    (queue_of(("big", "x", None), ("new", "x", None)), {"big": 8, "new": 8}, {"big": 400, "new": 400}, 0),
+    # Priority within an account still comes first, and a retry before all.
+    (queue_of(("big", "x", "normal"), ("hi", "x", "high")), {}, {"big": 0, "hi": 50}, 1),
+    (queue_of(("big", "x", "normal"), ("new", "y", None), (None, "x", None)), {}, {"big": 0, "new": 9}, 2),
+    # Another account's late batch is owed its starts too (accounts share the claims by their turns).
+    (queue_of(("big", "x", None), ("new", "y", None)), {"big": 16}, {"big": 400, "new": 384}, 1),
+])
+def test_next_to_run_by_service_since_arrival(queued, running, served, index):
+    assert policy.next_to_run(queued, running, served) == index
+
+
+def test_a_late_batch_is_owed_the_starts_of_the_calls_running_when_it_came():
+    """A pump with 16 runners busy on a large batch (claimed work queued for both): a batch arriving then takes
+    the next 16 starts (what runs when it came), then the starts alternate, so its share since it arrived
+    is even, rather than half of the starts from its first one on (which left it a round behind)."""
+    running = {"big": 16}
+    served = {"big": 100}
+    served["new"] = policy.served_at_arrival(served, running, {"big": 1, "new": 2}, "new")
+    starts = []
+    for call in range(40):  # each answer frees a runner, which starts the next chosen
+        ended = "big" if call < 16 else starts[call - 16]  # calls end in the order they started
+        running[ended] -= 1
+        chosen = queue_of(("big", "x", None), ("new", "x", None))[
+            policy.next_to_run(queue_of(("big", "x", None), ("new", "x", None)), running, served)].batch
+        running[chosen] = running.get(chosen, 0) + 1
+        served[chosen] += 1
+        starts.append(chosen)
+    assert starts[:16] == ["new"] * 16
+    assert abs(starts[16:].count("new") - starts[16:].count("big")) <= 1
+
+
 @given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", None]), st.sampled_from(["x", "y"]),
                                st.sampled_from(["high", "normal", "low"])), min_size=1, max_size=12),
-       running=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 16)))
-def test_the_next_to_run_is_an_accounts_highest_priority_batch_running_fewest(rows, running):
+       running=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 16)),
+       served=st.none() | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 64)))
+def test_the_next_to_run_is_an_accounts_highest_priority_batch_served_least(rows, running, served):
     # A batch has one account and one priority.
     first = {}
     rows = [(b, *first.setdefault(b, (account, priority))) if b is not None else (b, account, priority)
             for b, account, priority in rows]
     queued = queue_of(*rows)
-    chosen = queued[policy.next_to_run(queued, running)]
+    chosen = queued[policy.next_to_run(queued, running, served)]
     if any(item.batch is None for item in queued):
         assert chosen.batch is None
         return
     assert all(item.rank <= chosen.rank for item in queued if item.account == chosen.account)
     eligible = [item for item in queued
                 if item.rank == max(other.rank for other in queued if other.account == item.account)]
-    assert running.get(chosen.batch, 0) == min(running.get(item.batch, 0) for item in eligible)
+
+    def key(batch: str) -> tuple[int, int]:
+        return (served or {}).get(batch, 0), running.get(batch, 0)
+
+    assert key(chosen.batch) == min(key(item.batch) for item in eligible)
 
 
 @pytest.mark.parametrize(("want", "at", "queued", "idle", "claim"), [

@@ -150,6 +150,11 @@ def owner_sort(created_us: int, batch_id: str) -> str:
     return f"{protocols.of_batch_id(batch_id).owner_prefix}{created_us:018d}#{batch_id}"
 
 
+def owner_sort_created_us(owner_sk: str) -> int:
+    """The creation time in microseconds an `owner_sort` key holds."""
+    return int(owner_sk.rsplit("#", 1)[0][-18:])
+
+
 def owner_file_sort(created_us: int, file_id: str) -> str:
     """Sort key of an account's file list: creation time in microseconds, so newest first holds."""
     return f"{OWNER_FILE_PREFIX}{created_us:018d}#{file_id}"

@@ -25,9 +25,11 @@ class RunsRequests(Protocol):
     def key(self, model: Model) -> str | None:
         """The model's backend key."""
 
-    def close_without_running(self, group: dict, batch: dict | None) -> Counter:
+    def close_without_running(self, group: dict, batch: dict | None,
+                              account_read: tuple[str, dict | None, dict | None] | None = None) -> Counter:
         """Close a group that must not run now (its batch stopped, its owner lost access, ...): what happened
-        to its members, or an empty Counter when it may run."""
+        to its members, or an empty Counter when it may run. `account_read`: (day, account, usage) as the
+        claim that made the group has just read them, so the checks need not read them again."""
 
     def bodies(self, group: dict) -> list[dict]:
         """The group members' request bodies."""

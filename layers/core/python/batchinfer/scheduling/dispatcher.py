@@ -32,6 +32,9 @@ class Dispatcher:
         self.runs_what_it_claims = runs_what_it_claims
         self.lanes = Lanes(svc)
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
+        self.emptied: set[str] = set()  # the batches whose lane on the model the last claim took the last of
+        # The accounts the last claim read (`AccountSlots.read`), for a worker running its groups at once.
+        self.accounts_read: dict[str, tuple[str, dict | None, dict | None]] = {}
         # The interactive load seen lately, per model.
         self.interactive = InteractiveMemory(self.config.interactive_window_seconds)
 
@@ -83,6 +86,8 @@ class Dispatcher:
         never more than `most` (what its holder can start in time), if given."""
         svc = self.svc
         self.batches_seen = {}
+        self.emptied = set()
+        self.accounts_read = {}
         if slot_lease is None:
             budget_item = read_budget(svc, model)
             probe_up(svc, model, budget_item)
@@ -94,13 +99,14 @@ class Dispatcher:
         # the most it may take in that lease.
         scope = ClaimScope(draws=Draws(budget_item, cap), slot_lease=slot_lease,
                            most=math.inf if most is None else most, running=self.runs_what_it_claims,
-                           batches_seen=self.batches_seen)
+                           batches_seen=self.batches_seen, emptied=self.emptied)
         free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:
             free = min(free, limit)
         if free <= 0:
             return []
         accounts = AccountSlots(svc)  # read once per pass
+        self.accounts_read = accounts.read
         dispatched: list[dict] = []
 
         # Requests waiting for a retry go first: they have already waited their turn. The model's

@@ -37,10 +37,15 @@ class AccountSlots:
         self.svc = svc
         self.left: dict[str, int] = {}  # account id -> free account slots
         self.limits: dict[str, int] = {}  # account id -> its tier's limit
+        # account id -> (the UTC day, the account, its usage that day) as this claim read them (strongly
+        # consistent): the checks before its groups start go by them rather than read them again.
+        self.read: dict[str, tuple[str, dict | None, dict | None]] = {}
 
     def free(self, account_id: str) -> int:
         if account_id not in self.left:
-            account, usage = Account.with_usage(self.svc.table, account_id, utc_day(self.svc.now()))
+            day = utc_day(self.svc.now())
+            account, usage = Account.with_usage(self.svc.table, account_id, day)
+            self.read[account_id] = (day, account, usage)
             account = account or {}
             limit = self.svc.settings.tier_limits.get(account.get("tier", "free"), 0)
             self.limits[account_id] = limit
@@ -64,13 +69,14 @@ class AccountSlots:
 class ClaimScope:
     """What one claim works within: the budget's shards as it read them (`draws`, without a lease), the
     SlotLease its work runs in (if any), the most it may take in that lease, whether its groups are claimed
-    already running, and the batches it read (for a worker to reuse)."""
+    already running, the batches it read (for a worker to reuse) and those whose lane it emptied."""
 
     draws: Draws
     slot_lease: dict | None = None
     most: float = float("inf")
     running: bool = False
     batches_seen: dict[str, dict] = field(default_factory=dict)
+    emptied: set[str] = field(default_factory=set)  # batches whose lane this claim took the last of
 
 
 class Lanes:
@@ -114,7 +120,12 @@ class Lanes:
         starts after the last lane served. Only the lanes this claim can serve are read (one more than its
         quanta), so a claim costs the same over 2 batches or 10,000."""
         quantum = self.config.lane_quantum
-        lanes, complete = self.in_turn(model.id, policy.lanes_to_read(free, quantum))
+        want = policy.lanes_to_read(free, quantum)
+        # One lane more than it serves: a ring of exactly `want` lanes is then known to be whole (the turns
+        # then go to the batches holding fewest first); the extra one is not served.
+        lanes, complete = self.in_turn(model.id, want + 1)
+        if not complete:
+            lanes = lanes[:want]
         self.seen = len(lanes)
         if not lanes:
             return []
@@ -171,6 +182,15 @@ class Lanes:
         # and, as its own pump's first lease, kept making small groups).
         budget = scope.most if scope.slot_lease else free
         spent: set[str] = set()  # lanes found with nothing to claim: no turn is given to them again
+        read: dict[str, dict | None] = {}  # batches read for the turns' order, each used by one claim at most
+        if complete and len(lanes) > 1:
+            # Every lane was read: the batches holding fewest take their turns first (a batch that has just
+            # arrived is owed them), as the water-fill gives slots when every lane fits.
+            read = {lane["batch_id"]: self._batch(lane["batch_id"], scope) for lane in lanes}
+            held = [policy.LaneWant(key=lane["sk"], account=lane["account_id"],
+                                    held=int((read[lane["batch_id"]] or {}).get("in_flight", 0)), room=1)
+                    for lane in lanes]
+            lanes = [lanes[i] for i in policy.in_deficit_order(held)]
         for _ in range(config.quanta_pages):
             ranked = [policy.LaneWant(key=lane["sk"], account=lane["account_id"], held=0, room=1,
                                       rank=policy.rank(lane.get("priority"))) for lane in lanes]
@@ -188,10 +208,12 @@ class Lanes:
                 # ranks higher); if that one has nothing left, to this one.
                 target = lanes[policy.turn_goes_to(ranked, i, spent)]
                 try:
-                    claimed = self._claim(model, target, k, accounts.cap(lane["account_id"]), scope, most=most)
+                    claimed = self._claim(model, target, k, accounts.cap(lane["account_id"]), scope,
+                                          batch=read.pop(target["batch_id"], None), most=most)
                     if not claimed and target is not lane:
                         spent.add(target["sk"])
-                        claimed = self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope, most=most)
+                        claimed = self._claim(model, lane, k, accounts.cap(lane["account_id"]), scope,
+                                              batch=read.pop(lane["batch_id"], None), most=most)
                 except Throttled:
                     return out  # DynamoDB is busy: send what was claimed, try the rest next pass
                 n = sum(len(unit.get("positions", [unit])) for unit in claimed)
@@ -241,6 +263,8 @@ class Lanes:
             return []  # another dispatcher advanced the lane or took the slots; next pass
         for draw, n in parts or []:
             scope.draws.took(draw.shard, n)
+        if lane_next + len(positions) >= int(batch["lanes"][model.id]["total"]):
+            scope.emptied.add(batch["id"])
         return claimed
 
     def _batch(self, batch_id: str, scope: ClaimScope) -> dict | None:

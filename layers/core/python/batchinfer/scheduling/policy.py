@@ -275,12 +275,15 @@ class Queued:
     rank: int = 1
 
 
-def next_to_run(queued: Sequence[Queued], running: dict) -> int:
+def next_to_run(queued: Sequence[Queued], running: dict, served: dict | None = None) -> int:
     """Which queued request (its place) a runner that is free starts next: a retry first (it has waited its
     turn already); else, of each account's batches in the queue only those of its highest priority, the
-    batch with the fewest calls `running` in this pump, its first queued request (ties: the first queued).
-    So work claimed ahead for a large batch does not hold back the work claimed after it for a batch that
-    has just arrived: the runners go to each batch's claimed work as an even share. 0 for an empty queue."""
+    batch that has been `served` least (calls started in this pump, counted from its arrival: see
+    `served_at_arrival`), then the one with the fewest calls `running`, its first queued request (ties: the
+    first queued). So work claimed ahead for a large batch does not hold back the work claimed after it for
+    a batch that has just arrived, and that batch is owed the starts the calls running when it came still
+    take: its share since its arrival is even, not only its share from the moment its work is queued.
+    Without `served`, by calls running alone. 0 for an empty queue."""
     top: dict = {}
     for item in queued:
         if item.batch is None:
@@ -292,10 +295,37 @@ def next_to_run(queued: Sequence[Queued], running: dict) -> int:
             return i
         if item.rank < top[item.account]:
             continue
-        key = running.get(item.batch, 0)
+        key = (served.get(item.batch, 0) if served is not None else 0, running.get(item.batch, 0))
         if best_key is None or key < best_key:
             best, best_key = i, key
     return best
+
+
+def served_at_arrival(served: dict, running: dict, created: dict, batch: Hashable) -> int:
+    """Where the count of starts (`served`: batch -> calls started in this pump) of `batch` begins when its
+    work arrives in a pump: at the least any batch already there had been served before its calls still
+    running, counting those only for batches created before it (`created`: batch -> when; two created at
+    the same moment arrived together; 0 when none is there). The calls running when it arrives are
+    service the older batches receive after its arrival, so a batch created later is owed that many starts
+    before the runners alternate: fair queuing by service since arrival. A batch created earlier (its work
+    merely reached this pump later) is owed nothing: it alternates at once. Never below the others' level
+    less their running calls: a batch that comes and goes is owed no more than what runs when it comes
+    back."""
+    if not served:
+        return 0
+    mine = created.get(batch, 0)
+    return min(count - (running.get(other, 0) if created.get(other, 0) < mine else 0)
+               for other, count in served.items())
+
+
+def in_deficit_order(lanes: Sequence[LaneWant]) -> list[int]:
+    """While slots go a quantum per lane and every lane with work was read: the order the lanes take their
+    turns in (their places in `lanes`), the batches holding fewest slots first (ties: the ring's order, as
+    `lanes` are given). A batch that arrived late holds none while the others hold what they run and what
+    was claimed ahead for them: it takes the turns until it holds as many, as the water-fill gives it slots,
+    but a quantum at a time (turns in the ring's order alone gave it every other claim: half of the model
+    from the moment it was first claimed, a round late)."""
+    return sorted(range(len(lanes)), key=lambda i: lanes[i].held)
 
 
 def should_claim(want: int, at: int, queued: int, idle: bool = False) -> bool:

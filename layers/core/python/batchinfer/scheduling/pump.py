@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..catalog import Model
 from ..domain import Attempt, RequestState
-from ..layout import group_key
+from ..layout import group_key, owner_sort_created_us
 from ..ledger import Settlement, position_item, start_group_in_lease
 from ..records import Batch
 from ..runtime import Services
@@ -33,6 +33,14 @@ from .dispatcher import Dispatcher
 from .held_slots import HeldSlots
 
 log = logging.getLogger(__name__)
+
+
+def created_us(batch: dict) -> int:
+    """When a batch was created, to the microsecond its list key holds (its `created_at` is in seconds, and a
+    batch created just after another is most often in the same second)."""
+    if batch.get("owner_sk"):
+        return owner_sort_created_us(batch["owner_sk"])
+    return int(batch.get("created_at", 0)) * 1_000_000
 
 
 class SlotPump:
@@ -75,8 +83,12 @@ class SlotPump:
         self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
         self.running_of: Counter = Counter()  # batch id -> its group members' calls in flight here
         self.queued_of: Counter = Counter()  # batch id (None: retries) -> its requests in the queue
+        # batch id -> calls started here, counted from where its arrival put it (`policy.served_at_arrival`),
+        # while it has work queued or running here.
+        self.served: dict[str, int] = {}
         self.done_claiming = False
         self.drained = False  # the last claim found no work: what is queued is the end of it
+        self.emptied: set[str] = set()  # batches whose lane on the model a claim here took the last of
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
         self.need = asyncio.Event()  # a runner took work: the claimer may claim more
         self.writes: set[asyncio.Task] = set()
@@ -86,6 +98,7 @@ class SlotPump:
         self.call_seconds = config.first_call_seconds
         self.calls_measured = 0  # calls whose duration the average took in since it was last noted on the budget
         self.latency_noted = time.monotonic()
+        self.answered = False  # a call has answered here: `call_seconds` is measured, not the first guess
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
@@ -260,8 +273,11 @@ class SlotPump:
                 attempt = await self.requests.call(self.model, run.batch, member.body or {}, self.key)
             finally:
                 self._call_ended(member)
-            self.call_seconds = policy.moving_average(self.call_seconds, time.monotonic() - started,
-                                                      self.config.average_weight)
+            elapsed = time.monotonic() - started
+            # The first answer replaces the guess; the average moves from there.
+            self.call_seconds = (policy.moving_average(self.call_seconds, elapsed, self.config.average_weight)
+                                 if self.answered else elapsed)
+            self.answered = True
             self.calls_measured += 1
             self._spawn(self._record(member, attempt))
 
@@ -273,7 +289,9 @@ class SlotPump:
     def _call_starts(self, member: Member) -> float:
         started = self.calls_started[id(member)] = time.monotonic()
         if member.run is not None:
-            self.running_of[member.run.batch.get("id")] += 1
+            batch_id = member.run.batch.get("id")
+            self.running_of[batch_id] += 1
+            self.served[batch_id] = self.served.get(batch_id, 0) + 1
         return started
 
     def _call_ended(self, member: Member) -> None:
@@ -288,7 +306,7 @@ class SlotPump:
         queued = [policy.Queued(batch=None, account=None) if m.run is None
                   else policy.Queued(batch=m.run.batch.get("id"), account=m.run.batch.get("account_id"),
                                      rank=policy.rank(m.run.batch.get("priority"))) for m in self.queue]
-        i = policy.next_to_run(queued, self.running_of)
+        i = policy.next_to_run(queued, self.running_of, self.served)
         member = self.queue[i]
         del self.queue[i]
         return self._dequeued(member)
@@ -303,6 +321,12 @@ class SlotPump:
     def _ending_soon(self) -> tuple[int, float]:
         """How many calls in flight are expected to answer within the next claim's round trip (twice the
         average claim, and a margin), and in how many seconds the next of the others will be."""
+        if not self.answered:
+            # No call has answered here yet: how long one takes is a guess (`first_call_seconds`), and a guess
+            # shorter than the calls made the first claims come a whole round early (work queued for the
+            # batches there then, ahead of one that arrived meanwhile). The work queued ahead covers the first
+            # answers; the claim for the others follows them.
+            return 0, self.config.poll_seconds
         horizon = policy.claim_horizon(self.claim_seconds, self.config.soon_margin_seconds)
         return policy.ending_soon(self._calls_left(time.monotonic()), horizon)
 
@@ -479,6 +503,7 @@ class SlotPump:
             units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most)
         except (ConditionFailed, Throttled):
             return 0
+        self.emptied |= self.dispatcher.emptied
         queued = 0
         for unit in units:
             if "positions" not in unit:
@@ -486,7 +511,9 @@ class SlotPump:
                 queued += 1
                 continue
             batch = self.dispatcher.batches_seen.get(unit["batch_id"])
-            decided = await self._claiming(self.requests.close_without_running, unit, batch)
+            # The account as this claim read it a moment ago: the checks before the start read only the key.
+            decided = await self._claiming(self.requests.close_without_running, unit, batch,
+                                           self.dispatcher.accounts_read.get(unit["account_id"]))
             if decided:  # its batch stopped or its owner lost access: closed without running
                 self.outcome.update(decided)
                 continue
@@ -506,6 +533,12 @@ class SlotPump:
     def _enqueue(self, members: list[Member]) -> None:
         """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
         or retries alone) can leave idle runners asleep beside it until the deadline."""
+        # A batch with nothing queued or running here has left: its count goes, and comes back with its work.
+        for gone in [b for b in self.served if not self.queued_of[b] and not self.running_of[b]]:
+            del self.served[gone]
+        created = {batch_id: created_us(batch) for batch_id, batch in self.batches.items()}
+        for batch_id in {m.run.batch.get("id") for m in members if m.run is not None} - self.served.keys():
+            self.served[batch_id] = policy.served_at_arrival(self.served, self.running_of, created, batch_id)
         self.queue.extend(members)
         self.queued_of.update(None if m.run is None else m.run.batch.get("id") for m in members)
         self.wake.set()
@@ -571,9 +604,12 @@ class SlotPump:
         self.outcome.update(item["state"] for item in run.written)
         if run.handed_back:
             self.outcome["handed_back"] += len(run.handed_back)
-        if self.drained and not any(m.run is not None and m.run.batch is run.batch for m in self.queue):
-            # Its last claimed work is done and nothing of it is left to claim: give it its final status now
-            # rather than at the sweeper's next pass (a minute on AWS). Fenced like every settle.
+        if ((self.drained or run.group["batch_id"] in self.emptied) and not self.running_of[run.batch.get("id")]
+                and not any(m.run is not None and m.run.batch is run.batch for m in self.queue)):
+            # Its last claimed work is done here and nothing of it is left to claim (the pump found no work,
+            # or a claim here took its lane's last: other batches may still have work): give it its final
+            # status now rather than at the sweeper's next pass (a minute on AWS). Fenced like every settle:
+            # work of it still running elsewhere keeps it open.
             await self._writing(self.requests.settle_batch, run.group["batch_id"])
 
 

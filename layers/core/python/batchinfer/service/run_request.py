@@ -42,7 +42,7 @@ from ..ledger import (
     start,
     start_group,
 )
-from ..records import Batch, Request, analytics, key_account_and_usage
+from ..records import ApiKey, Batch, Request, analytics, key_account_and_usage
 from ..runtime import Services
 from ..scheduling.capacity import backend_said_429, over_cap
 from ..scheduling.config import scheduler_config
@@ -65,9 +65,12 @@ def _stopped(svc: Services, batch: dict, stop: Stop) -> Stop:
     return Stop(current["stop"]) if current.get("stop") else stop
 
 
-def _precheck(svc: Services, req: dict, batch: dict) -> tuple[Settlement, Stop | None] | None:
+def _precheck(svc: Services, req: dict, batch: dict, account_read: tuple | None = None
+              ) -> tuple[Settlement, Stop | None] | None:
     """Checks made before every attempt: (what to record instead, the batch's stop) when the request must
-    not run now, or None when it may run."""
+    not run now, or None when it may run. `account_read`: (day, account, usage) as the claim of a group run at
+    once has just read them (strongly consistent); the key is read again whatever (a revoked key stops the
+    batch), and the account too when the day has turned since."""
     now = svc.now()
     never_ran = int(req.get("attempt", 0)) == 0
 
@@ -82,7 +85,12 @@ def _precheck(svc: Services, req: dict, batch: dict) -> tuple[Settlement, Stop |
         return not_run(_stopped(svc, batch, Stop.EXPIRE))
     if batch.get("paused_at"):  # back to waiting, holding no slot, until a resume (or the window's end)
         return Settlement(to=RequestState.WAITING, retry_at=paused_until(batch, now), error=req.get("error")), None
-    key_item, account, usage = key_account_and_usage(svc.table, batch["key_hash"], batch["account_id"], utc_day(now))
+    day = utc_day(now)
+    if account_read is not None and account_read[0] == day and account_read[1] is not None:
+        _, account, usage = account_read
+        key_item = ApiKey.get(svc.table, batch["key_hash"])
+    else:
+        key_item, account, usage = key_account_and_usage(svc.table, batch["key_hash"], batch["account_id"], day)
     if key_problem(svc, key_item, account):
         return not_run(_stopped(svc, batch, Stop.FAIL))
     if not account.get("batch_access"):
@@ -244,15 +252,17 @@ def _hand_back_request(svc: Services, req: dict) -> None:
         pass  # recovered meanwhile
 
 
-def _close_without_running(svc: Services, group: dict, batch: dict | None) -> Counter:
+def _close_without_running(svc: Services, group: dict, batch: dict | None,
+                           account_read: tuple | None = None) -> Counter:
     """A group that must not run now (its batch stopped, its owner lost access, ...): every member gets the
     same outcome, written with the group's end in one transaction. Retried on a fresh read if the batch
-    changed meanwhile."""
+    changed meanwhile. `account_read`: the account as the claim that made the group read it (`_precheck`)."""
     for _ in range(3):
         batch = batch or Batch.get(svc.table, group["batch_id"])
         if batch is None:
             return Counter(stale=1)
-        early = _precheck(svc, {"attempt": 0, "model": group["model"]}, batch)
+        early = _precheck(svc, {"attempt": 0, "model": group["model"]}, batch, account_read)
+        account_read = None  # a second look reads everything afresh
         if early is None:
             return Counter()  # it may run after all
         outcome, stop = early
@@ -358,8 +368,8 @@ class BatchRequests:
     def key(self, model: Model) -> str | None:
         return backend_key(self.svc, model)
 
-    def close_without_running(self, group: dict, batch: dict | None) -> Counter:
-        return _close_without_running(self.svc, group, batch)
+    def close_without_running(self, group: dict, batch: dict | None, account_read: tuple | None = None) -> Counter:
+        return _close_without_running(self.svc, group, batch, account_read)
 
     def bodies(self, group: dict) -> list[dict]:
         return _bodies(self.svc, group)
