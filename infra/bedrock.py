@@ -24,9 +24,9 @@ from dataclasses import dataclass
 PARTITION = "${AWS::Partition}"
 ACCOUNT = "${AWS::AccountId}"
 
-# What the functions call: Converse and InvokeModel (embeddings) both need bedrock:InvokeModel. The stream
-# action joins it only once the Bedrock provider streams (ConverseStream); until then no role gets it.
-BEDROCK_STREAMING = False
+# What the functions call: Converse and InvokeModel (embeddings) both need bedrock:InvokeModel; ConverseStream
+# (interactive `stream: true`, answered by the api function only) needs the stream action as well.
+BEDROCK_STREAMING = True
 INVOKE_ACTION = "bedrock:InvokeModel"
 STREAM_ACTION = "bedrock:InvokeModelWithResponseStream"
 # The condition key Bedrock sets on a call made through an inference profile: the profile's ARN.
@@ -46,9 +46,9 @@ _ARN = re.compile(
 )
 
 
-def actions() -> list[str]:
-    """The Bedrock actions the calling functions get."""
-    return [INVOKE_ACTION, STREAM_ACTION] if BEDROCK_STREAMING else [INVOKE_ACTION]
+def actions(streams: bool = False) -> list[str]:
+    """The Bedrock actions a calling function gets: `streams` for the one that relays interactive streams."""
+    return [INVOKE_ACTION, STREAM_ACTION] if streams and BEDROCK_STREAMING else [INVOKE_ACTION]
 
 
 def is_region_name(region: str) -> bool:

@@ -396,7 +396,7 @@ class ServiceFunctions(Construct):
         ]
         if not accesses:
             return
-        actions = bedrock.actions()
+        actions = bedrock.actions(streams=function is self.api)
         invoked = sorted({a.invoked for a in accesses})
         function.add_to_role_policy(
             iam.PolicyStatement(actions=actions, resources=[_arn(arn) for arn in invoked])

@@ -19,7 +19,7 @@ from infra import bedrock
 from infra.config import load_catalog
 from infra.nag import recording_acknowledgments
 from infra.stack import DeploymentConfigError, build_app
-from tests.infra.conftest import Synth, synthesize
+from tests.infra.conftest import EDGE_CATALOG, Synth, synthesize
 from tests.infra.test_stack import FUNCTION_NAMES, actions_of, env, function_resource, joined_json, role_statements
 
 HAIKU = "anthropic.claude-3-5-haiku-20241022-v1:0"
@@ -72,6 +72,9 @@ def bedrock_statements(synth: Synth, name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("name", ["api", "worker"])
 def test_calling_functions_may_invoke_exactly_the_catalog_s_bedrock_models(bedrock_synth: Synth, name: str) -> None:
+    # The api relays interactive streams (ConverseStream) too; the worker only invokes.
+    action: str | list[str] = (["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"] if name == "api"
+                               else "bedrock:InvokeModel")
     role_id = function_resource(bedrock_synth, name)[1]["Properties"]["Role"]["Fn::GetAtt"][0]
     bedrock_synth.template.has_resource_properties(
         "AWS::IAM::Policy",
@@ -82,13 +85,13 @@ def test_calling_functions_may_invoke_exactly_the_catalog_s_bedrock_models(bedro
                     [
                         # The foundation model in its Region, and the inference profile, as the calls name them.
                         {
-                            "Action": "bedrock:InvokeModel",
+                            "Action": action,
                             "Effect": "Allow",
                             "Resource": [HAIKU_ARN, SONNET_PROFILE_ARN],
                         },
                         # The profile's model wherever it routes, only for calls made through that profile.
                         {
-                            "Action": "bedrock:InvokeModel",
+                            "Action": action,
                             "Effect": "Allow",
                             "Resource": SONNET_ANY_REGION,
                             "Condition": {"StringEquals": {"bedrock:InferenceProfileArn": SONNET_PROFILE_ARN}},
@@ -98,26 +101,29 @@ def test_calling_functions_may_invoke_exactly_the_catalog_s_bedrock_models(bedro
             },
         },
     )
-    # Nothing more: no other Bedrock statement, action or resource (no streaming, no bedrock:*).
+    # Nothing more: no other Bedrock statement, action or resource (no bedrock:*).
     statements = bedrock_statements(bedrock_synth, name)
     assert len(statements) == 2, statements
-    assert actions_of(statements) == {"bedrock:InvokeModel"}
+    assert actions_of(statements) == set([action] if isinstance(action, str) else action)
 
 
-def test_functions_that_call_no_backend_get_no_bedrock_access(bedrock_synth: Synth, synth: Synth) -> None:
+def test_functions_that_call_no_backend_get_no_bedrock_access(bedrock_synth: Synth, edge_synth: Synth) -> None:
     for name in FUNCTION_NAMES:
         if name not in ("api", "worker"):
             assert bedrock_statements(bedrock_synth, name) == [], name
     # A catalog without Bedrock models grants nothing of Bedrock at all.
-    for policy in synth.resources("AWS::IAM::Policy").values():
+    assert not any(m["backend"].get("kind") == "bedrock" for m in EDGE_CATALOG["models"] if "backend" in m)
+    for policy in edge_synth.resources("AWS::IAM::Policy").values():
         statements = policy["Properties"]["PolicyDocument"]["Statement"]
         assert not any(a.startswith("bedrock:") for a in actions_of(statements))
 
 
 def test_the_streaming_action_comes_only_with_the_streaming_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the api function relays interactive streams (ConverseStream); the worker never streams.
     assert bedrock.actions() == ["bedrock:InvokeModel"]
-    monkeypatch.setattr(bedrock, "BEDROCK_STREAMING", True)
-    assert bedrock.actions() == ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+    assert bedrock.actions(streams=True) == ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+    monkeypatch.setattr(bedrock, "BEDROCK_STREAMING", False)
+    assert bedrock.actions(streams=True) == ["bedrock:InvokeModel"]
 
 
 @pytest.mark.parametrize(
