@@ -18,7 +18,7 @@ import httpx
 
 from batchinfer.layout import model_budget_key
 from bench.calls import recording
-from bench.common import chat, command_line, create, local_stack, median, wait
+from bench.common import MODEL, chat, command_line, create, local_stack, median, wait
 
 # How often the benchmark asks the API whether the batch is done, as a user would; every poll is a few
 # DynamoDB calls, and moto serves everyone's calls one at a time, so polling much faster slows the stack.
@@ -46,15 +46,17 @@ def refill_gap(timeline: list[list[float]], slots: int) -> float:
     return median(gaps) if gaps else 0.0
 
 
-def one_run(svc, session, base: str, n: int, budget: int, run: int) -> dict:
-    sim_url = svc.catalog.get("glm-5.3-flash").backend.base_url.removesuffix("/v1")
-    reqs = [chat(f"t{run}-{i}", f"throughput probe {run} {i}") for i in range(n)]
+def one_run(svc, session, base: str, n: int, budget: int, run: int, model: str = MODEL) -> dict:
+    backend = svc.catalog.get(model).backend
+    # The simulated backend answers every kind: chat completions, and Bedrock's Converse at its endpoint_url.
+    sim_url = (backend.endpoint_url or backend.base_url).removesuffix("/v1")
+    reqs = [chat(f"t{run}-{i}", f"throughput probe {run} {i}", model=model) for i in range(n)]
     peak = {"in_flight": 0}
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            item = svc.table.get(*model_budget_key("glm-5.3-flash"), consistent=False) or {}
+            item = svc.table.get(*model_budget_key(model), consistent=False) or {}
             peak["in_flight"] = max(peak["in_flight"], int(item.get("in_flight", 0)))
             time.sleep(0.2)
 
@@ -69,7 +71,7 @@ def one_run(svc, session, base: str, n: int, budget: int, run: int) -> dict:
     done.set()
     stats = httpx.get(f"{sim_url}/_sim/stats").json()
     timeline = httpx.get(f"{sim_url}/_sim/timeline").json()["requests"]
-    bodies = [dict(r["body"], model="glm-5.3-flash") for r in reqs]
+    bodies = [dict(r["body"], model=MODEL) for r in reqs]  # the direct client speaks chat completions
     httpx.post(f"{sim_url}/_sim/stats/reset")
     direct_wall = asyncio.run(direct(f"{sim_url}/v1/chat/completions", bodies, budget))
     direct_stats = httpx.get(f"{sim_url}/_sim/stats").json()
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--distribution", choices=("fixed", "lognormal", "long_tail"), default="fixed",
                         help="how latency spreads around its mean --latency, per request")
     parser.add_argument("--sigma", type=float, default=0.5, help="lognormal: sigma of the latency's log")
+    parser.add_argument("--model", default=MODEL,
+                        help="the catalog model the batch runs on (claude-bedrock: the Bedrock kind, via Converse)")
     args = parser.parse_args(argv)
     n, latency, budget = args.requests, args.latency, args.budget
     sim = {"latency_distribution": args.distribution, "latency_sigma": args.sigma}
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         # A fresh stack per run: moto answers a GSI query by scanning the whole table, so a table still
         # holding earlier runs' requests slows every later run (DynamoDB's queries cost what they return).
         with local_stack(latency=latency, budget=budget, sim=sim) as (svc, session, base), recording(svc) as rec:
-            runs.append(one_run(svc, session, base, n, budget, i))
+            runs.append(one_run(svc, session, base, n, budget, i, args.model))
             ours = [c for c in rec.calls if c.label not in ("bench", "api", "other")]  # the pipeline's own
             runs[-1]["calls"] = {service: sum(c.service == service for c in ours) / n
                                  for service in ("dynamodb", "sqs", "s3")}
@@ -132,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     walls = [r["wall"] / r["direct"] for r in runs]
     spread_of = {"fixed": "fixed", "lognormal": f"lognormal, sigma {args.sigma:g}",
                  "long_tail": "long tail: 1 in 10 takes 10x"}[args.distribution]
-    print(f"throughput: {n} requests, L={latency}s ({spread_of}), C={budget}; {args.runs} runs: statuses "
-          f"{sorted({r['final']['status'] for r in runs})}, completed "
+    print(f"throughput: {n} requests on {args.model}, L={latency}s ({spread_of}), C={budget}; {args.runs} runs: "
+          f"statuses {sorted({r['final']['status'] for r in runs})}, completed "
           f"{[r['final']['request_counts']['completed'] for r in runs]}")
     print(f"  achieved {n / med('wall'):.2f} req/s (median); limit C/L = {limit:.2f} req/s; "
           f"ratio median {median(ratios):.3f} {each(ratios)} (goal >= 0.97 at L=2 s, >= 0.85 at L=0.25 s)")

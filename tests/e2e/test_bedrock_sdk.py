@@ -5,6 +5,7 @@ through boto3 (SigV4 with the local stack's dummy credentials) while moto serves
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -96,6 +97,26 @@ def test_the_anthropic_message_batch_script_on_bedrock(stack, tmp_path, sdk_pyth
     lines = out.stdout.strip().splitlines()
     assert re.search(r"succeeded=2", lines[0]) and re.search(r"errored=0", lines[0]), lines
     assert len(lines) == 3 and all(line.startswith(a) for line, a in zip(lines[1:], ANSWERS, strict=True)), lines
+    check_message_batch_usage_and_cost(stack)
+
+
+def check_message_batch_usage_and_cost(stack) -> None:
+    """The newest Message Batch's tokens (an extension field) are its results' and its cost the catalog's
+    price of them."""
+    s = session(stack)
+    s.headers["anthropic-version"] = "2023-06-01"
+    batches = f"{stack['base']}/messages/batches"
+    batch = s.get(batches, params={"limit": 1}).json()["data"][0]
+    assert batch["processing_status"] == "ended", batch
+    lines = s.get(f"{batches}/{batch['id']}/results").text.strip().splitlines()
+    usages = [json.loads(line)["result"]["message"]["usage"] for line in lines]
+    assert len(usages) == 2 and all(u["input_tokens"] > 0 and u["output_tokens"] > 0 for u in usages), usages
+    price = stack["svc"].catalog.get(MODEL).price
+    cost = sum(u["input_tokens"] * price.input_per_mtok + u["output_tokens"] * price.output_per_mtok
+               for u in usages) / 1e6
+    assert abs(batch["cost_usd"] - cost) < 1e-9 and batch["cost_unknown_attempts"] == 0, batch
+    assert batch["usage"]["input_tokens"] == sum(u["input_tokens"] for u in usages), batch
+    assert batch["usage"]["output_tokens"] == sum(u["output_tokens"] for u in usages), batch
 
 
 def test_both_sdks_stream_a_bedrock_answer_as_it_comes(stack):
