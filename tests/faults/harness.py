@@ -113,15 +113,17 @@ def receive(svc, model: str, n: int = 10) -> list[dict]:
     return answer.get("Messages", [])
 
 
-def run_messages(svc, model: str, messages: list[dict]) -> dict:
+def run_messages(svc, model: str, messages: list[dict], environment: str = "") -> dict:
     """One worker invocation on these SQS messages, as the event source mapping makes it: records reported
-    as failed (or all of them, when the handler raises) stay on the queue; the rest are deleted."""
+    as failed (or all of them, when the handler raises) stay on the queue; the rest are deleted.
+    `environment`: the execution environment it runs in; invocations at once need one each, as on Lambda
+    (one handler module per environment: its batch processor holds the invocation's records)."""
     if not messages:
         return {"failed": [], "raised": None}
     url = svc.queues.urls[model]
     event = sqs_event("arn:aws:sqs:us-east-1:000000000000:" + url.rsplit("/", 1)[-1], messages)
     try:
-        failed = {f["itemIdentifier"] for f in invoke("worker", event).get("batchItemFailures", [])}
+        failed = {f["itemIdentifier"] for f in invoke("worker", event, environment).get("batchItemFailures", [])}
         raised = None
     except Exception as error:  # the whole invocation failed: every record comes back later
         failed, raised = {m["MessageId"] for m in messages}, error
@@ -209,7 +211,8 @@ def start_one_running(svc, sim_control, model: str = GLM) -> tuple[threading.Thr
     assert len(messages) == 1
     body = json.loads(messages[0]["Body"])
     index = body.get("index", body.get("group"))
-    thread = threading.Thread(target=run_messages, args=(svc, model, messages))
+    # In an execution environment of its own: other invocations run while it holds its request.
+    thread = threading.Thread(target=run_messages, args=(svc, model, messages, "worker-running"))
     thread.start()
     deadline = time.monotonic() + 5
     while sim_stats(sim_control)["in_flight"] < 1:

@@ -57,7 +57,7 @@ def log_numbers(svc, batch_id: str) -> list[int]:
 
 def test_closes_racing_for_the_next_number_each_get_one_and_a_reader_sees_every_result_once(svc, sim_control,
                                                                                            monkeypatch):
-    """Six groups of one batch close, the first two at once from two worker threads that read the same head, so
+    """Six groups of one batch close at once from six worker invocations; the first two read the same head, so
     one of them loses the number and appends after the other. A reader pages all along."""
     configure(svc, lease_seconds=600)
     _, key = new_key(svc)
@@ -85,8 +85,9 @@ def test_closes_racing_for_the_next_number_each_get_one_and_a_reader_sees_every_
 
     monkeypatch.setattr(feed.Feed, "head", staticmethod(head))
     reader = Reader(svc, batch_id)
-    # Two invocations at once race for the head; the other four close one after another behind them.
-    threads = [threading.Thread(target=run_messages, args=(svc, GLM, [m])) for m in messages[:2]]
+    # Six invocations at once, each in its own execution environment as on Lambda.
+    threads = [threading.Thread(target=run_messages, args=(svc, GLM, [m], f"worker-{i}"))
+               for i, m in enumerate(messages)]
     for thread in threads:
         thread.start()
     while any(thread.is_alive() for thread in threads):
@@ -94,16 +95,13 @@ def test_closes_racing_for_the_next_number_each_get_one_and_a_reader_sees_every_
         time.sleep(0.02)  # real time only: moving the clock here could run the workers' leases out
     for thread in threads:
         thread.join()
-    for message in messages[2:]:
-        reader.read()
-        run_messages(svc, GLM, [message])
     reader.read()
 
     assert first_reads[0] == first_reads[1]  # the race happened: both read one head, one of them lost it
+    assert log_numbers(svc, batch_id) == [1, 2, 3, 4, 5, 6]  # no hole, no number twice
+    assert sorted(reader.ids()) == [f"r{i}" for i in range(6)]
     final = pump(svc, batch_id)
     assert final["status"] == "completed"
-    assert log_numbers(svc, batch_id) == [1, 2, 3, 4, 5, 6]  # no hole, no number twice
-    reader.read()
     assert sorted(reader.ids()) == [f"r{i}" for i in range(6)] and reader.read() == []  # each once
     assert_ledger_consistent(svc, batch_id, who, [f"r{i}" for i in range(6)])
 
@@ -130,7 +128,7 @@ def test_a_writer_held_up_for_minutes_after_reading_the_head_appends_after_what_
         return value
 
     monkeypatch.setattr(feed.Feed, "head", staticmethod(head))
-    slow = threading.Thread(target=run_messages, args=(svc, GLM, slow_message))
+    slow = threading.Thread(target=run_messages, args=(svc, GLM, slow_message, "worker-slow"))
     slow.start()
     assert held.wait(10)
     run_messages(svc, GLM, quick_message)

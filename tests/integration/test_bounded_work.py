@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 import types
+from collections import Counter
 
 import pytest
 
@@ -181,7 +182,9 @@ def test_message_batch_delete_answers_at_once_and_the_sweeper_purges_it(svc):
             read()
         assert gone.value.status == 404
     assert message_batches.list_page(svc, who, 20, None, None, "http://x")["data"] == []
-    assert len(batch_items(svc, item["id"])) == 4  # still there: the sweeper removes it
+    kinds = Counter(i["sk"].split("#")[0] for i in batch_items(svc, item["id"]))
+    # Still there (the batch, its requests, its finished-order log): the sweeper removes it.
+    assert kinds["BATCH"] == 1 and kinds["REQ"] == 3 and kinds["FEED"] >= 1, kinds
     assert sweep_once(svc)["purged"] == 1
     assert batch_items(svc, item["id"]) == [] and s3_keys(svc, f"batches/{item['id']}/") == []
 
@@ -211,9 +214,11 @@ def test_the_retention_purge_and_a_delete_converge_on_one_resumable_purge(api, s
         sweep_once(svc, deadline=ticks.deadline(6))
     assert runs > 1
     assert [i["sk"] for i in batch_items(svc, second["id"])] == []
-    # After the retention the request items are left to their TTL (free deletes), the rest is gone.
+    # After the retention the request items and the finished-order log (which carries their TTL) are left to
+    # their TTL (free deletes), the rest is gone.
     left = batch_items(svc, first["id"])
-    assert len(left) == 3 and all(i["sk"].startswith("REQ#") and i["ttl"] for i in left)
+    assert sum(i["sk"].startswith("REQ#") for i in left) == 3
+    assert all(i["sk"].startswith(("REQ#", "FEED#")) and i["ttl"] for i in left), left
     for batch in (first, second):
         assert s3_keys(svc, f"batches/{batch['id']}/") == []
     assert unfinished(svc, account["id"]) == (0, 0)
