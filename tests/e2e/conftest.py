@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from batchinfer.api.app import create_app
+from batchinfer.service import accounts
 from batchinfer.settings import Settings
 from local.run import start
 from local.servers import UvicornThread, free_port
@@ -24,3 +29,16 @@ def local_stack(tmp_path_factory, **settings) -> Iterator[dict]:
     finally:
         api.stop()
         stop()
+
+
+def run_sdk_script(stack: dict, python: str, script: Path, home: Path, timeout: float = 240) -> dict:
+    """Run an SDK script as a user would, with a new account's key and nothing of this process's Python or SDK
+    settings: the JSON object it prints."""
+    account = accounts.create_account(stack["svc"], tier="pro", batch_access=True)
+    key = accounts.create_key(stack["svc"], account["id"])
+    env = {k: v for k, v in os.environ.items()
+           if k != "PYTHONPATH" and not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env.update(HOME=str(home), FREEINFERENCE_BASE_URL=stack["base"], FREEINFERENCE_API_KEY=key)
+    run = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=timeout, env=env)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)

@@ -5,16 +5,12 @@ rejected request and one that fails once, retried in place; a Message Batch with
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from batchinfer.service import accounts
 from tests.conftest import SDK_MAJORS
-from tests.e2e.conftest import local_stack
+from tests.e2e.conftest import local_stack, run_sdk_script
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).with_name("sdk_scripts") / "batch_analytics.py"
@@ -32,14 +28,7 @@ def stack(tmp_path_factory):
 
 @pytest.mark.parametrize("major", SDK_MAJORS)
 def test_analytics_read_with_the_official_sdks(stack, sdk_python, major, tmp_path):
-    account = accounts.create_account(stack["svc"], tier="pro", batch_access=True)
-    key = accounts.create_key(stack["svc"], account["id"])
-    env = {k: v for k, v in os.environ.items()
-           if k != "PYTHONPATH" and not k.startswith(("OPENAI_", "ANTHROPIC_"))}
-    env.update(HOME=str(tmp_path), FREEINFERENCE_BASE_URL=stack["base"], FREEINFERENCE_API_KEY=key)
-    run = subprocess.run([sdk_python(major), str(SCRIPT)], capture_output=True, text=True, timeout=240, env=env)
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+    out = run_sdk_script(stack, sdk_python(major), SCRIPT, tmp_path)
 
     file = out["file"]
     assert set(file["created"]) == KEYS and file["created"]["attempts"] == 0 and file["created"]["p50_ms"] is None

@@ -3,16 +3,12 @@ major the e2e tests cover (`openai` 3.x/2.x/1.x, `anthropic` 2.x/1.x), each in i
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from batchinfer.service import accounts
 from tests.conftest import SDK_MAJORS
-from tests.e2e.conftest import local_stack
+from tests.e2e.conftest import local_stack, run_sdk_script
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).with_name("sdk_scripts") / "results_feed.py"
@@ -26,14 +22,7 @@ def stack(tmp_path_factory):
 
 @pytest.mark.parametrize("major", SDK_MAJORS)
 def test_results_as_they_finish_with_the_official_sdks(stack, sdk_python, major, tmp_path):
-    account = accounts.create_account(stack["svc"], tier="pro", batch_access=True)
-    key = accounts.create_key(stack["svc"], account["id"])
-    env = {k: v for k, v in os.environ.items()
-           if k != "PYTHONPATH" and not k.startswith(("OPENAI_", "ANTHROPIC_"))}
-    env.update(HOME=str(tmp_path), FREEINFERENCE_BASE_URL=stack["base"], FREEINFERENCE_API_KEY=key)
-    run = subprocess.run([sdk_python(major), str(SCRIPT)], capture_output=True, text=True, timeout=240, env=env)
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+    out = run_sdk_script(stack, sdk_python(major), SCRIPT, tmp_path)
 
     feed = out["openai_feed"]
     assert feed["custom_ids"] == sorted([f"r{i}" for i in range(5)] + ["bad"])  # each once

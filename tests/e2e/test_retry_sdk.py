@@ -4,16 +4,12 @@ Message Batch, each with a request that fails once and passes when retried."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from batchinfer.service import accounts
 from tests.conftest import SDK_MAJORS
-from tests.e2e.conftest import local_stack
+from tests.e2e.conftest import local_stack, run_sdk_script
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).with_name("sdk_scripts") / "retry_in_place.py"
@@ -29,14 +25,7 @@ def stack(tmp_path_factory):
 
 @pytest.mark.parametrize("major", SDK_MAJORS)
 def test_retry_in_place_with_the_official_sdks(stack, sdk_python, major, tmp_path):
-    account = accounts.create_account(stack["svc"], tier="pro", batch_access=True)
-    key = accounts.create_key(stack["svc"], account["id"])
-    env = {k: v for k, v in os.environ.items()
-           if k != "PYTHONPATH" and not k.startswith(("OPENAI_", "ANTHROPIC_"))}
-    env.update(HOME=str(tmp_path), FREEINFERENCE_BASE_URL=stack["base"], FREEINFERENCE_API_KEY=key)
-    run = subprocess.run([sdk_python(major), str(SCRIPT)], capture_output=True, text=True, timeout=240, env=env)
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+    out = run_sdk_script(stack, sdk_python(major), SCRIPT, tmp_path)
 
     inline = out["inline"]
     assert inline["first"] == ["completed", 2, 1, 1]
