@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ..domain import FINAL_BATCH, BatchStatus, parse_result_id
+from ..domain import FINAL_BATCH, BatchStatus
 from ..errors import InvalidRequest, quoted
 from ..layout import INDEX_CHUNK, request_key
 from ..records import Batch, BatchItem, Feed, Request
 from ..records.feed import TOKEN_CHARS
 from ..runtime import Services
-from .results import index_entries, iter_results, result_of
+from .results import index_entries, iter_results, result_of, start_after
 
 MAX_WAIT_SECONDS = 25  # an API Gateway integration answers within 30 s: a held page ends well before
 POLL_SECONDS = 0.5  # how often a held page looks at the log's head again (one read of one key)
@@ -247,13 +247,7 @@ def filtered_page(svc: Services, batch: BatchItem, after: str | None, limit: int
     are (`after`: the last result ID of the page before). `has_more` is exact: the walk looks on for one more
     match before it answers."""
     check_status(status)
-    start = 0
-    if after is not None:
-        index = parse_result_id(after)
-        if index is None:
-            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not {quoted(after)}.",
-                                 param="after")
-        start = index + 1
+    start = start_after(after)
     keep = _matches(status, custom_id)
     ranges = [(start, batch["total"])]
     if custom_id is not None:  # one request at most: find it in the index, read only it
