@@ -89,7 +89,7 @@ def item_key(item: dict) -> tuple[str, str]:
 def kind(key: tuple[str, str]) -> str:
     pk, sk = key
     if pk.startswith("BATCH#"):
-        return "request" if sk.startswith("REQ#") else "batch"
+        return "request" if sk.startswith("REQ#") else "log entry" if sk.startswith("FEED#") else "batch"
     if pk.startswith("MODEL#"):
         return "lane" if sk.startswith("LANE#") else "model budget"
     if pk.startswith("ACCOUNT#"):

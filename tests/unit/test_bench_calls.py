@@ -11,7 +11,7 @@ def test_the_finished_order_logs_head_read_is_counted_as_one_strongly_consistent
     recorder = Recorder()
     recorder.install(svc.table.client)
     try:
-        svc.table.transact([Feed.append(svc.table, "batch_1", 1, [[0, "abc"], [3, "def"]], 1000.0, None)])
+        svc.table.transact([Feed.append(svc.table, "batch_1", 1, [[0, "abc"], [3, "def"]], None)])
         assert Feed.head(svc.table, "batch_1") == 1
     finally:
         recorder.uninstall(svc.table.client)

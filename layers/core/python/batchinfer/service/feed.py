@@ -30,7 +30,7 @@ from ..domain import FINAL_BATCH, BatchStatus
 from ..errors import InvalidRequest, quoted
 from ..layout import INDEX_CHUNK, request_key
 from ..records import Batch, BatchItem, Feed, Request
-from ..records.feed import TOKEN_CHARS
+from ..records.feed import TOKEN_CHARS, entry_number
 from ..runtime import Services
 from .results import index_entries, iter_results, result_of, start_after
 
@@ -206,7 +206,7 @@ def _log_results(svc: Services, batch: BatchItem, cursor: Cursor, index: _Index
     while True:
         entries = Feed.after(svc.table, batch["id"], seq, ENTRIES_PER_READ)
         for entry in entries:
-            number, members = int(entry["seq"]), entry["members"]
+            number, members = entry_number(entry), entry["members"]
             wanted = [(int(m[0]), str(m[1])) for m in members[offset:]]
             items = _items(svc, batch, [i for i, _ in wanted])
             for n, (at, token) in enumerate(wanted, start=offset + 1):
