@@ -23,12 +23,18 @@ key over 2,048 bytes or a sort key over 1,024 bytes is a ValidationException. mo
 item is written, so an id too long to be a key read as "not found" here and failed deployed.
 
 (5) S3: a part written into a completed or aborted multipart upload answers 404 NoSuchUpload, as on S3.
+
+(6) Number arithmetic (`ADD n :v`, `SET n = n + :v`) reads a number in exponent form, as DynamoDB does:
+moto parses an operand without a "." with int(), so `5E-7` (what boto3 sends for a cost of 5e-7 USD) raised
+ValueError and its server answered 500.
 """
 
 from __future__ import annotations
 
 import copy
+import decimal
 import functools
+import operator
 import threading
 import types
 
@@ -139,8 +145,40 @@ def apply() -> None:
             del self.all_items
 
     Table.query = query
+    _patch_number_arithmetic()
     _patch_s3_uploads()
     _applied = True
+
+
+# DynamoDB keeps 38 significant digits.
+_DYNAMO_NUMBERS = decimal.Context(prec=38)
+
+
+def _number(text: str) -> int | decimal.Decimal:
+    try:
+        return int(text)
+    except ValueError:
+        return decimal.Decimal(text)
+
+
+def _patch_number_arithmetic() -> None:
+    """(6) The sum or difference of two numbers in any form DynamoDB accepts (`5E-7`, `1.5e3`, `12`)."""
+    from moto.dynamodb.models.dynamo_type import DDBType, DynamoType
+
+    def arithmetic(real, combine):
+        @functools.wraps(real)
+        def apply_to(self, other):
+            if self.type != DDBType.NUMBER or other.type != DDBType.NUMBER:
+                return real(self, other)  # moto's own refusals of other types
+            left, right = _number(self.value), _number(other.value)
+            if isinstance(left, int) and isinstance(right, int):
+                return DynamoType({DDBType.NUMBER: str(combine(left, right))})
+            with decimal.localcontext(_DYNAMO_NUMBERS):
+                return DynamoType({DDBType.NUMBER: str(combine(decimal.Decimal(left), decimal.Decimal(right)))})
+        return apply_to
+
+    DynamoType.__add__ = arithmetic(DynamoType.__add__, operator.add)
+    DynamoType.__sub__ = arithmetic(DynamoType.__sub__, operator.sub)
 
 
 def _patch_s3_uploads() -> None:

@@ -10,6 +10,7 @@ import time
 from batchinfer.layout import batch_key
 from batchinfer.protocols.openai import batches
 from batchinfer.records import Feed, feed
+from batchinfer.records.feed import entry_number
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import feed as feed_service
 from batchinfer.service import run_request
@@ -51,7 +52,7 @@ class Reader:
 
 def log_numbers(svc, batch_id: str) -> list[int]:
     pk, _ = batch_key(batch_id)
-    return [int(e["seq"]) for e in svc.table.query_all("pk = :pk AND begins_with(sk, :f)", {":pk": pk, ":f": "FEED#"},
+    return [entry_number(e) for e in svc.table.query_all("pk = :pk AND begins_with(sk, :f)", {":pk": pk, ":f": "FEED#"},
                                                         consistent=True)]
 
 

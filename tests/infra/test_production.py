@@ -544,3 +544,31 @@ def test_observability_emits_in_the_namespace_the_stack_sets() -> None:
                    "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "batchinfer/qa"
+
+
+def test_the_api_latency_alarm_reads_what_the_api_publishes_and_long_polls_are_left_out(
+    synth: Synth, run_emitting
+) -> None:
+    from tests.integration.apigw import http_event
+
+    service = env(synth, "api")["POWERTOOLS_SERVICE_NAME"]
+    key = ("batchinfer/dev", "ApiLatency", frozenset({("service", service)}))
+    alarm = alarms_of(synth)["dev-batchinfer-api-latency-p99"]
+    (metric,) = metric_stats(alarm)
+    assert (metric["Namespace"], metric["MetricName"]) == ("batchinfer/dev", "ApiLatency")
+    assert metric["Dimensions"] == [{"Name": "service", "Value": service}]
+    # p99 of each 5 minutes over 10 s (in milliseconds, as the api publishes it), three periods in a row.
+    assert (alarm["ExtendedStatistic"], alarm["Period"], alarm["EvaluationPeriods"]) == ("p99", 300, 3)
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanThreshold", 10_000)
+    assert ("ApiLatency", frozenset({("service", service)})) in emf_read(synth, "batchinfer/dev", service)
+
+    (answered,) = run_emitting("api", http_event("GET", "/health"))[key]
+    assert 0 < answered < 10_000
+    # A results page held with `wait` publishes no latency (refused here at once for want of a key: what
+    # counts is the request, not how long it took); without `wait`, or with wait=0, it does.
+    results = "/v1/batches/batch_1/results"
+    assert key not in run_emitting("api", http_event("GET", results, query={"order": "finished", "wait": "20"}))
+    assert key not in run_emitting("api", http_event("GET", "/v1/messages/batches/msgbatch_1/results",
+                                                     query={"order": "finished", "wait": "5"}))
+    assert len(run_emitting("api", http_event("GET", results, query={"order": "finished", "wait": "0"}))[key]) == 1
+    assert len(run_emitting("api", http_event("GET", results))[key]) == 1

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from batchinfer.layout import batch_key
+from batchinfer.records.feed import entry_number
 from tests.helpers import new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, req, settings, step
 from tests.integration.test_message_batches import (
@@ -184,6 +185,7 @@ def test_the_log_holds_one_entry_per_counted_close(api, svc):
     pk, _ = batch_key(batch["id"])
     entries = list(svc.table.query_all("pk = :pk AND begins_with(sk, :f)", {":pk": pk, ":f": "FEED#"},
                                        consistent=True))
-    assert [int(e["seq"]) for e in entries] == list(range(1, len(entries) + 1))  # contiguous
+    assert [entry_number(e) for e in entries] == list(range(1, len(entries) + 1))  # contiguous
+    assert {frozenset(e) for e in entries} == {frozenset({"pk", "sk", "members", "ttl"})}  # nothing else
     assert sorted(m[0] for e in entries for m in e["members"]) == list(range(30))
     assert len(entries) < 30 and max(len(json.dumps(e["members"])) for e in entries) < 2000

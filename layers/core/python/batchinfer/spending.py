@@ -57,11 +57,9 @@ def _holds_non_text(value: object) -> bool:
     return False
 
 
-def output_bound(model: Model, endpoint: str, body: dict) -> int | None:
-    """The most output tokens the request can be charged for: its own limit, else the model's output limit
-    from the catalog; None when neither bounds it or its input is not text (a capped batch refuses it)."""
-    if _holds_non_text(body.get("messages")) or _holds_non_text(body.get("input")):
-        return None
+def output_limit(model: Model, endpoint: str, body: dict) -> int | None:
+    """The output tokens a request may be charged for: its own max_tokens (or max_completion_tokens,
+    max_output_tokens), else the model's output limit from the catalog; None when neither says."""
     if endpoint in NO_OUTPUT:
         return 0
     for name in OUTPUT_LIMITS.get(endpoint, ("max_completion_tokens", "max_tokens", "max_output_tokens")):
@@ -69,6 +67,14 @@ def output_bound(model: Model, endpoint: str, body: dict) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value if model.max_output_tokens is None else min(value, model.max_output_tokens)
     return model.max_output_tokens
+
+
+def output_bound(model: Model, endpoint: str, body: dict) -> int | None:
+    """The most output tokens the request can be charged for (`output_limit`); None when that is unbounded
+    or its input is not text (a capped batch refuses it)."""
+    if _holds_non_text(body.get("messages")) or _holds_non_text(body.get("input")):
+        return None
+    return output_limit(model, endpoint, body)
 
 
 def worst_usd(model: Model, line_bytes: int, out_bound: int) -> float:

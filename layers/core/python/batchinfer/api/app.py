@@ -12,6 +12,7 @@ from .. import protocols
 from ..runtime import Services, services
 from . import schemas
 from .envelopes import install_error_handlers
+from .latency import RequestLatency
 from .routes import batches, console, files, health, inference, message_batches, messages, uploads, webhooks
 
 # The API's paths, where a trailing slash is served as if it were not there: the service's own base URL,
@@ -40,6 +41,7 @@ class TrailingSlashServed:
 def create_app(get_services: Callable[[], Services] = services) -> FastAPI:
     app = FastAPI(title="Batch inference", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json",
                   redirect_slashes=False)
+    app.add_middleware(RequestLatency)  # inside TrailingSlashServed: it sees the path the routes see
     app.add_middleware(TrailingSlashServed)
     app.state.get_services = get_services
     install_error_handlers(app)

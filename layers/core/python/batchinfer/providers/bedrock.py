@@ -5,7 +5,8 @@ interactive `stream: true` through `ConverseStream` (relayed by `streaming`), em
 
 This is the one module outside `storage/` that touches boto3 (an allowance tests/unit/test_architecture.py
 names): Bedrock is a model backend like the HTTP ones, reached only through the AWS SDK's SigV4 signing, and
-splitting its one kind across two layers would spread what a Bedrock attempt is over both.
+splitting its one kind across two layers would spread what a Bedrock attempt is over both. Its session (the
+credential chain, or dummy credentials for a local endpoint) is storage's own.
 
 boto3 blocks; a call runs on a thread of a pool per model, sized to what the model can have in flight, so the
 worker's event loop never waits on it and a model cannot take the threads of another. botocore's own retries
@@ -21,8 +22,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import boto3
-import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -36,6 +35,7 @@ from botocore.exceptions import (
 
 from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt
+from ..storage.aws import session
 from .converse import (
     EMBEDDINGS_ENDPOINT,
     StreamedChat,
@@ -51,7 +51,6 @@ from .converse import (
 )
 from .http import CutOff
 
-LOCAL_CREDENTIALS = ("local", "local")  # an endpoint_url (the simulated backend) takes any signature
 CONNECT_TIMEOUT_SECONDS = 10.0
 # Beyond the read timeout, how long the event loop waits for the thread before it gives the call up (the
 # thread ends on its own when botocore's timeout fires).
@@ -79,20 +78,6 @@ _clients: dict[tuple, object] = {}
 _pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
 
 
-def _session(endpoint_url: str | None) -> boto3.session.Session:
-    """The usual credential chain (the function's role); with an endpoint_url (the local stack, tests) dummy
-    credentials when none are configured, and the EC2/ECS metadata services never asked."""
-    if endpoint_url is None:
-        return boto3.session.Session()
-    core = botocore.session.get_session()
-    chain = core.get_component("credential_provider")
-    for provider in ("iam-role", "container-role"):
-        chain.remove(provider)
-    if core.get_credentials() is None:
-        core.set_credentials(*LOCAL_CREDENTIALS)
-    return boto3.session.Session(botocore_session=core)
-
-
 def client(region: str, endpoint_url: str | None, timeout: float, connections: int):
     """The `bedrock-runtime` client of a region and endpoint (one per process, built once)."""
     key = (region, endpoint_url, timeout, connections)
@@ -104,7 +89,7 @@ def client(region: str, endpoint_url: str | None, timeout: float, connections: i
                             max_pool_connections=connections,
                             # AWS_ENDPOINT_URL (the moto server locally) must never send Bedrock calls elsewhere.
                             ignore_configured_endpoint_urls=True)
-            found = _session(endpoint_url).client("bedrock-runtime", region_name=region,
+            found = session(endpoint_url).client("bedrock-runtime", region_name=region,
                                                   endpoint_url=endpoint_url, config=config)
             _clients[key] = found
         return found

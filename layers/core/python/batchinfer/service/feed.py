@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ..domain import FINAL_BATCH, BatchStatus, parse_result_id
+from ..domain import FINAL_BATCH, BatchStatus
 from ..errors import InvalidRequest, quoted
 from ..layout import INDEX_CHUNK, request_key
 from ..records import Batch, BatchItem, Feed, Request
-from ..records.feed import TOKEN_CHARS
+from ..records.feed import TOKEN_CHARS, entry_number
 from ..runtime import Services
-from .results import index_entries, iter_results, result_of
+from .results import index_entries, iter_results, result_of, start_after
 
 MAX_WAIT_SECONDS = 25  # an API Gateway integration answers within 30 s: a held page ends well before
 POLL_SECONDS = 0.5  # how often a held page looks at the log's head again (one read of one key)
@@ -206,7 +206,7 @@ def _log_results(svc: Services, batch: BatchItem, cursor: Cursor, index: _Index
     while True:
         entries = Feed.after(svc.table, batch["id"], seq, ENTRIES_PER_READ)
         for entry in entries:
-            number, members = int(entry["seq"]), entry["members"]
+            number, members = entry_number(entry), entry["members"]
             wanted = [(int(m[0]), str(m[1])) for m in members[offset:]]
             items = _items(svc, batch, [i for i, _ in wanted])
             for n, (at, token) in enumerate(wanted, start=offset + 1):
@@ -247,13 +247,7 @@ def filtered_page(svc: Services, batch: BatchItem, after: str | None, limit: int
     are (`after`: the last result ID of the page before). `has_more` is exact: the walk looks on for one more
     match before it answers."""
     check_status(status)
-    start = 0
-    if after is not None:
-        index = parse_result_id(after)
-        if index is None:
-            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not {quoted(after)}.",
-                                 param="after")
-        start = index + 1
+    start = start_after(after)
     keep = _matches(status, custom_id)
     ranges = [(start, batch["total"])]
     if custom_id is not None:  # one request at most: find it in the index, read only it

@@ -24,7 +24,7 @@ from ..records import Lane
 from ..runtime import Services
 from ..scheduling.capacity import effective_budget, read_budget
 from ..scheduling.config import scheduler_config
-from ..spending import NO_OUTPUT, OUTPUT_LIMITS
+from ..spending import output_limit
 from .accounts import Principal
 from .tokenizer import DEFAULT_TOKENIZER, count_body
 from .validation import RejectedRequest, ValidatedBatch, ValidRequest, validate_file_lines
@@ -70,18 +70,6 @@ class ModelFigures:
         high = None if self.max_output_tokens is None else self.model.cost_usd(self.input_tokens,
                                                                               self.max_output_tokens)
         return {"min": round(low, 10), "max": None if high is None else round(high, 10)}
-
-
-def output_limit(model: Model, endpoint: str, body: dict) -> int | None:
-    """The output tokens a request may be charged for: its own max_tokens (or max_completion_tokens,
-    max_output_tokens), else the model's output limit from the catalog; None when neither says."""
-    if endpoint in NO_OUTPUT:
-        return 0
-    for name in OUTPUT_LIMITS.get(endpoint, ("max_completion_tokens", "max_tokens", "max_output_tokens")):
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value if model.max_output_tokens is None else min(value, model.max_output_tokens)
-    return model.max_output_tokens
 
 
 @dataclass

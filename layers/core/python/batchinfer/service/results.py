@@ -12,7 +12,16 @@ import json
 from collections.abc import Iterator
 
 from .. import protocols
-from ..domain import RequestState, Stop, public_request_status, result_id, unstarted_error, unstarted_stop
+from ..domain import (
+    RequestState,
+    Stop,
+    parse_result_id,
+    public_request_status,
+    result_id,
+    unstarted_error,
+    unstarted_stop,
+)
+from ..errors import InvalidRequest, quoted
 from ..jsontext import parse_object, to_json
 from ..layout import INDEX_CHUNK, index_object
 from ..records import BatchItem, Group, Request, RequestItem
@@ -79,6 +88,17 @@ def stored_response(svc: Services, stored: RequestItem) -> dict | None:
         return {"status_code": response["status_code"], "request_id": response["request_id"],
                 "body": parse_object(response["body_text"])}
     return response  # kept before bodies were kept as sent: a map
+
+
+def start_after(after: str | None) -> int:
+    """Where a page of results in submission order starts: at the first, or just after the result ID `after`
+    (the last ID of the page before); 400 when `after` is not a result ID."""
+    if after is None:
+        return 0
+    index = parse_result_id(after)
+    if index is None:
+        raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not {quoted(after)}.", param="after")
+    return index + 1
 
 
 def iter_results(svc: Services, batch: BatchItem, start: int, end: int) -> Iterator[dict]:

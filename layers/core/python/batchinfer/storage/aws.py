@@ -11,13 +11,14 @@ from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionEr
 
 from ..settings import Settings
 
-LOCAL_CREDENTIALS = ("local", "local")  # access key id, secret: the moto server takes any
+LOCAL_CREDENTIALS = ("local", "local")  # access key id, secret: the moto server (and the simulator) take any
 
 
-def _session(endpoint_url: str | None) -> boto3.session.Session:
+def session(endpoint_url: str | None) -> boto3.session.Session:
     """A session for AWS (no endpoint URL: the usual credential chain) or for a local endpoint (the moto
-    server): there, credentials configured on this machine are used if there are any and dummy ones otherwise,
-    so a fresh machine needs no AWS setup; the EC2 and ECS metadata services are never asked."""
+    server, or the simulated backend standing in for Bedrock): there, credentials configured on this machine are
+    used if there are any and dummy ones otherwise, so a fresh machine needs no AWS setup; the EC2 and ECS
+    metadata services are never asked."""
     if endpoint_url is None:
         return boto3.session.Session()
     core = botocore.session.get_session()
@@ -33,7 +34,7 @@ def _session(endpoint_url: str | None) -> boto3.session.Session:
 def client(service: str, endpoint_url: str | None, region: str):
     config = Config(retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=64,
                     signature_version="s3v4" if service == "s3" else None)  # SigV4 presigned URLs
-    return _session(endpoint_url).client(service, endpoint_url=endpoint_url, region_name=region, config=config)
+    return session(endpoint_url).client(service, endpoint_url=endpoint_url, region_name=region, config=config)
 
 
 def clients_for(settings: Settings) -> tuple:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ...domain import FINAL_BATCH, parse_result_id
+from ...domain import FINAL_BATCH
 from ...errors import Conflict, InvalidRequest, NotFound, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
@@ -180,13 +180,7 @@ def results_page(svc: Services, principal: Principal, batch_id: str, limit: int,
     if not 1 <= limit <= 1000:
         raise InvalidRequest("limit must be between 1 and 1000.", param="limit")
     batch = owned_batch(svc, principal, batch_id)
-    start = 0
-    if after is not None:
-        index = parse_result_id(after)
-        if index is None:
-            raise InvalidRequest(f"after must be a result ID such as 'batch_req_42', not {quoted(after)}.",
-                                 param="after")
-        start = index + 1
+    start = results.start_after(after)
     end = min(batch["total"], start + limit)
     data = list(results.iter_results(svc, batch, start, end))
     return {"object": "list", "data": data, "has_more": end < batch["total"],
