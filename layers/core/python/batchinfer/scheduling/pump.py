@@ -309,8 +309,9 @@ class SlotPump:
 
     def _memory(self) -> float:
         """How far back the ends of calls are remembered for a newcomer's arrival (`policy.arrival_moment`):
-        a round of calls and a claim's round trip, the longest a batch's work takes to reach a pump that
-        serves it from its creation."""
+        two calls and a claim's round trip. A batch's work reaches a pump that serves it a call and a claim
+        after its creation at most (the claim for a wave's end comes as it ends), some of it more on a busy
+        machine; a batch first seen later than that is owed only the calls of that time."""
         return 2 * self.call_seconds + policy.claim_horizon(self.claim_seconds, self.config.soon_margin_seconds)
 
     def _take_next(self) -> Member:
