@@ -10,9 +10,11 @@ from collections import Counter
 
 import pytest
 
+from batchinfer.layout import owner_sort
 from batchinfer.records import group_shards, lease_shards
-from batchinfer.scheduling import held_slots, lanes
+from batchinfer.scheduling import held_slots, lanes, policy
 from batchinfer.scheduling import pump as slot_pump
+from batchinfer.scheduling.claimed_work import GroupRun, Member
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts, run_request
@@ -428,3 +430,44 @@ def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypat
     assert final["status"] == "expired"
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     assert sim_stats(sim_control, settle=True)["total_requests"] == final["completed"] <= 3
+
+
+# --- Service since arrival -----------------------------------------------------------------------------------
+
+
+def test_a_batch_created_as_a_wave_began_is_owed_it_though_its_work_arrives_after_it(svc):
+    """A pump's 16 runners start a large batch's wave; a batch created a moment later has its work claimed
+    into the pump a wave on, once those calls ended and 4 claimed ahead run: it takes the next 20 starts (the
+    large one's service since it came), and the pump's next claim goes to it first; once retried in place,
+    a batch arrives at its retry."""
+    pump_ = slot_pump.SlotPump(svc, svc.catalog.get(GLM), time.monotonic() + 60, None)
+    now_us = time.time_ns() // 1000
+    big = {"id": "batch_big", "owner_sk": owner_sort(now_us - 1000, "batch_big")}
+    new = {"id": "batch_new", "owner_sk": owner_sort(now_us, "batch_new")}
+    pump_.batches.update({"batch_big": big, "batch_new": new})  # as its claims share them
+
+    def members(batch: dict, n: int) -> list[Member]:
+        run = GroupRun(group={}, batch=batch, left=n)
+        return [Member(run=run, position=[i], body={}) for i in range(n)]
+
+    pump_._enqueue(members(big, 20))
+    wave = [pump_._take_next() for _ in range(16)]
+    for member in wave:
+        pump_._call_starts(member)
+    for member in wave:  # the wave ends before the new batch's work arrives; the 4 queued ahead start
+        pump_._call_ended(member)
+    for _ in range(4):
+        pump_._call_starts(pump_._take_next())
+    pump_._enqueue(members(big, 30) + members(new, 30))
+
+    assert pump_.served["batch_new"] == pump_.served["batch_big"] - 20
+    assert policy.standing_in_pump(pump_.served, pump_.queued_of)["batch_new"] < \
+        policy.standing_in_pump(pump_.served, pump_.queued_of)["batch_big"]
+    starts = []
+    for _ in range(24):
+        member = pump_._take_next()
+        pump_._call_starts(member)
+        starts.append(member.run.batch["id"])
+    assert starts[:20] == ["batch_new"] * 20
+    assert starts[20:].count("batch_new") == 2  # then the starts alternate
+    assert slot_pump.created_us({**big, "retried_at": now_us // 1_000_000 + 5}) > slot_pump.created_us(new)

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchinfer.layout import owner_sort
 from batchinfer.scheduling import policy
 from batchinfer.scheduling.config import SchedulerConfig, scheduler_config
 from batchinfer.scheduling.policy import LaneWant
+from batchinfer.scheduling.pump import created_us
 from batchinfer.settings import Settings
 
 settings.register_profile("scheduling", deadline=None, max_examples=200)
@@ -586,3 +588,100 @@ def test_the_config_follows_the_settings_object_it_is_read_from():
     assert scheduler_config(first) is scheduler_config(first)
     assert scheduler_config(second).interactive_yield_per_request == 5
     assert scheduler_config(first).interactive_yield_per_request == 2
+
+
+# --- Service since arrival counted from a batch's creation, and the turns of a pump's claim -----------------
+
+@pytest.mark.parametrize(("served", "running", "ended", "left_with", "start"), [
+    # Created as a wave of 16 of the large batch's calls began, its work arrives once they have ended and 4
+    # more (claimed ahead) run: all 20 ran after it came, so it is owed 20 starts, not only the 4 running.
+    ({"big": 20}, {"big": 4}, {"big": 16}, None, 0),
+    ({"big": 20}, {"big": 4}, None, None, 16),  # counted at the work's arrival alone: owed 4
+    # A batch coming back starts no lower than it left: leaving makes it owed nothing...
+    ({"big": 40}, {"big": 16}, {}, 30, 30),
+    # ...and at no more than the others' level: the starts they are owed stay theirs.
+    ({"new": 16}, {"new": 16}, {}, 20, 20),
+    ({"new": 30}, {"new": 8}, {}, 20, 30),
+    ({}, {}, {}, 12, 12),
+])
+def test_served_at_arrival_counts_the_calls_ended_since_creation(served, running, ended, left_with, start):
+    arriving = "new" if "new" not in served else "big"
+    assert policy.served_at_arrival(served, running, {"big": 1, "new": 2}, arriving, ended, left_with) == start
+
+
+def test_calls_ended_since_creation_are_not_owed_to_a_batch_created_earlier():
+    # The older batch's work reaches the pump after the newer one's: it is owed nothing, ends or not.
+    assert policy.served_at_arrival({"new": 8}, {"new": 4}, {"old": 1, "new": 2}, "old", {"new": 4}) == 8
+
+
+@pytest.mark.parametrize(("created", "now", "first_here", "memory", "moment"), [
+    (100.0, 102.5, True, 4.5, 100.0),  # its first work here, a claim after a wave: from its creation
+    (90.0, 102.5, True, 4.5, 98.0),  # created long before: no further back than the pump remembers
+    (100.0, 102.5, False, 4.5, 102.5),  # coming back: from now
+])
+def test_arrival_moment(created, now, first_here, memory, moment):
+    assert policy.arrival_moment(created, now, first_here, memory) == moment
+
+
+def test_ended_since():
+    ends = [(1.0, "a"), (2.0, "b"), (3.0, "a"), (3.5, "a")]
+    assert policy.ended_since(ends, 2.0) == {"a": 2}
+    assert policy.ended_since(ends, 0.0) == {"a": 3, "b": 1}
+    assert policy.ended_since([], 0.0) == {}
+
+
+def test_a_batch_created_as_a_wave_began_is_owed_that_wave_when_its_work_arrives_after_it():
+    """A pump's 16 runners start a large batch's calls; a batch is created a moment later, and its work
+    arrives a wave on, once those calls ended and 4 claimed ahead run: it takes the next 20 starts (all the
+    large one's service since it came), then the starts alternate."""
+    running, served = {"big": 4}, {"big": 20}
+    served["new"] = policy.served_at_arrival(served, running, {"big": 1, "new": 2}, "new", {"big": 16})
+    starts = []
+    for _ in range(28):
+        queue = queue_of(("big", "x", None), ("new", "x", None))
+        chosen = queue[policy.next_to_run(queue, running, served)].batch
+        served[chosen] += 1
+        starts.append(chosen)
+    assert starts[:20] == ["new"] * 20
+    assert starts[20:].count("new") == starts[20:].count("big")
+
+
+def test_standing_in_pump():
+    assert policy.standing_in_pump({"big": 20, "new": 16}, {"big": 8, "new": 0, None: 2}) == {"big": 28, "new": 16}
+    assert policy.standing_in_pump({}, {"big": 3}) == {}
+
+
+def standing(*rows: tuple) -> list[LaneWant]:
+    """Lanes from (key, held, standing)."""
+    return [LaneWant(key=key, account="x", held=held, room=30, standing=at) for key, held, at in rows]
+
+
+@pytest.mark.parametrize(("lanes", "order"), [
+    # A batch owed starts in the pump goes first though it holds more slots (its work runs there next).
+    (standing(("big", 8, 28), ("new", 16, 16)), [1, 0]),
+    (standing(("new", 16, 16), ("big", 8, 28)), [0, 1]),
+    # Standing alike: the fewest held, then the ring's order.
+    (standing(("big", 8, 20), ("new", 16, 20)), [0, 1]),
+    (standing(("big", 8, 20), ("new", 8, 20)), [0, 1]),
+    # Outside a pump (no standing): the slots held alone, as before.
+    (standing(("big", 8, None), ("new", 16, None)), [0, 1]),
+])
+def test_in_deficit_order_in_a_pumps_claim(lanes, order):
+    assert policy.in_deficit_order(lanes) == order
+
+
+def test_the_water_fill_in_a_pumps_claim_goes_by_standing():
+    lanes = standing(("big", 8, 28), ("new", 16, 16))
+    shares, last = policy.water_fill(lanes, 16, {"x": 16})
+    assert shares == {"new": 14, "big": 2}  # new up to big's 28, then alternately (big first: it holds fewer)
+    assert last == "new"
+    # Without standing the slots held decide: big holds fewer.
+    lanes = standing(("big", 8, None), ("new", 16, None))
+    assert policy.water_fill(lanes, 8, {"x": 16})[0] == {"big": 8}
+
+
+def test_a_batch_retried_in_place_comes_to_the_pumps_turns_when_retried():
+    owner_sk = owner_sort(1_764_700_000_123_456, "batch_0123")
+    assert created_us({"owner_sk": owner_sk}) == 1_764_700_000_123_456
+    assert created_us({"owner_sk": owner_sk, "retried_at": 1_764_700_900}) == 1_764_700_900_000_000
+    assert created_us({"created_at": 1_764_700_000}) == 1_764_700_000_000_000

@@ -77,6 +77,12 @@ class ClaimScope:
     running: bool = False
     batches_seen: dict[str, dict] = field(default_factory=dict)
     emptied: set[str] = field(default_factory=set)  # batches whose lane this claim took the last of
+    # In a pump's claim, batch id -> where it stands there (`policy.standing_in_pump`); lanes of other
+    # batches stand with the lowest.
+    standing: dict[str, int] = field(default_factory=dict)
+
+    def standing_of(self, batch_id: str) -> int | None:
+        return self.standing.get(batch_id, min(self.standing.values(), default=None))
 
 
 class Lanes:
@@ -145,7 +151,8 @@ class Lanes:
         wants = [policy.LaneWant(key=lane["sk"], account=lane["account_id"],
                                  held=int((batches[lane["batch_id"]] or {}).get("in_flight", 0)),
                                  room=self._room(batches[lane["batch_id"]], model.id),
-                                 rank=policy.rank(lane.get("priority"))) for lane in lanes]
+                                 rank=policy.rank(lane.get("priority")),
+                                 standing=scope.standing_of(lane["batch_id"])) for lane in lanes]
         # Accounts are read only for the lanes that could take work, as they are met.
         room = {want.account: accounts.free(want.account) for want in wants if want.room > 0}
         shares, given_last = policy.water_fill(wants, free, room)
@@ -188,7 +195,8 @@ class Lanes:
             # arrived is owed them), as the water-fill gives slots when every lane fits.
             read = {lane["batch_id"]: self._batch(lane["batch_id"], scope) for lane in lanes}
             held = [policy.LaneWant(key=lane["sk"], account=lane["account_id"],
-                                    held=int((read[lane["batch_id"]] or {}).get("in_flight", 0)), room=1)
+                                    held=int((read[lane["batch_id"]] or {}).get("in_flight", 0)), room=1,
+                                    standing=scope.standing_of(lane["batch_id"]))
                     for lane in lanes]
             lanes = [lanes[i] for i in policy.in_deficit_order(held)]
         for _ in range(config.quanta_pages):

@@ -76,13 +76,21 @@ def by_quanta(complete: bool, free: int, quantum: int, lanes: int) -> bool:
 @dataclass(frozen=True)
 class LaneWant:
     """A lane as the water-fill sees it: its key, its account, the slots its batch holds, the requests it
-    could dispatch now, and its rank among its account's lanes (`rank`: higher goes first)."""
+    could dispatch now, its rank among its account's lanes (`rank`: higher goes first), and, in a pump's
+    claim, where its batch stands there (`standing`, see `standing_in_pump`: lower goes first; None outside
+    a pump, where the slots held decide)."""
 
     key: Hashable
     account: Hashable
     held: int
     room: int
     rank: int = 1
+    standing: int | None = None
+
+    @property
+    def level(self) -> int:
+        """What the turns and the water-fill go by: the standing in the claiming pump, else the slots held."""
+        return self.held if self.standing is None else self.standing
 
 
 # A batch's priority among its account's batches, as a rank: higher is served first. Lanes written before
@@ -139,8 +147,9 @@ def turn_goes_to(lanes: Sequence[LaneWant], index: int, spent: Iterable[Hashable
 def water_fill(lanes: Sequence[LaneWant], free: int, account_room: dict) -> tuple[dict, Hashable | None]:
     """Share `free` slots a slot at a time, each to the lane whose batch then holds the fewest (ties in the
     lanes' order: their turn), so that a batch that just arrived takes the freed slots until it holds as
-    many as the others rather than half of each claim's. A lane takes no more than its room, an account no
-    more than its `account_room`. Returns each lane's share (lanes given none left out) and the key of the
+    many as the others rather than half of each claim's; in a pump's claim, the lowest `standing` first
+    (then the fewest held). A lane takes no more than its room, an account no more than its
+    `account_room`. Returns each lane's share (lanes given none left out) and the key of the
     lane given the last slot (the next claim's turn starts after it), None when none was given."""
     shares: dict = {}
     accounts = dict(account_room)
@@ -150,7 +159,8 @@ def water_fill(lanes: Sequence[LaneWant], free: int, account_room: dict) -> tupl
                  if lane.room > shares.get(lane.key, 0) and accounts.get(lane.account, 0) > 0]
         if not ready:
             break
-        lane = min(ready, key=lambda lane: lane.held + shares.get(lane.key, 0))  # the first in turn on ties
+        lane = min(ready, key=lambda lane: (lane.level + shares.get(lane.key, 0),  # the first in turn on ties
+                                            lane.held + shares.get(lane.key, 0)))
         shares[lane.key] = shares.get(lane.key, 0) + 1
         accounts[lane.account] -= 1
         free -= 1
@@ -301,21 +311,48 @@ def next_to_run(queued: Sequence[Queued], running: dict, served: dict | None = N
     return best
 
 
-def served_at_arrival(served: dict, running: dict, created: dict, batch: Hashable) -> int:
+def served_at_arrival(served: dict, running: dict, created: dict, batch: Hashable,
+                      ended_since: dict | None = None, left_with: int | None = None) -> int:
     """Where the count of starts (`served`: batch -> calls started in this pump) of `batch` begins when its
-    work arrives in a pump: at the least any batch already there had been served before its calls still
-    running, counting those only for batches created before it (`created`: batch -> when; two created at
-    the same moment arrived together; 0 when none is there). The calls running when it arrives are
-    service the older batches receive after its arrival, so a batch created later is owed that many starts
-    before the runners alternate: fair queuing by service since arrival. A batch created earlier (its work
-    merely reached this pump later) is owed nothing: it alternates at once. Never below the others' level
-    less their running calls: a batch that comes and goes is owed no more than what runs when it comes
-    back."""
+    work arrives in a pump: at the least any batch already there had been served before `batch` came,
+    counting as service after it only for batches created before it (`created`: batch -> when; two created
+    at the same moment arrived together; 0 when none is there) their calls still running and those that
+    ended since it came (`ended_since`: batch -> how many; see `arrival_moment`). Those calls are service
+    the older batches receive after its arrival, so a batch created later is owed that many starts before
+    the runners alternate: fair queuing by service since arrival. Its work reaches a pump a claim after it
+    was created, often once the calls running at its creation have ended: counted at the work's arrival
+    alone, a batch created as a wave of another's calls began was owed nothing for that wave. A batch
+    created earlier (its work merely reached this pump later) is owed nothing: it alternates at once. A
+    batch coming back (its work here ran out a moment, and its count went) starts no lower than the count it
+    `left_with`: leaving makes it owed nothing, and the starts the others are still owed stay theirs (at
+    the others' level, a large batch whose queued work a newcomer's had outrun took every other start
+    again)."""
     if not served:
-        return 0
+        return 0 if left_with is None else left_with
     mine = created.get(batch, 0)
-    return min(count - (running.get(other, 0) if created.get(other, 0) < mine else 0)
-               for other, count in served.items())
+    ended = ended_since or {}
+    level = min(count - ((running.get(other, 0) + ended.get(other, 0)) if created.get(other, 0) < mine else 0)
+                for other, count in served.items())
+    return level if left_with is None else max(level, left_with)
+
+
+def arrival_moment(created: float, now: float, first_here: bool, memory: float) -> float:
+    """When a batch whose work arrives in a pump now came, for `served_at_arrival`: when it was `created`, the
+    first time its work reaches this pump, but no further back than the pump remembers its calls' ends
+    (`memory` seconds: a batch whose work comes later than that waited for something else than the calls
+    it finds, and is owed at most those of the last `memory` seconds); `now` when it comes back (its work
+    here ran out and its count went): a batch that comes and goes is owed no more than what runs when it
+    comes back."""
+    return max(created, now - memory) if first_here else now
+
+
+def ended_since(ends: Iterable[tuple[float, Hashable]], since: float) -> dict:
+    """Per batch, how many of `ends` (when a call ended, its batch) came after `since`."""
+    out: dict = {}
+    for at, batch in ends:
+        if at > since:
+            out[batch] = out.get(batch, 0) + 1
+    return out
 
 
 def in_deficit_order(lanes: Sequence[LaneWant]) -> list[int]:
@@ -324,8 +361,18 @@ def in_deficit_order(lanes: Sequence[LaneWant]) -> list[int]:
     `lanes` are given). A batch that arrived late holds none while the others hold what they run and what
     was claimed ahead for them: it takes the turns until it holds as many, as the water-fill gives it slots,
     but a quantum at a time (turns in the ring's order alone gave it every other claim: half of the model
-    from the moment it was first claimed, a round late)."""
-    return sorted(range(len(lanes)), key=lambda i: lanes[i].held)
+    from the moment it was first claimed, a round late). In a pump's claim, the lowest `standing` first."""
+    return sorted(range(len(lanes)), key=lambda i: (lanes[i].level, lanes[i].held))
+
+
+def standing_in_pump(served: dict, queued: dict) -> dict:
+    """Where each batch with work in a pump stands for its next claim: its starts there (`served`, counted
+    from its arrival) and its requests queued there, which its runners start before any claimed now. A claim
+    gives its turns (or slots) to the lowest first, the work the runners would pick next: by the slots a
+    batch holds alone, a batch owed starts since its arrival (it holds as many as the others, or more, while
+    it takes them) lost its turn to a batch with fewer slots, and the runners, finding none of its work
+    queued, started the other's."""
+    return {batch: count + queued.get(batch, 0) for batch, count in served.items()}
 
 
 def should_claim(want: int, at: int, queued: int, idle: bool = False) -> bool:

@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 
 
 def created_us(batch: dict) -> int:
-    """When a batch was created, to the microsecond its list key holds (its `created_at` is in seconds, and a
-    batch created just after another is most often in the same second)."""
-    if batch.get("owner_sk"):
-        return owner_sort_created_us(batch["owner_sk"])
-    return int(batch.get("created_at", 0)) * 1_000_000
+    """When a batch came to the turns, in microseconds: when it was created, to the microsecond its list key
+    holds (its `created_at` is in seconds, and a batch created just after another is most often in the same
+    second); or, for a batch retried in place since, when it was retried (`retried_at`, in seconds): its
+    rejoin is an arrival, owed the calls the others run then as a new batch is."""
+    created = (owner_sort_created_us(batch["owner_sk"]) if batch.get("owner_sk")
+               else int(batch.get("created_at", 0)) * 1_000_000)
+    return max(created, int(batch.get("retried_at", 0)) * 1_000_000)
 
 
 class SlotPump:
@@ -86,6 +88,10 @@ class SlotPump:
         # batch id -> calls started here, counted from where its arrival put it (`policy.served_at_arrival`),
         # while it has work queued or running here.
         self.served: dict[str, int] = {}
+        # When this pump's recent calls ended (wall clock, as batches' creation times are) and their batch:
+        # the calls that ended since a newer batch was created are service the older ones had after it came.
+        self.ends: deque[tuple[float, str]] = deque(maxlen=1024)
+        self.left_with: dict[str, int] = {}  # batch id -> its count when its work here last ran out
         self.done_claiming = False
         self.drained = False  # the last claim found no work: what is queued is the end of it
         self.emptied: set[str] = set()  # batches whose lane on the model a claim here took the last of
@@ -297,6 +303,16 @@ class SlotPump:
     def _call_ended(self, member: Member) -> None:
         if self.calls_started.pop(id(member), None) is not None and member.run is not None:
             self.running_of[member.run.batch.get("id")] -= 1
+            self.ends.append((time.time(), member.run.batch.get("id")))
+            while self.ends[0][0] < time.time() - self._memory():
+                self.ends.popleft()
+
+    def _memory(self) -> float:
+        """How far back the ends of calls are remembered for a newcomer's arrival (`policy.arrival_moment`):
+        two calls and a claim's round trip. A batch's work reaches a pump that serves it a call and a claim
+        after its creation at most (the claim for a wave's end comes as it ends), some of it more on a busy
+        machine; a batch first seen later than that is owed only the calls of that time."""
+        return 2 * self.call_seconds + policy.claim_horizon(self.claim_seconds, self.config.soon_margin_seconds)
 
     def _take_next(self) -> Member:
         """The queued request a free runner starts (`policy.next_to_run`): the batches whose work is queued
@@ -500,7 +516,10 @@ class SlotPump:
         """Claim about `want` requests (never more than `most`) in the lease's slots and queue them; returns
         how many were queued."""
         try:
-            units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most)
+            # The turns go to the batches this pump's runners would start next (those owed starts here).
+            standing = policy.standing_in_pump(self.served, self.queued_of)
+            units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most,
+                                         standing)
         except (ConditionFailed, Throttled):
             return 0
         self.emptied |= self.dispatcher.emptied
@@ -535,10 +554,15 @@ class SlotPump:
         or retries alone) can leave idle runners asleep beside it until the deadline."""
         # A batch with nothing queued or running here has left: its count goes, and comes back with its work.
         for gone in [b for b in self.served if not self.queued_of[b] and not self.running_of[b]]:
-            del self.served[gone]
+            self.left_with[gone] = self.served.pop(gone)
         created = {batch_id: created_us(batch) for batch_id, batch in self.batches.items()}
+        now = time.time()
         for batch_id in {m.run.batch.get("id") for m in members if m.run is not None} - self.served.keys():
-            self.served[batch_id] = policy.served_at_arrival(self.served, self.running_of, created, batch_id)
+            came = policy.arrival_moment(created.get(batch_id, 0) / 1e6, now, batch_id not in self.left_with,
+                                         self._memory())
+            self.served[batch_id] = policy.served_at_arrival(self.served, self.running_of, created, batch_id,
+                                                             policy.ended_since(self.ends, came),
+                                                             self.left_with.pop(batch_id, None))
         self.queue.extend(members)
         self.queued_of.update(None if m.run is None else m.run.batch.get("id") for m in members)
         self.wake.set()
