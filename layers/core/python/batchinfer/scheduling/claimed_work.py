@@ -5,8 +5,9 @@ outcomes come in, and a claimed request as it waits in the pump's queue for a sl
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..catalog import Model
 from ..domain import Attempt
@@ -30,6 +31,10 @@ class RunsRequests(Protocol):
         """Close a group that must not run now (its batch stopped, its owner lost access, ...): what happened
         to its members, or an empty Counter when it may run. `account_read`: (day, account, usage) as the
         claim that made the group has just read them, so the checks need not read them again."""
+
+    def start_or_close(self, group: dict, starts: Callable[..., Any]) -> Any:
+        """Start a dispatched group with `starts(svc, group)` (what it returns), or close it when its batch
+        refuses the start after a fresh look; a Counter of what happened instead."""
 
     def bodies(self, group: dict) -> list[dict]:
         """The group members' request bodies."""

@@ -151,10 +151,10 @@ class SlotPump:
         decided = await asyncio.to_thread(self.requests.close_without_running, group, batch)
         if decided:
             return decided
-        try:
-            running, lease = await asyncio.to_thread(start_group_in_lease, svc, group)
-        except ConditionFailed:  # the batch stopped (or its window closed) since the check
-            return await asyncio.to_thread(self.requests.close_without_running, group, None) or Counter(stale=1)
+        started = await asyncio.to_thread(self.requests.start_or_close, group, start_group_in_lease)
+        if isinstance(started, Counter):
+            return started
+        running, lease = started
         self.held.adopt(lease, len(running["positions"]))
         await self._queue_group(running, batch)
         return None
