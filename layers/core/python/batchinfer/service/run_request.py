@@ -86,8 +86,9 @@ def _precheck(svc: Services, req: dict, batch: dict, account_read: tuple | None 
         return not_run(Stop(batch["stop"]))
     if never_ran and now >= batch["expires_at"]:  # the completion window stops requests from starting
         return not_run(_stopped(svc, batch, Stop.EXPIRE))
-    if batch.get("paused_at"):  # back to waiting, holding no slot, until a resume (or the window's end)
-        return Settlement(to=RequestState.WAITING, retry_at=paused_until(batch, now), error=req.get("error")), None
+    if batch.get("paused_at"):  # back to waiting, holding no slot, put off until a resume (or the window's end)
+        return Settlement(to=RequestState.WAITING, retry_at=paused_until(batch, now), error=req.get("error"),
+                          uncounted=True), None
     day = utc_day(now)
     if account_read is not None and account_read[0] == day and account_read[1] is not None:
         _, account, usage = account_read
