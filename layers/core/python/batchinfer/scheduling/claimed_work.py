@@ -48,6 +48,10 @@ class RunsRequests(Protocol):
     def close_group(self, group: dict, written: list[dict], handed_back: tuple[dict, ...]) -> None:
         """Close a group whose members were all written or handed back (ConditionFailed: recovered)."""
 
+    def stop_at_cap(self, batch_id: str) -> None:
+        """Stop a capped batch that can start nothing more (its next request does not fit, nothing of it
+        runs), and settle it."""
+
     def settle_batch(self, batch_id: str) -> None:
         """Give a batch whose last claimed work is done its final status, if it has one now."""
 

@@ -77,6 +77,8 @@ class ClaimScope:
     running: bool = False
     batches_seen: dict[str, dict] = field(default_factory=dict)
     emptied: set[str] = field(default_factory=set)  # batches whose lane this claim took the last of
+    # Capped batches whose lane's next request does not fit the cap while nothing of them runs, as read.
+    at_cap: set[str] = field(default_factory=set)
 
 
 class Lanes:
@@ -252,7 +254,9 @@ class Lanes:
         positions = self._positions(batch, model.id, lane_next, k)
         if batch.get("max_cost_usd") is not None:
             positions = within_cap(batch, model, positions)
-            if not positions:  # the next one waits for what runs to settle (or the sweeper stops the batch)
+            if not positions:  # the next one waits for what runs to settle; with nothing running, it stops
+                if int(batch.get("in_flight", 0)) == 0:
+                    scope.at_cap.add(batch["id"])
                 return []
         if parts is not None and len(positions) < k:
             parts = scope.draws.split(len(positions))

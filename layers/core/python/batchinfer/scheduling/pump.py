@@ -101,7 +101,7 @@ class SlotPump:
         self.answered = False  # a call has answered here: `call_seconds` is measured, not the first guess
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
-        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
+        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=requests.stop_at_cap)
         self.key: str | None = None
         # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
         # (nor those behind the rest of the process) for a thread of the shared pool.
@@ -504,6 +504,7 @@ class SlotPump:
         except (ConditionFailed, Throttled):
             return 0
         self.emptied |= self.dispatcher.emptied
+        await self._writing(self.dispatcher.stop_those_at_cap)
         queued = 0
         for unit in units:
             if "positions" not in unit:

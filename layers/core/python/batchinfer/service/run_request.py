@@ -51,7 +51,7 @@ from ..scheduling.config import scheduler_config
 from ..scheduling.pump import SlotPump
 from ..storage.dynamo import ConditionFailed
 from ..storage.secrets import BackendKeyNotSet
-from . import inference, pausing
+from . import inference, pausing, spending_cap
 from .accounts import key_problem, may_use_model
 from .inference import backend_key
 from .lifecycle import settle_batch, stop_batch
@@ -251,6 +251,7 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
         # unknown and put the request back, so this answer is dropped rather than recorded twice.
         log.warning("request %s/%s lost its lease before its outcome was recorded", batch_id, index)
         return "lease_lost"
+    await asyncio.to_thread(_after_capped_settle, svc, running)
     return outcome.to.value
 
 
@@ -370,7 +371,16 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
         await asyncio.to_thread(close_group, svc, running, items)
     except ConditionFailed:  # recovered meanwhile: the sweeper counted these outcomes from their items
         return Counter(lease_lost=len(ran))
+    await asyncio.to_thread(_after_capped_settle, svc, running)
     return Counter(item["state"] for item in items)
+
+
+def _after_capped_settle(svc: Services, unit: dict) -> None:
+    """A settled request or group of a batch with a spending cap (its claim committed a worst case): if
+    nothing of the batch runs now and its next request cannot fit, it stops here rather than at the
+    sweeper's next look."""
+    if unit.get("worst_usd") is not None:
+        spending_cap.stop_if_reached(svc, unit["batch_id"])
 
 
 def _record(svc: Services, group: dict, position: list, model: Model, attempt: Attempt) -> dict | None:
@@ -419,6 +429,10 @@ class BatchRequests:
 
     def close_group(self, group: dict, written: list[dict], handed_back: tuple[dict, ...]) -> None:
         close_group(self.svc, group, written, handed_back)
+        _after_capped_settle(self.svc, group)
+
+    def stop_at_cap(self, batch_id: str) -> None:
+        spending_cap.stop_if_reached(self.svc, batch_id)
 
     def settle_batch(self, batch_id: str) -> None:
         settle_batch(self.svc, batch_id)
