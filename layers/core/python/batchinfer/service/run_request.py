@@ -49,7 +49,7 @@ from ..runtime import Services
 from ..scheduling.capacity import backend_said_429, over_cap
 from ..scheduling.config import scheduler_config
 from ..scheduling.pump import SlotPump
-from ..storage.dynamo import ConditionFailed
+from ..storage.dynamo import ConditionFailed, Throttled
 from ..storage.secrets import BackendKeyNotSet
 from . import inference, pausing, spending_cap
 from .accounts import key_problem, may_use_model
@@ -380,7 +380,10 @@ def _after_capped_settle(svc: Services, unit: dict) -> None:
     nothing of the batch runs now and its next request cannot fit, it stops here rather than at the
     sweeper's next look."""
     if unit.get("worst_usd") is not None:
-        spending_cap.stop_if_reached(svc, unit["batch_id"])
+        try:
+            spending_cap.stop_if_reached(svc, unit["batch_id"])
+        except Throttled:  # what settled stays settled; the sweeper's next look stops the batch
+            log.warning("throttled while looking at batch %s's spending cap", unit["batch_id"])
 
 
 def _record(svc: Services, group: dict, position: list, model: Model, attempt: Attempt) -> dict | None:
