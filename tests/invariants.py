@@ -12,7 +12,7 @@ import json
 import math
 
 from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState, Stop, final_status, unstarted_stop
-from batchinfer.layout import account_key, batch_key, file_key, file_object, requests_object
+from batchinfer.layout import account_key, batch_key, file_key, file_object, requests_object, retry_due
 from batchinfer.protocols import anthropic, of_batch
 from batchinfer.protocols.anthropic import message_batches, shapes
 from batchinfer.protocols.openai import batches
@@ -32,6 +32,22 @@ def budget_of(svc: Services, model_id: str) -> dict:
     model = svc.catalog.lookup(model_id)
     shards = capacity.budget_shards(svc, model) if model else 1
     return Budget.get(svc.table, model_id, True, shards)
+
+
+def counted_waiting(svc: Services, model_id: str) -> list[dict]:
+    """The model's requests (of every batch) waiting for a retry and in its `waiting` count: each waiting item
+    but those a pause put off (`uncounted`)."""
+    keys = svc.table.query_all("due_pk = :d", {":d": retry_due(model_id)}, index="by_due")
+    items = [svc.table.get(k["pk"], k["sk"]) for k in keys]
+    return [i for i in items if i and i["state"] == RequestState.WAITING.value and not i.get("uncounted")]
+
+
+def assert_waiting_count(svc: Services, model_id: str) -> None:
+    """The model's `waiting` count, summed over its budget shards, is exactly its counted waiting requests."""
+    waiting = budget_of(svc, model_id).get("waiting", 0)
+    counted = counted_waiting(svc, model_id)
+    assert waiting == len(counted), (f"model {model_id} waiting count {waiting}, requests waiting and counted "
+                                     f"{len(counted)}", [(i["batch_id"], i["index"]) for i in counted])
 
 
 def _close(a: float, b: float) -> bool:
@@ -217,7 +233,8 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
             assert result["status"] != "cancelled"
         if status != "expired" and not batch.get("retry_count"):
             assert result["status"] != "expired"
-        if stop is None:
+        earlier = batch.get("retry_count") and item is not None and item["state"] == RequestState.UNSTARTED.value
+        if stop is None and not earlier:  # a retried batch's never-run items keep their earlier run's fate
             assert result["status"] in ("completed", "failed"), result
 
     if batch.get("input_file_id") and not batch.get("errors"):
@@ -281,6 +298,8 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         lanes = list(svc.table.query_all("pk = :pk AND begins_with(sk, :l)",
                                          {":pk": f"MODEL#{model_id}", ":l": "LANE#"}, consistent=True))
         assert not [lane for lane in lanes if lane["batch_id"] == batch_id], f"lane of {model_id} left behind"
+    for model_id in batch["lanes"]:
+        assert_waiting_count(svc, model_id)
     account = svc.table.get(*account_key(batch["account_id"]))
     assert account.get("in_flight", 0) == 0, f"account in_flight {account.get('in_flight')}"
 

@@ -6,6 +6,7 @@ from batchinfer.catalog import METRIC_REQUESTS_DISPATCHED
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.scheduling.dispatcher import Dispatcher
+from batchinfer.service.spending_cap import stop_if_reached
 
 # A pass that starts just before the loop ends must finish (and the metrics flush) inside the invocation.
 STOP_BEFORE_TIMEOUT_SECONDS = 10
@@ -24,6 +25,8 @@ def loop_seconds(event: object, context: object, configured: float) -> float:
 @tracer.capture_lambda_handler
 def handler(event: dict, context: object) -> dict:
     svc = services()
-    sent = Dispatcher(svc).run(loop_seconds(event, context, svc.settings.dispatcher_loop_seconds))
+    # A capped batch its claims find can start nothing more stops (and settles) at once.
+    dispatcher = Dispatcher(svc, stop_at_cap=lambda batch_id: stop_if_reached(svc, batch_id))
+    sent = dispatcher.run(loop_seconds(event, context, svc.settings.dispatcher_loop_seconds))
     metrics.add_metric(name=METRIC_REQUESTS_DISPATCHED, unit=MetricUnit.Count, value=sent)
     return {"dispatched": sent}

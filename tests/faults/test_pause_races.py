@@ -6,6 +6,7 @@ doubled, every slot given back, counts and costs adding up."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -14,6 +15,7 @@ from batchinfer.errors import Conflict
 from batchinfer.records import Batch, Budget, Request
 from batchinfer.scheduling import dispatcher as claim_pass
 from batchinfer.scheduling import lanes
+from batchinfer.scheduling import pump as slot_pumps
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import pausing, run_request
 from batchinfer.service.accounts import authenticate
@@ -24,6 +26,7 @@ from tests.faults.harness import (
     configure,
     get_batch,
     pump,
+    receive,
     requests_by_custom_id,
     results_by_custom_id,
     run_pump,
@@ -190,8 +193,8 @@ def test_resume_after_the_sweeper_expired_the_paused_batch_is_refused(svc, sim_c
 
 def test_a_workers_stale_look_at_a_paused_batch_racing_its_resume_leaves_nothing_put_off(svc, sim_control):
     """A worker read the batch paused; the resume committed and looked for waiting requests before the worker
-    put its group back to wait: the worker sees the resume after its write and makes them due again, so
-    they run now rather than at the window's end."""
+    put its group back to wait: the put-back is fenced on the batch still paused, so it is refused, and the
+    worker, reading the batch again, runs the group now rather than at the window's end."""
     configure(svc, lease_seconds=3600)
     who, batch_id, requests = new_batch(svc, 3)
     model = svc.catalog.get(GLM)
@@ -200,10 +203,8 @@ def test_a_workers_stale_look_at_a_paused_batch_racing_its_resume_leaves_nothing
     pausing.resume(svc, get_batch(svc, batch_id))
     for group in groups:
         asyncio.run(run_request.process(svc, ledger.queue_message(group), batch=stale))
-    waiting = requests_by_custom_id(svc, batch_id)
-    assert {r["state"] for r in waiting.values()} == {"waiting"}
-    assert all(r["due_at"] <= svc.now() for r in waiting.values()), waiting
-    assert Batch.get(svc.table, batch_id)["in_flight"] == 0
+    assert {r["state"] for r in requests_by_custom_id(svc, batch_id).values()} == {"completed"}
+    assert Batch.get(svc.table, batch_id)["in_flight"] == 0 and budget_of(svc, GLM)["waiting"] == 0
     final = pump(svc, batch_id)
     assert final["status"] == "completed"
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
@@ -329,3 +330,147 @@ def test_a_walker_dying_midway_leaves_the_rest_to_the_sweeper(svc, sim_control, 
     svc.clock.advance(5)
     assert pump(svc, batch_id)["status"] == "completed" and budget_of(svc, GLM)["waiting"] == 0
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def pause_and_resume_around_the_start(svc, batch_id: str, real):
+    """A start that a pause refuses, and whose batch is resumed before the worker looks again: the pause
+    commits before the start's transaction, the resume right after it (one round trip of the worker)."""
+    raced = []
+
+    def refused_then_resumed(*args, **kwargs):
+        if raced:
+            return real(*args, **kwargs)
+        raced.append(pausing.pause(svc, get_batch(svc, batch_id)))
+        try:
+            return real(*args, **kwargs)
+        finally:
+            raced.append(pausing.resume(svc, get_batch(svc, batch_id)))
+
+    return raced, refused_then_resumed
+
+
+def test_a_start_refused_by_a_pause_and_resume_in_one_round_trip_starts_again(svc, sim_control, monkeypatch):
+    """The worker checked the batch, a pause refused its start, the batch was resumed before the worker read it
+    again: the group is still dispatched with the message's token and its batch runs, so the worker starts it
+    again at once rather than leaving it dispatched until its lease runs out."""
+    configure(svc, lease_seconds=3600)
+    who, batch_id, requests = new_batch(svc, 3)
+    assert Dispatcher(svc).pass_once() == 3
+    raced, start = pause_and_resume_around_the_start(svc, batch_id, run_request.start_group)
+    monkeypatch.setattr(run_request, "start_group", start)
+    run_queued(svc)
+    assert len(raced) == 2
+    assert {r["state"] for r in requests_by_custom_id(svc, batch_id).values()} == {"completed"}
+    assert_nothing_held(svc, batch_id)
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 3
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 3
+
+
+def test_a_pump_adopting_a_group_starts_it_again_after_a_pause_and_resume(svc, sim_control, monkeypatch):
+    """The same race where a worker's slot pump adopts the queued group (its slots become the pump's lease)."""
+    configure(svc, lease_seconds=3600)
+    who, batch_id, requests = new_batch(svc, 3)
+    assert Dispatcher(svc).pass_once() == 3
+    raced, start = pause_and_resume_around_the_start(svc, batch_id, slot_pumps.start_group_in_lease)
+    monkeypatch.setattr(slot_pumps, "start_group_in_lease", start)
+    (message,) = receive(svc, GLM)
+
+    async def adopt_and_run():
+        worker = run_request.slot_pump(svc, svc.catalog.get(GLM), time.monotonic() + 20)
+        assert await worker.adopt(json.loads(message["Body"])) is None  # adopted: started in the pump's lease
+        return await worker.run(3)
+
+    asyncio.run(adopt_and_run())
+    assert len(raced) == 2
+    assert {r["state"] for r in requests_by_custom_id(svc, batch_id).values()} == {"completed"}
+    assert_nothing_held(svc, batch_id)
+    assert slot_leases(svc) == [] and budget_in_flight(svc) == 0
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 3
+
+
+def test_a_retrys_start_refused_by_a_pause_and_resume_in_one_round_trip_starts_again(svc, sim_control,
+                                                                                      monkeypatch):
+    """The same race on a retry's start (one request dispatched again)."""
+    configure(svc, lease_seconds=3600)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("flaky", "[[sim:flaky:1:500]] round trip")]
+    batch_id = submit(svc, who, requests)
+    assert Dispatcher(svc).pass_once() == 1
+    run_queued(svc)
+    svc.clock.advance(5)
+    assert Dispatcher(svc).pass_once() == 1  # the retry, dispatched
+    raced, start = pause_and_resume_around_the_start(svc, batch_id, run_request.start)
+    monkeypatch.setattr(run_request, "start", start)
+    run_queued(svc)
+    assert len(raced) == 2
+    flaky = requests_by_custom_id(svc, batch_id)["flaky"]
+    assert flaky["state"] == "completed" and flaky["attempt"] == 2
+    assert_nothing_held(svc, batch_id)
+    assert pump(svc, batch_id)["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, ["flaky"])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 2
+
+
+def test_a_worker_dying_right_after_putting_a_group_back_while_paused_leaves_the_count_right(svc, sim_control,
+                                                                                            monkeypatch):
+    """A worker finds the batch paused and puts its group back to wait, then dies before any other write: the
+    requests are out of the model's `waiting` count from that write on (put off in it, fenced on the pause),
+    so nothing is left for a later step to fix. Resumed, they run once and the count comes back to zero."""
+    configure(svc, lease_seconds=3600)
+    who, batch_id, requests = new_batch(svc, 3)
+    assert Dispatcher(svc).pass_once() == 3
+    pausing.pause(svc, get_batch(svc, batch_id))
+
+    def dies(*args, **kwargs):
+        raise TimeoutError("the invocation ran out of time")
+
+    monkeypatch.setattr(pausing, "after_wait", dies)
+    reports = run_queued(svc)
+    assert reports and all(r["failed"] or r["raised"] for r in reports)  # the record died after the write
+    monkeypatch.undo()
+    waiting = requests_by_custom_id(svc, batch_id)
+    assert {r["state"] for r in waiting.values()} == {"waiting"} and put_off(svc, batch_id) == [True] * 3
+    assert budget_of(svc, GLM)["waiting"] == 0
+    assert_nothing_held(svc, batch_id)
+    run_queued(svc)  # the message again: the group is gone, nothing moves
+    sweep_once(svc)
+    assert budget_of(svc, GLM)["waiting"] == 0 and put_off(svc, batch_id) == [True] * 3
+    pausing.resume(svc, get_batch(svc, batch_id))
+    assert budget_of(svc, GLM)["waiting"] == 3 and put_off(svc, batch_id) == [False] * 3
+    assert pump(svc, batch_id)["status"] == "completed" and budget_of(svc, GLM)["waiting"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 3
+
+
+def test_a_worker_dying_right_after_putting_a_retry_back_while_paused_leaves_the_count_right(svc, sim_control,
+                                                                                            monkeypatch):
+    """The same on a retry's path (one request dispatched again, put back because its batch was paused)."""
+    configure(svc, lease_seconds=3600)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request("flaky", "[[sim:flaky:1:500]] dying")])
+    assert Dispatcher(svc).pass_once() == 1
+    run_queued(svc)
+    svc.clock.advance(5)
+    assert Dispatcher(svc).pass_once() == 1 and budget_of(svc, GLM)["waiting"] == 0  # the retry, dispatched
+    pausing.pause(svc, get_batch(svc, batch_id))
+
+    def dies(*args, **kwargs):
+        raise TimeoutError("the invocation ran out of time")
+
+    monkeypatch.setattr(pausing, "after_wait", dies)
+    run_queued(svc)
+    monkeypatch.undo()
+    assert put_off(svc, batch_id) == [True] and budget_of(svc, GLM)["waiting"] == 0
+    assert_nothing_held(svc, batch_id)
+    pausing.resume(svc, get_batch(svc, batch_id))
+    assert budget_of(svc, GLM)["waiting"] == 1
+    assert pump(svc, batch_id)["status"] == "completed" and budget_of(svc, GLM)["waiting"] == 0
+    assert_ledger_consistent(svc, batch_id, who, ["flaky"])

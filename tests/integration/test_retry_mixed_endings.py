@@ -155,3 +155,43 @@ def test_a_large_batch_files_its_never_dispatched_requests_over_several_calls(ap
     final = finish(svc, batch["id"])
     assert final["status"] == "expired" and final["completed"] == 1
     assert_ledger_consistent(svc, batch["id"], authenticate(svc, key), ids)
+
+
+def test_a_later_retry_keeps_the_fate_of_the_never_dispatched_requests_filed_by_an_earlier_one(api, svc):
+    """Cancelled with most requests never dispatched, retried by custom id (which stores every never-dispatched
+    request as an unstarted item, with the cancel's fate), then retried again naming another: the second run
+    ends without a stop of its own, and the requests neither retry took still show as cancelled, and so does
+    the batch."""
+    _, key = new_key(svc, tier="free")
+    batch, never = cancelled_early(api, svc, key)
+    ok(retry(api, key, batch["id"], {"custom_ids": [never[0], never[1]]}))
+    assert finish(svc, batch["id"])["status"] == "cancelled"
+    ok(retry(api, key, batch["id"], {"custom_ids": [never[2]]}))
+    final = finish(svc, batch["id"])
+    assert final["status"] == "cancelled"
+    shown = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+    assert shown["status"] == "cancelled" and shown["cancelled_at"] is not None
+    assert shown["request_counts"] == {"total": len(IDS) - 1, "completed": len(IDS) - 1 - (len(never) - 3),
+                                       "failed": 0}
+    after = by_id(api, key, batch["id"])
+    assert [after[c]["status"] for c in never[:3]] == ["completed"] * 3
+    assert all(after[c]["status"] == "cancelled" for c in never[3:])
+    assert_ledger_consistent(svc, batch["id"], authenticate(svc, key), IDS[1:])
+
+
+def test_a_later_retry_of_a_message_batch_keeps_its_filed_never_dispatched_requests_canceled(messages):
+    client, services = messages
+    created, never = cancelled_with_one_failed(client, services)
+    ok(client("POST", f"/{created['id']}/retry", json_body={"custom_ids": [never[0]]}))
+    finish(services, created["id"])
+    ok(client("POST", f"/{created['id']}/retry", json_body={"custom_ids": ["flaky", never[1]]}))
+    finish(services, created["id"])
+    ended = ok(client("GET", f"/{created['id']}"))
+    assert ended["processing_status"] == "ended"
+    types = {r["custom_id"]: r["result"]["type"] for r in client.results(created["id"])}
+    assert types[never[0]] == types[never[1]] == "succeeded"
+    assert all(types[c] == "canceled" for c in never[2:])
+    assert types["flaky"] == "succeeded"  # it fails once only
+    assert ended["request_counts"] == {"processing": 0, "succeeded": len(IDS) - len(never) + 2,
+                                       "errored": 0, "canceled": len(never) - 2, "expired": 0}
+    assert_ledger_consistent(services, created["id"], authenticate(services, client.key), IDS)

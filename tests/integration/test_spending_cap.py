@@ -191,3 +191,66 @@ def test_a_retry_cannot_add_a_cap_to_a_batch_made_without_one(api, svc):
     ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key))
     error(api("POST", f"/v1/batches/{batch['id']}/retry", key, json_body={"max_cost_usd": 1.0}), 400,
           "without a spending cap", param="max_cost_usd")
+
+
+def dispatch_and_work(svc) -> None:
+    """The dispatcher's and the workers' handlers, one round: no sweeper runs."""
+    from local.lambda_runtime import invoke, sqs_event
+
+    invoke("dispatcher", {"seconds": 0})  # one claim pass
+    sqs = svc.queues.sqs
+    for url in svc.queues.urls.values():
+        arn = "arn:aws:sqs:us-east-1:000000000000:" + url.rsplit("/", 1)[-1]
+        while got := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1).get("Messages", []):
+            assert invoke("worker", sqs_event(arn, got)).get("batchItemFailures", []) == []
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
+
+
+def test_the_settle_that_leaves_the_cap_unreachable_stops_the_batch_without_the_sweeper(api, svc, sim_control,
+                                                                                       monkeypatch):
+    """What runs settles and the next request's worst case no longer fits beside what was spent: the batch
+    ends `cancelled` with `max_cost_reached` from the dispatcher's and workers' own steps, no sweeper pass."""
+    from batchinfer.service import sweep
+
+    monkeypatch.setattr(sweep, "sweep_once", lambda *a, **k: pytest.fail("the sweeper ran"))
+    account, key = new_key(svc)
+    requests = capped_requests(30)
+    worst = max(worst_case(svc, r) for r in requests)
+    cap = 3.5 * worst
+    batch = ok(api("POST", "/v1/batches", key, json_body={"requests": requests, "max_cost_usd": cap}))
+    for _ in range(40):
+        dispatch_and_work(svc)
+        shown = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+        if shown["status"] == "cancelled":
+            break
+    assert shown["status"] == "cancelled" and shown["error"]["code"] == "max_cost_reached", shown
+    assert shown["cancelled_at"] is not None and shown["cost_usd"] + worst > cap - 1e-9
+    counts = shown["request_counts"]
+    assert 3 < counts["completed"] < 30 and counts["failed"] == 0, counts
+    assert sim_requests(sim_control) == counts["completed"]
+    assert_ledger_consistent(svc, batch["id"], Principal(key_hash="", account=account))
+
+
+def test_a_claim_finding_nothing_can_fit_stops_the_batch_at_once(api, svc, sim_control):
+    """Not even the first request's worst case fits the cap: the dispatcher's first claim stops the batch
+    (nothing of it runs) and it ends `cancelled` with `max_cost_reached`, every request unstarted, on both APIs."""
+    account, key = new_key(svc)
+    requests = capped_requests(3)
+    cap = worst_case(svc, requests[0]) / 2
+    batch = ok(api("POST", "/v1/batches", key, json_body={"requests": requests, "max_cost_usd": cap}))
+    messages = Messages(api, key)
+    capped = ok(messages("POST", json_body={"requests": [entry(f"m-{i}") for i in range(3)], "max_cost_usd": 1e-9}))
+    from local.lambda_runtime import invoke
+
+    invoke("dispatcher", {"seconds": 0})
+    shown = ok(api("GET", f"/v1/batches/{batch['id']}", key))
+    assert shown["status"] == "cancelled" and shown["error"]["code"] == "max_cost_reached", shown
+    assert shown["request_counts"] == {"total": 3, "completed": 0, "failed": 0}
+    results = ok(api("GET", f"/v1/batches/{batch['id']}/results", key))["data"]
+    assert [r["status"] for r in results] == ["cancelled"] * 3
+    ended = ok(messages("GET", f"/{capped['id']}"))
+    assert ended["processing_status"] == "ended" and ended["error"]["code"] == "max_cost_reached", ended
+    assert ended["request_counts"]["canceled"] == 3
+    assert {line["result"]["type"] for line in messages.results(capped["id"])} == {"canceled"}
+    assert sim_requests(sim_control) == 0
+    assert_ledger_consistent(svc, batch["id"], Principal(key_hash="", account=account))

@@ -86,6 +86,10 @@ class Settlement:
     committed_usd: float = 0.0  # what it gives back of its batch's committed worst case (spending.settled_delta)
     extra: dict = field(default_factory=dict)
     attempt: dict | None = None  # the attempt it ends, for the batch's analytics (records.analytics.attempt_tally)
+    # WAITING because its batch is paused: put off from the start (`Request.put_off`), out of its model's
+    # `waiting` count, in the write that puts it back, fenced on the batch still paused; so that a worker
+    # dying after that write leaves no count to fix.
+    uncounted: bool = False
 
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
@@ -138,15 +142,18 @@ class Moves:
         # `waiting` counts requests waiting for a retry, so that dispatchers only look for due retries
         # when there are any.
         if outcome.to is RequestState.WAITING and was is not RequestState.WAITING:
-            bump(self.model, "waiting", 1)
+            if not outcome.uncounted:
+                bump(self.model, "waiting", 1)
         elif was is RequestState.WAITING and outcome.to is not RequestState.WAITING and counted:
             bump(self.model, "waiting", -1)
 
     def ops(self, svc: Services, batch_id: str, model_id: str, account_id: str,
-            shards: dict[int, int] | None = None) -> list[dict]:
-        """`shards`: how many of the requests' own slots came from which budget shard (they go back there)."""
+            shards: dict[int, int] | None = None, still_paused: bool = False) -> list[dict]:
+        """`shards`: how many of the requests' own slots came from which budget shard (they go back there);
+        `still_paused`: the batch's write is fenced on it still being paused (`Settlement.uncounted`)."""
         t = svc.table
-        ops = [analytics.add_with_finish(t, batch_id, self.batch, svc.now() if self.answered else None)]
+        ops = [analytics.add_with_finish(t, batch_id, self.batch, svc.now() if self.answered else None,
+                                         Batch.STILL_PAUSED if still_paused else None)]
         counters = dict(self.model)
         back = -int(counters.pop("in_flight", 0))
         parts = dict(shards) if shards else {0: back}
@@ -171,7 +178,10 @@ def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | No
     fields = {name: value for name in ("error", "response", "response_object")
               if (value := getattr(outcome, name)) is not None}
     token = new_token()
-    ops = [Request.move(svc.table, req, outcome.to, token, now, due=due, fields=fields, extra=outcome.extra)]
+    extra = outcome.extra
+    if outcome.uncounted:
+        extra = {**extra, "uncounted": True}
+    ops = [Request.move(svc.table, req, outcome.to, token, now, due=due, fields=fields, extra=extra)]
     if req.get("worst_usd") is not None and req["state"] in (RequestState.DISPATCHED.value,
                                                              RequestState.RUNNING.value):
         # Its claim committed its worst case against the batch's cap: the settle gives back what it did not spend.
@@ -183,7 +193,8 @@ def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | No
               counted=not req.get("uncounted"))
     # A final outcome joins the batch's finished-order log in the transaction that counts it.
     transact_counted(svc.table, req["batch_id"], ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
-                                                                 {int(req.get("budget_shard", 0)): 1}),
+                                                                 {int(req.get("budget_shard", 0)): 1},
+                                                                 still_paused=outcome.uncounted),
                      finished_members([{**req, "state": outcome.to.value, "token": token}]), now, req.get("ttl"))
 
 
@@ -320,6 +331,8 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
     if outcome.to is RequestState.WAITING:
         item["due_pk"], item["due_at"] = retry_due(group["model"]), outcome.retry_at or now
     tally = {name: value for name in TALLIED if (value := getattr(outcome, name))}
+    if outcome.to is RequestState.WAITING and outcome.uncounted:
+        item["uncounted"] = tally["uncounted"] = True
     if group.get("worst_usd") is not None:  # its batch has a spending cap: what the claim committed comes back
         worst = float(group["worst_usd"][[p[0] for p in group["positions"]].index(index)])
         item["worst_usd"] = worst  # committed again if it is retried
@@ -335,7 +348,7 @@ def tallied(item: RequestItem) -> tuple[Settlement, Stop | None]:
     tally = item["tally"]
     stop = Stop(tally["stop"]) if tally.get("stop") else None
     return Settlement(to=RequestState(tally["to"]), **{k: tally[k] for k in TALLIED if k in tally},
-                      attempt=tally.get("attempt")), stop
+                      attempt=tally.get("attempt"), uncounted=bool(tally.get("uncounted"))), stop
 
 
 def record_position(svc: Services, item: RequestItem) -> None:
@@ -355,8 +368,10 @@ def close_group(svc: Services, group: GroupItem, written: list[RequestItem],
         outcome, stop = tallied(item)
         moves.add(RequestState(group["state"]), outcome, stop, leased=bool(group.get("slot_lease")))
     # Its members' final outcomes join the batch's finished-order log in the same transaction.
+    # Members put off because the batch is paused: while it still is.
+    paused = any(item.get("uncounted") for item in new)
     transact_counted(t, group["batch_id"], ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"],
-                                                           group_shards(group)),
+                                                           group_shards(group), still_paused=paused),
                      finished_members((*written, *new)), svc.now(), group.get("item_ttl"))
 
 

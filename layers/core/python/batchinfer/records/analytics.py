@@ -98,15 +98,17 @@ def counters(tally: dict, finished: bool) -> dict[str, int]:
     return moved
 
 
-def add_with_finish(t: Table, batch_id: str, moved: dict[str, float], finished_at: int | None) -> Op | None:
+def add_with_finish(t: Table, batch_id: str, moved: dict[str, float], finished_at: int | None,
+                    condition: str | None = None) -> Op | None:
     """The batch's counters as `Batch.add` adds them, and, when an answered attempt ended, its
-    `an_last_finished_at` set in the same update."""
+    `an_last_finished_at` set in the same update; `condition`: what the batch must satisfy."""
     if finished_at is None:
-        return _add_op(t, batch_key(batch_id), moved)
+        return _add_op(t, batch_key(batch_id), moved, condition)
     moved = {k: v for k, v in moved.items() if v}
     adds = " ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in moved) if moved else ""
     return t.op_update(*batch_key(batch_id), f"SET {LAST_FINISHED_AT} = :an_last" + adds,
-                       vals={":an_last": finished_at, **{f":{k.lstrip('#')}": v for k, v in moved.items()}})
+                       vals={":an_last": finished_at, **{f":{k.lstrip('#')}": v for k, v in moved.items()}},
+                       condition=condition)
 
 
 def add_idle(t: Table, batch_id: str, seconds: int, until: int) -> None:

@@ -206,7 +206,10 @@ class Batch:
     @staticmethod
     def still_paused(t: Table, batch_id: str) -> Op:
         """The check a write made because the batch is paused makes: it still is."""
-        return t.op_check(*batch_key(batch_id), "attribute_exists(paused_at) AND attribute_not_exists(#stop)")
+        return t.op_check(*batch_key(batch_id), Batch.STILL_PAUSED)
+
+    # The same check, as the condition of a write to the batch in that transaction (one op per item).
+    STILL_PAUSED = "attribute_exists(paused_at) AND attribute_not_exists(#stop)"
 
     @staticmethod
     def add(t: Table, batch_id: str, counters: dict[str, float]) -> Op | None:

@@ -14,13 +14,15 @@ def _in(name: str, statuses: frozenset) -> tuple[str, dict]:
     return f"#{name} IN ({', '.join(vals)})", vals
 
 
-def _add_op(t: Table, key: tuple[str, str], counters: dict[str, float]) -> Op | None:
-    """`ADD a :a, b :b` for the non-zero counters (`#open` is a reserved word, hence the alias), or None."""
+def _add_op(t: Table, key: tuple[str, str], counters: dict[str, float], condition: str | None = None
+            ) -> Op | None:
+    """`ADD a :a, b :b` for the non-zero counters (`#open` is a reserved word, hence the alias), or None;
+    `condition`: what the item must satisfy (a check alone when no counter moves)."""
     counters = {k: v for k, v in counters.items() if v}
     if not counters:
-        return None
+        return t.op_check(*key, condition) if condition else None
     return t.op_update(*key, "ADD " + ", ".join(f"{k} :{k.lstrip('#')}" for k in counters),
-                       vals={f":{k.lstrip('#')}": v for k, v in counters.items()})
+                       vals={f":{k.lstrip('#')}": v for k, v in counters.items()}, condition=condition)
 
 
 def due_in(t: Table, partitions: tuple[str, ...], now: int, limit: int) -> list[dict]:

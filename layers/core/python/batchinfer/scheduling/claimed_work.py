@@ -5,8 +5,9 @@ outcomes come in, and a claimed request as it waits in the pump's queue for a sl
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..catalog import Model
 from ..domain import Attempt
@@ -31,6 +32,10 @@ class RunsRequests(Protocol):
         to its members, or an empty Counter when it may run. `account_read`: (day, account, usage) as the
         claim that made the group has just read them, so the checks need not read them again."""
 
+    def start_or_close(self, group: dict, starts: Callable[..., Any]) -> Any:
+        """Start a dispatched group with `starts(svc, group)` (what it returns), or close it when its batch
+        refuses the start after a fresh look; a Counter of what happened instead."""
+
     def bodies(self, group: dict) -> list[dict]:
         """The group members' request bodies."""
 
@@ -42,6 +47,10 @@ class RunsRequests(Protocol):
 
     def close_group(self, group: dict, written: list[dict], handed_back: tuple[dict, ...]) -> None:
         """Close a group whose members were all written or handed back (ConditionFailed: recovered)."""
+
+    def stop_at_cap(self, batch_id: str) -> None:
+        """Stop a capped batch that can start nothing more (its next request does not fit, nothing of it
+        runs), and settle it."""
 
     def settle_batch(self, batch_id: str) -> None:
         """Give a batch whose last claimed work is done its final status, if it has one now."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from ..catalog import Model
 from ..domain import RequestState
@@ -25,14 +26,19 @@ class Dispatcher:
     """Keeps a little state between passes inside one invocation: whose turn it is, lane positions
     (`lanes`), the interactive load seen lately."""
 
-    def __init__(self, svc: Services, runs_what_it_claims: bool = False) -> None:
+    def __init__(self, svc: Services, runs_what_it_claims: bool = False,
+                 stop_at_cap: Callable[[str], object] | None = None) -> None:
         self.svc = svc
+        # What stops a capped batch that a claim finds can start nothing more (the service's, handed in: the
+        # scheduler stays below it); without one, the sweeper's next look stops it.
+        self.stop_at_cap = stop_at_cap
         # A worker pulling work runs it at once: its groups are claimed already running (one transaction
         # fewer per group; the claim is fenced against a stopped batch as a start is).
         self.runs_what_it_claims = runs_what_it_claims
         self.lanes = Lanes(svc)
         self.batches_seen: dict[str, dict] = {}  # the batches read by the last claims, for a worker to reuse
         self.emptied: set[str] = set()  # the batches whose lane on the model the last claim took the last of
+        self.at_cap: set[str] = set()  # the capped batches the last claim found can start nothing more
         # The accounts the last claim read (`AccountSlots.read`), for a worker running its groups at once.
         self.accounts_read: dict[str, tuple[str, dict | None, dict | None]] = {}
         # The interactive load seen lately, per model.
@@ -66,6 +72,7 @@ class Dispatcher:
     def dispatch_model(self, model: Model) -> int:
         """Claim what the model has room for and send it to the model's queue."""
         dispatched = self.claim(model)
+        self.stop_those_at_cap()
         if dispatched:
             try:
                 failed = self.svc.queues.send(model.id, [queue_message(r) for r in dispatched])
@@ -75,6 +82,14 @@ class Dispatcher:
             if failed:
                 log.warning("SQS refused %d messages for %s; the lease recovers them", len(failed), model.id)
         return sum(len(unit.get("positions", [unit])) for unit in dispatched)
+
+    def stop_those_at_cap(self) -> None:
+        """Stop the capped batches the last claim found can start nothing more (see `stop_at_cap`)."""
+        for batch_id in sorted(self.at_cap) if self.stop_at_cap is not None else ():
+            try:
+                self.stop_at_cap(batch_id)
+            except Throttled:  # the sweeper's next look stops it
+                log.warning("throttled while stopping batch %s at its spending cap", batch_id)
 
     def claim(self, model: Model, limit: int | None = None, slot_lease: dict | None = None,
               budget_item: dict | None = None, most: int | None = None,
@@ -89,6 +104,7 @@ class Dispatcher:
         svc = self.svc
         self.batches_seen = {}
         self.emptied = set()
+        self.at_cap = set()
         self.accounts_read = {}
         if slot_lease is None:
             budget_item = read_budget(svc, model)
@@ -101,7 +117,8 @@ class Dispatcher:
         # the most it may take in that lease.
         scope = ClaimScope(draws=Draws(budget_item, cap), slot_lease=slot_lease,
                            most=math.inf if most is None else most, running=self.runs_what_it_claims,
-                           batches_seen=self.batches_seen, emptied=self.emptied, standing=standing or {})
+                           batches_seen=self.batches_seen, emptied=self.emptied, standing=standing or {},
+                           at_cap=self.at_cap)
         free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:
             free = min(free, limit)

@@ -80,6 +80,8 @@ class ClaimScope:
     # In a pump's claim, batch id -> where it stands there (`policy.standing_in_pump`); lanes of other
     # batches stand with the lowest.
     standing: dict[str, int] = field(default_factory=dict)
+    # Capped batches whose lane's next request does not fit the cap while nothing of them runs, as read.
+    at_cap: set[str] = field(default_factory=set)
 
     def standing_of(self, batch_id: str) -> int | None:
         return self.standing.get(batch_id, min(self.standing.values(), default=None))
@@ -260,7 +262,9 @@ class Lanes:
         positions = self._positions(batch, model.id, lane_next, k)
         if batch.get("max_cost_usd") is not None:
             positions = within_cap(batch, model, positions)
-            if not positions:  # the next one waits for what runs to settle (or the sweeper stops the batch)
+            if not positions:  # the next one waits for what runs to settle; with nothing running, it stops
+                if int(batch.get("in_flight", 0)) == 0:
+                    scope.at_cap.add(batch["id"])
                 return []
         if parts is not None and len(positions) < k:
             parts = scope.draws.split(len(positions))

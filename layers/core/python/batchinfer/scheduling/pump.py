@@ -107,7 +107,7 @@ class SlotPump:
         self.answered = False  # a call has answered here: `call_seconds` is measured, not the first guess
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
-        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True)
+        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=requests.stop_at_cap)
         self.key: str | None = None
         # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
         # (nor those behind the rest of the process) for a thread of the shared pool.
@@ -157,10 +157,10 @@ class SlotPump:
         decided = await asyncio.to_thread(self.requests.close_without_running, group, batch)
         if decided:
             return decided
-        try:
-            running, lease = await asyncio.to_thread(start_group_in_lease, svc, group)
-        except ConditionFailed:  # the batch stopped (or its window closed) since the check
-            return await asyncio.to_thread(self.requests.close_without_running, group, None) or Counter(stale=1)
+        started = await asyncio.to_thread(self.requests.start_or_close, group, start_group_in_lease)
+        if isinstance(started, Counter):
+            return started
+        running, lease = started
         self.held.adopt(lease, len(running["positions"]))
         await self._queue_group(running, batch)
         return None
@@ -523,6 +523,7 @@ class SlotPump:
         except (ConditionFailed, Throttled):
             return 0
         self.emptied |= self.dispatcher.emptied
+        await self._writing(self.dispatcher.stop_those_at_cap)
         queued = 0
         for unit in units:
             if "positions" not in unit:

@@ -126,8 +126,10 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
     never_started = undispatched_count(batch)
     if batch.get("retry_count") and (never_started or int(batch.get("unstarted", 0))):
         sets["unstarted_by"] = _unstarted_by_stop(svc, batch, stop, never_started)
-    # A retried batch whose never-dispatched requests stayed as they were keeps the fate they ended with.
-    final = final_status(stop or (Stop(batch["parked"]) if batch.get("parked") else None))
+    # A retried batch whose never-dispatched requests stayed as they were keeps the fate they ended with:
+    # left undispatched (`parked`), or stored as unstarted items by an earlier ending (its retries left them).
+    final = final_status(stop or (Stop(batch["parked"]) if batch.get("parked") else None)
+                         or _earlier_fate(sets.get("unstarted_by")))
     # A retried batch is kept no longer than the request items of its first run (their TTL).
     retention_ends = min(now + svc.settings.batch_retention_seconds, int(batch.get("keep_until", now + 10**9)))
     ops = [Batch.finalize(svc.table, batch, final, stop, now,
@@ -162,6 +164,13 @@ def _unstarted_by_stop(svc: Services, batch: BatchItem, stop: Stop | None, never
     if batch.get("parked"):
         counts[str(batch["parked"])] += never_dispatched_count(batch)
     return dict(counts)
+
+
+def _earlier_fate(unstarted_by: dict[str, int] | None) -> Stop | None:
+    """The stop that the most of a retried batch's never-run requests ended under (in earlier runs), or None
+    when every request ran: what a run that ends without a stop of its own ends as."""
+    counts = {Stop(name): n for name, n in (unstarted_by or {}).items() if n}
+    return max(counts, key=lambda s: (counts[s], -list(Stop).index(s))) if counts else None
 
 
 def _announcing(svc: Services, batch: BatchItem, final: BatchStatus, ops: list) -> dict | None:

@@ -4,9 +4,9 @@ Pausing is a flag on the batch (`paused_at`), not a status: a paused batch stays
 its completion window keeps running, and the sweeper expires it when the window closes. The pause removes
 the batch's lanes in the same transaction as it sets the flag (as a stop does), so dispatchers stop serving
 it at once; every claim and every start is fenced on the flag (`records.Batch`). What was dispatched but had
-not started goes back to waiting, holding no slot (`run_request._precheck`), and the batch's waiting
-requests are put off until the window's end (`ledger.defer_while_paused`): the slots it held go to the
-other batches as soon as its running requests end.
+not started goes back to waiting, holding no slot and put off in that same write (`run_request._precheck`,
+fenced on the pause), and the batch's waiting requests are put off until the window's end
+(`ledger.defer_while_paused`): the slots it held go to the other batches as soon as its running requests end.
 
 A resume removes the flag, puts the lanes that still have requests to dispatch back in the model's ring
 (at their old place: a lane sorts by its batch's creation) and makes the requests the pause put off due at
@@ -215,10 +215,11 @@ def _step(svc: Services, batch: BatchItem) -> BatchItem | None:
 
 
 def after_wait(svc: Services, batch_id: str, indexes: list[int]) -> None:
-    """After a worker put requests of a paused batch back to wait (counted, due at the window's end): out of
-    the count if the batch is still paused; due now and counted if it was resumed meanwhile (its resume's
-    walk may have passed them before they waited). A worker that dies before this leaves them counted and
-    put off until the resume brings them back: never counted twice."""
+    """After a worker put requests of a paused batch back to wait: that write put them off already (out of
+    the count, due at the window's end, fenced on the batch still paused: `Settlement.uncounted`), so a
+    worker that dies before this leaves nothing to fix. Here, a batch resumed since has them due now and
+    counted at once, without waiting for its resume's walk: never counted twice (each move is fenced on the
+    request's token)."""
     t = svc.table
     batch = Batch.get(t, batch_id)
     if not batch or batch.get("stop") or batch["status"] in FINAL_BATCH or batch.get("deleting"):

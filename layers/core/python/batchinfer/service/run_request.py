@@ -14,7 +14,9 @@ import logging
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from .. import protocols
 from ..catalog import Model
@@ -47,14 +49,15 @@ from ..runtime import Services
 from ..scheduling.capacity import backend_said_429, over_cap
 from ..scheduling.config import scheduler_config
 from ..scheduling.pump import SlotPump
-from ..storage.dynamo import ConditionFailed
+from ..storage.dynamo import ConditionFailed, Throttled
 from ..storage.secrets import BackendKeyNotSet
-from . import inference, pausing
+from . import inference, pausing, spending_cap
 from .accounts import key_problem, may_use_model
 from .inference import backend_key
 from .lifecycle import settle_batch, stop_batch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _stopped(svc: Services, batch: dict, stop: Stop) -> Stop:
@@ -83,8 +86,9 @@ def _precheck(svc: Services, req: dict, batch: dict, account_read: tuple | None 
         return not_run(Stop(batch["stop"]))
     if never_ran and now >= batch["expires_at"]:  # the completion window stops requests from starting
         return not_run(_stopped(svc, batch, Stop.EXPIRE))
-    if batch.get("paused_at"):  # back to waiting, holding no slot, until a resume (or the window's end)
-        return Settlement(to=RequestState.WAITING, retry_at=paused_until(batch, now), error=req.get("error")), None
+    if batch.get("paused_at"):  # back to waiting, holding no slot, put off until a resume (or the window's end)
+        return Settlement(to=RequestState.WAITING, retry_at=paused_until(batch, now), error=req.get("error"),
+                          uncounted=True), None
     day = utc_day(now)
     if account_read is not None and account_read[0] == day and account_read[1] is not None:
         _, account, usage = account_read
@@ -217,15 +221,21 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
     decided = await asyncio.to_thread(_settle_without_running, svc, req, message, batch)
     if decided != "may_run":
         return decided
-    try:
-        running = await asyncio.to_thread(start, svc, req)
-    except ConditionFailed:
-        # The batch stopped (or its window closed) between the check and the start: record that instead.
-        current = await asyncio.to_thread(Request.get, svc.table, batch_id, index)
-        if not current or current["state"] != RequestState.DISPATCHED.value or current["token"] != message["token"]:
-            return "stale"
-        decided = await asyncio.to_thread(_settle_without_running, svc, current, message)
-        return "stale" if decided == "may_run" else decided
+    for tries in range(START_ATTEMPTS):
+        try:
+            running = await asyncio.to_thread(start, svc, req)
+            break
+        except ConditionFailed:
+            # The batch changed between the check and the start (it stopped, was paused, its window closed):
+            # record that instead, or start again when a resume came too and the request is still ours.
+            current = await asyncio.to_thread(Request.get, svc.table, batch_id, index)
+            if (not current or current["state"] != RequestState.DISPATCHED.value
+                    or current["token"] != message["token"]):
+                return "stale"
+            decided = await asyncio.to_thread(_settle_without_running, svc, current, message)
+            if decided != "may_run" or tries == START_ATTEMPTS - 1:
+                return "stale" if decided == "may_run" else decided
+            req = current
     model = svc.catalog.get(req["model"])
     body = json.loads(await asyncio.to_thread(svc.blobs.get_range, requests_object(batch_id), req["offset"],
                                               req["length"]))["body"]
@@ -241,6 +251,7 @@ async def _process_request(svc: Services, message: dict, claimed: dict | None, b
         # unknown and put the request back, so this answer is dropped rather than recorded twice.
         log.warning("request %s/%s lost its lease before its outcome was recorded", batch_id, index)
         return "lease_lost"
+    await asyncio.to_thread(_after_capped_settle, svc, running)
     return outcome.to.value
 
 
@@ -280,6 +291,30 @@ def _close_without_running(svc: Services, group: dict, batch: dict | None,
     return Counter(stale=1)
 
 
+START_ATTEMPTS = 3  # starts of one group (or retry) refused by its batch changing, each decided again on a fresh read
+
+
+def start_or_close(svc: Services, group: dict, starts: Callable[[Services, dict], T]) -> T | Counter:
+    """Start a dispatched group (`starts`: how), or record why it must not run. A start refused because its
+    batch changed since the check (stopped, paused, its window closed) is decided again on a fresh read:
+    closed without running when the batch still refuses it, started again when the group is still ours
+    (dispatched with our token) and the batch lets it start (a pause and a resume both came between the check
+    and the start), so that it does not sit dispatched until its lease runs out. Returns what `starts`
+    returned, or what happened instead."""
+    for _ in range(START_ATTEMPTS):
+        try:
+            return starts(svc, group)
+        except ConditionFailed:
+            pass
+        current = svc.table.get(group["pk"], group["sk"])
+        if not current or current["state"] != RequestState.DISPATCHED.value or current["token"] != group["token"]:
+            return Counter(stale=1)  # recovered, or closed by another look
+        decided = _close_without_running(svc, group, None)
+        if decided:
+            return decided
+    return Counter(stale=1)  # kept losing: its lease's recovery sends it back
+
+
 def _bodies(svc: Services, group: dict) -> list[dict]:
     """The members' request bodies: one ranged read when they lie close together in the batch's file."""
     positions = group["positions"]
@@ -309,10 +344,10 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
     if expected is RequestState.RUNNING:
         running = group
     else:
-        try:
-            running = await asyncio.to_thread(start_group, svc, group)
-        except ConditionFailed:  # the batch stopped (or its window closed) since the check: record that instead
-            return await asyncio.to_thread(_close_without_running, svc, group, None) or Counter(stale=1)
+        started = await asyncio.to_thread(start_or_close, svc, group, start_group)
+        if isinstance(started, Counter):
+            return started
+        running = started
     model = svc.catalog.get(group["model"])
     bodies = await asyncio.to_thread(_bodies, svc, running)
     key = await asyncio.to_thread(backend_key, svc, model)
@@ -336,7 +371,19 @@ async def process_group(svc: Services, message: dict, claimed: dict | None = Non
         await asyncio.to_thread(close_group, svc, running, items)
     except ConditionFailed:  # recovered meanwhile: the sweeper counted these outcomes from their items
         return Counter(lease_lost=len(ran))
+    await asyncio.to_thread(_after_capped_settle, svc, running)
     return Counter(item["state"] for item in items)
+
+
+def _after_capped_settle(svc: Services, unit: dict) -> None:
+    """A settled request or group of a batch with a spending cap (its claim committed a worst case): if
+    nothing of the batch runs now and its next request cannot fit, it stops here rather than at the
+    sweeper's next look."""
+    if unit.get("worst_usd") is not None:
+        try:
+            spending_cap.stop_if_reached(svc, unit["batch_id"])
+        except Throttled:  # what settled stays settled; the sweeper's next look stops the batch
+            log.warning("throttled while looking at batch %s's spending cap", unit["batch_id"])
 
 
 def _record(svc: Services, group: dict, position: list, model: Model, attempt: Attempt) -> dict | None:
@@ -371,6 +418,9 @@ class BatchRequests:
     def close_without_running(self, group: dict, batch: dict | None, account_read: tuple | None = None) -> Counter:
         return _close_without_running(self.svc, group, batch, account_read)
 
+    def start_or_close(self, group: dict, starts: Callable[[Services, dict], T]) -> T | Counter:
+        return start_or_close(self.svc, group, starts)
+
     def bodies(self, group: dict) -> list[dict]:
         return _bodies(self.svc, group)
 
@@ -382,6 +432,10 @@ class BatchRequests:
 
     def close_group(self, group: dict, written: list[dict], handed_back: tuple[dict, ...]) -> None:
         close_group(self.svc, group, written, handed_back)
+        _after_capped_settle(self.svc, group)
+
+    def stop_at_cap(self, batch_id: str) -> None:
+        spending_cap.stop_if_reached(self.svc, batch_id)
 
     def settle_batch(self, batch_id: str) -> None:
         settle_batch(self.svc, batch_id)
