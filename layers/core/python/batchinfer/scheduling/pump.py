@@ -107,7 +107,7 @@ class SlotPump:
         self.answered = False  # a call has answered here: `call_seconds` is measured, not the first guess
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
-        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=requests.stop_at_cap)
+        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=getattr(requests, "stop_at_cap", None))
         self.key: str | None = None
         # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
         # (nor those behind the rest of the process) for a thread of the shared pool.
