@@ -114,8 +114,17 @@ class Dispatcher:
         waiting: list[dict] = []
         if int((budget_item or {}).get("waiting", 0)) > 0:
             waiting = Request.due_retries(svc.table, model.id, svc.now(), limit=free)
+        # Where workers pull work, a retry sent to the queue seeds a worker whose pump takes up to
+        # `worker_pull_limit` free slots and claims the other due retries in them, ahead of its calls, as a
+        # group's worker does. One message per retry would start a pump per slot, each claiming the same due
+        # retries against the others (and a retried batch is all retries).
+        seeds = (math.ceil(free / svc.settings.worker_pull_limit) if slot_lease is None and svc.settings.worker_pull
+                 else free)
         for stale in waiting:
             if free <= 0:
+                break
+            if len(dispatched) >= seeds:
+                free = 0  # the rest of the free slots are the seeded pumps': retries still go first
                 break
             req = svc.table.get(stale["pk"], stale["sk"])
             if not req or req.get("state") != RequestState.WAITING.value or accounts.free(req["account_id"]) <= 0:
