@@ -478,5 +478,9 @@ async def process_and_pull(svc: Services, message: dict, seconds_left: float) ->
         outcome = await pump.adopt(message) or Counter()
         outcome.update(await pump.run(svc.settings.worker_pull_limit))
         return outcome
-    alone, pumped = await asyncio.gather(process(svc, message), pump.run(svc.settings.worker_pull_limit))
-    return alone + pumped
+    both = await asyncio.gather(process(svc, message), pump.run(svc.settings.worker_pull_limit),
+                                return_exceptions=True)  # neither is left running when the other fails
+    for failure in both:
+        if isinstance(failure, BaseException):
+            raise failure
+    return both[0] + both[1]
