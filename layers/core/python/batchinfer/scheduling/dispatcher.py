@@ -120,13 +120,19 @@ class Dispatcher:
         # retries against the others (and a retried batch is all retries).
         seeds = (math.ceil(free / svc.settings.worker_pull_limit) if slot_lease is None and svc.settings.worker_pull
                  else free)
+        # The index holds keys only: the requests as they are now, in strongly consistent reads of up to 100
+        # (BatchGetItem's most) rather than one each; a claim is fenced on the state and token it read anyway.
+        keys = [(stale["pk"], stale["sk"]) for stale in waiting]
+        current: dict = {}
+        for at in range(0, len(keys), 100):
+            current.update(svc.table.get_many(keys[at:at + 100]))
         for stale in waiting:
             if free <= 0:
                 break
             if len(dispatched) >= seeds:
                 free = 0  # the rest of the free slots are the seeded pumps': retries still go first
                 break
-            req = svc.table.get(stale["pk"], stale["sk"])
+            req = current.get((stale["pk"], stale["sk"]))
             if not req or req.get("state") != RequestState.WAITING.value or accounts.free(req["account_id"]) <= 0:
                 continue
             one = None if slot_lease else scope.draws.split(1)  # a slot of the roomiest shard
