@@ -4,12 +4,17 @@ given back, counts, usage and costs adding up to the stored requests."""
 
 from __future__ import annotations
 
-from batchinfer.domain import RequestState
+import json
+
+from batchinfer.domain import Attempt, RequestState
 from batchinfer.protocols.openai import batches
+from batchinfer.records.feed import Feed
 from batchinfer.service import retry, run_request
 from batchinfer.service.accounts import authenticate
+from local.lambda_runtime import invoke
 from tests.faults.harness import (
     GLM,
+    budget_in_flight,
     configure,
     get_batch,
     pump,
@@ -17,7 +22,10 @@ from tests.faults.harness import (
     requests_by_custom_id,
     results_by_custom_id,
     run_messages,
+    run_pump,
+    sim_config,
     sim_stats,
+    slot_leases,
     submit,
 )
 from tests.helpers import chat_request, new_key
@@ -131,4 +139,113 @@ def test_two_walkers_re_queue_each_request_once(svc, sim_control, monkeypatch):
     final = pump(svc, batch_id, clock_step=2)
     assert final["status"] == "completed" and final["completed"] == 11
     assert sim_stats(sim_control, settle=True)["total_requests"] == 21  # 11, then each failed one once more
+    assert_ledger_consistent(svc, batch_id, who, ids)
+
+
+def _feed_entries(svc, batch_id: str) -> list[dict]:
+    return Feed.after(svc.table, batch_id, 0, 1000)
+
+
+def test_a_retried_run_goes_to_one_pump_that_writes_its_outcomes_together(svc, sim_control):
+    """A retried batch is all retries: the dispatcher sends one of them, whose worker's pump takes the free
+    slots and claims the others in them (not a worker and a pump per request), and writes the answers of one
+    batch together: fewer transactions, and entries in its finished-order log, than requests."""
+    configure(svc, max_attempts=1, worker_pull=True)
+    sim_config(sim_control, latency_seconds=0.05)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    ids = [f"f-{i}" for i in range(12)]
+    batch_id = submit(svc, who, [chat_request(c, f"{FLAKY} {c}") for c in ids])
+    first = pump(svc, batch_id)
+    assert (first["completed"], first["failed"]) == (0, 12)
+    logged = len(_feed_entries(svc, batch_id))
+
+    batches.retry_batch(svc, who, batch_id, {}, None)
+    assert budget_of(svc, GLM)["waiting"] == 12
+    from batchinfer.scheduling.dispatcher import Dispatcher
+    assert Dispatcher(svc).pass_once() == 1  # one retry seeds a worker; the other eleven stay due for its pump
+    assert budget_of(svc, GLM)["waiting"] == 11
+    messages = receive(svc, GLM)
+    assert len(messages) == 1
+    report = run_messages(svc, GLM, messages)
+    assert not report["failed"]
+    final = get_batch(svc, batch_id)
+    assert final["status"] == "completed" and (final["completed"], final["failed"]) == (12, 0)
+    assert final["retry_count"] == 1
+    written = len(_feed_entries(svc, batch_id)) - logged
+    assert 1 <= written < 12, written  # answers of the batch written together, not one entry each
+    stored = requests_by_custom_id(svc, batch_id)
+    assert all(stored[c]["attempt"] == 1 and stored[c]["earlier_attempts"] == 1 for c in ids)
+    assert all(r["status"] == "completed" for r in results_by_custom_id(svc, who, batch_id).values())
+    assert budget_of(svc, GLM)["waiting"] == 0 and budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    assert_ledger_consistent(svc, batch_id, who, ids)
+
+
+def test_a_worker_dying_writing_a_retried_runs_answers_together_is_recovered_once(svc, sim_control, monkeypatch):
+    """The pump's write of several retries' answers in one transaction dies: none of them is written, their
+    leases run out, and the sweeper puts them back (the answers' cost unknown); each is then run and counted
+    once."""
+    configure(svc, lease_seconds=60, max_attempts=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    ids = [f"f-{i}" for i in range(6)]
+    batch_id = submit(svc, who, [chat_request(c, f"{FLAKY} {c}") for c in ids])
+    assert pump(svc, batch_id)["failed"] == 6
+    configure(svc, max_attempts=2)
+    batches.retry_batch(svc, who, batch_id, {}, None)
+
+    real = run_request.settle_many
+    died = []
+
+    def dying_settle_many(svc_, settled, stop=None):
+        if not died:
+            died.append(len(settled))
+            raise RuntimeError("worker process died")  # the backend answered; the outcomes are never written
+        return real(svc_, settled, stop)
+
+    monkeypatch.setattr(run_request, "settle_many", dying_settle_many)
+    outcome = run_pump(svc, slots=6, seconds=20)
+    assert died and died[0] >= 1
+    assert outcome["completed"] == 6 - died[0], outcome
+    assert get_batch(svc, batch_id)["status"] == "in_progress"  # those written wait for the lost ones' leases
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+
+    svc.clock.advance(61)
+    final = pump(svc, batch_id, clock_step=2)
+    assert final["status"] == "completed" and (final["completed"], final["failed"]) == (6, 0)
+    assert final["cost_unknown_attempts"] == died[0]
+    stored = requests_by_custom_id(svc, batch_id)
+    assert sum(stored[c]["attempt"] for c in ids) == 6 + died[0]  # the lost answers' attempts count, once
+    assert_ledger_consistent(svc, batch_id, who, ids)
+
+
+def test_a_retry_that_lost_its_lease_does_not_keep_the_others_answers_from_being_written(svc, sim_control):
+    """Answers written together where one of them lost its lease meanwhile: that one is dropped (the sweeper
+    counted it), the others are written, each once."""
+    configure(svc, lease_seconds=60, max_attempts=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    ids = ["a", "b", "c"]
+    batch_id = submit(svc, who, [chat_request(c, f"{FLAKY} {c}") for c in ids])
+    assert pump(svc, batch_id)["failed"] == 3
+    configure(svc, max_attempts=2, worker_pull=True)
+    batches.retry_batch(svc, who, batch_id, {}, None)
+    from batchinfer.scheduling.dispatcher import Dispatcher
+    dispatcher = Dispatcher(svc)
+    assert dispatcher.pass_once() == 1
+    seeded = receive(svc, GLM)
+    configure(svc, worker_pull=False)
+    assert dispatcher.pass_once() == 2  # without pumps, each retry is sent on its own
+    started = []
+    for message in seeded + receive(svc, GLM):
+        one = run_request.start_retry(svc, json.loads(message["Body"]))
+        assert isinstance(one, run_request.StartedRetry), one
+        started.append(one)
+    svc.clock.advance(61)
+    invoke("sweeper", {})  # every lease ran out: the three are put back, their cost unknown
+    answer = Attempt(status_code=200, body={"choices": []})
+    outcome = run_request.finish_retries(svc, [(one, answer) for one in started])
+    assert outcome == {"lease_lost": 3}, outcome
+    final = pump(svc, batch_id, clock_step=2)
+    assert final["status"] == "completed" and final["completed"] == 3 and final["cost_unknown_attempts"] == 3
     assert_ledger_consistent(svc, batch_id, who, ids)

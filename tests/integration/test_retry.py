@@ -87,6 +87,33 @@ def test_a_retry_runs_again_what_failed_and_keeps_every_success(api, svc, sim_co
     error(retry(api, key, "batch_" + "0" * 32), 404)
 
 
+def test_a_retried_run_is_served_by_one_worker_pulling_the_model_budget(api, svc, sim_control):
+    """Where workers pull work, the retried requests are not sent one message each: one of them starts a
+    worker whose pump claims the others; the user sees every retried request complete, its earlier failure
+    replaced, and counts that add up at every read."""
+    settings(svc, max_attempts=1, worker_pull=True)
+    _, key = new_key(svc)
+    ids = [f"f-{i}" for i in range(8)]
+    batch = api.created(key, [req(c, f"{FLAKY} {c}") for c in ids] + [req("ok")])
+    first = finish(svc, batch["id"])
+    assert (first["completed"], first["failed"]) == (1, 8)
+
+    again = ok(retry(api, key, batch["id"]))
+    assert again["request_counts"] == {"total": 9, "completed": 1, "failed": 0}
+    from batchinfer.scheduling.dispatcher import Dispatcher
+    assert Dispatcher(svc).pass_once() == 1  # one message: its worker's pump claims the other seven
+    step(svc)
+    during = ok(api("GET", f"/v1/batches/{batch['id']}", key))["request_counts"]
+    assert during["total"] == 9 and during["failed"] == 0 and 1 <= during["completed"] <= 9
+    final = finish(svc, batch["id"])
+    assert (final["status"], final["completed"], final["failed"]) == ("completed", 9, 0)
+    results = by_id(api, key, batch["id"])
+    assert all(results[c]["status"] == "completed" and results[c]["error"] is None for c in ids)
+    assert ok(api("GET", f"/v1/batches/{batch['id']}", key))["request_counts"] == {
+        "total": 9, "completed": 9, "failed": 0}
+    assert_ledger_consistent(svc, batch["id"], authenticate(svc, key), ids + ["ok"])
+
+
 def test_a_large_retry_answers_at_once_and_the_sweeper_finishes_re_queueing(api, svc, monkeypatch):
     """The call re-queues for a few seconds at most (CALL_SECONDS; none here) and answers; the sweeper carries
     the walk on a page at a time, and the batch does not end before the walk is over."""

@@ -13,6 +13,7 @@ Retries travel alone, request by request.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
@@ -171,31 +172,48 @@ class Moves:
 
 def settle(svc: Services, req: RequestItem, outcome: Settlement, stop: Stop | None = None) -> None:
     """Move a request from its current state (and token) to `outcome.to`, with every counter it moves."""
+    settle_many(svc, [(req, outcome)], stop)
+
+
+# Requests of one batch `settle_many` writes in one transaction at most: with their counters and the log entry
+# it stays far below DynamoDB's 100 items (and, their results inline, below its 4 MB).
+SETTLE_MAX = 10
+
+
+def settle_many(svc: Services, settled: list[tuple[RequestItem, Settlement]], stop: Stop | None = None) -> None:
+    """`settle` for requests of one batch on one model (at most SETTLE_MAX), in one transaction: their
+    counters summed and one entry of the finished-order log, as a group's close writes its members'. Any of
+    them moved meanwhile (a lease recovered): ConditionFailed, and none is written."""
     now = svc.now()
-    if outcome.to is RequestState.UNSTARTED:
-        outcome.error = unstarted_error(stop)
-    due = (retry_due(req["model"]), outcome.retry_at or now) if outcome.to is RequestState.WAITING else None
-    fields = {name: value for name in ("error", "response", "response_object")
-              if (value := getattr(outcome, name)) is not None}
-    token = new_token()
-    extra = outcome.extra
-    if outcome.uncounted:
-        extra = {**extra, "uncounted": True}
-    ops = [Request.move(svc.table, req, outcome.to, token, now, due=due, fields=fields, extra=extra)]
-    if req.get("worst_usd") is not None and req["state"] in (RequestState.DISPATCHED.value,
-                                                             RequestState.RUNNING.value):
-        # Its claim committed its worst case against the batch's cap: the settle gives back what it did not spend.
-        outcome = replace(outcome, committed_usd=settled_delta(
-            float(req["worst_usd"]), req["state"] == RequestState.RUNNING.value, outcome.cost_usd,
-            not outcome.cost_unknown))
-    moves = Moves()
-    moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")),
-              counted=not req.get("uncounted"))
-    # A final outcome joins the batch's finished-order log in the transaction that counts it.
-    transact_counted(svc.table, req["batch_id"], ops + moves.ops(svc, req["batch_id"], req["model"], req["account_id"],
-                                                                 {int(req.get("budget_shard", 0)): 1},
-                                                                 still_paused=outcome.uncounted),
-                     finished_members([{**req, "state": outcome.to.value, "token": token}]), now, req.get("ttl"))
+    first = settled[0][0]
+    ops, moves, shards, finished = [], Moves(), Counter(), []
+    for req, outcome in settled:
+        if outcome.to is RequestState.UNSTARTED:
+            outcome.error = unstarted_error(stop)
+        due = (retry_due(req["model"]), outcome.retry_at or now) if outcome.to is RequestState.WAITING else None
+        fields = {name: value for name in ("error", "response", "response_object")
+                  if (value := getattr(outcome, name)) is not None}
+        token = new_token()
+        extra = {**outcome.extra, "uncounted": True} if outcome.uncounted else outcome.extra
+        ops.append(Request.move(svc.table, req, outcome.to, token, now, due=due, fields=fields, extra=extra))
+        if req.get("worst_usd") is not None and req["state"] in (RequestState.DISPATCHED.value,
+                                                                 RequestState.RUNNING.value):
+            # Its claim committed its worst case against the batch's cap: the settle gives back what it did not
+            # spend.
+            outcome = replace(outcome, committed_usd=settled_delta(
+                float(req["worst_usd"]), req["state"] == RequestState.RUNNING.value, outcome.cost_usd,
+                not outcome.cost_unknown))
+        moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")),
+                  counted=not req.get("uncounted"))
+        shards[int(req.get("budget_shard", 0))] += 1
+        finished.append({**req, "state": outcome.to.value, "token": token})
+    # A final outcome joins the batch's finished-order log in the transaction that counts it. One put back to
+    # wait while its batch is paused is written only while the batch still is.
+    paused = any(outcome.uncounted for _, outcome in settled)
+    transact_counted(svc.table, first["batch_id"],
+                     ops + moves.ops(svc, first["batch_id"], first["model"], first["account_id"], dict(shards),
+                                     still_paused=paused),
+                     finished_members(finished), now, first.get("ttl"))
 
 
 def start(svc: Services, req: RequestItem) -> RequestItem:

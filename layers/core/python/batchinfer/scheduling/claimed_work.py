@@ -23,6 +23,13 @@ class RunsRequests(Protocol):
     async def run_retry(self, retry: dict) -> Counter:
         """A claimed retry, run alone on the single-request path (its checks, start, call, settle)."""
 
+    def start_retry(self, retry: dict) -> Any:
+        """A claimed retry's checks and start, before its call: it started (what `finish_retry` takes, with
+        `batch` and `body` for its call), or a str saying what happened instead."""
+
+    def finish_retries(self, answered: list[tuple[Any, Attempt]]) -> Counter:
+        """Write started retries' answered attempts (of one batch together); what they became."""
+
     def key(self, model: Model) -> str | None:
         """The model's backend key."""
 

@@ -133,10 +133,25 @@ class Dispatcher:
         waiting: list[dict] = []
         if int((budget_item or {}).get("waiting", 0)) > 0:
             waiting = Request.due_retries(svc.table, model.id, svc.now(), limit=free)
+        # Where workers pull work, a retry sent to the queue seeds a worker whose pump takes up to
+        # `worker_pull_limit` free slots and claims the other due retries in them, ahead of its calls, as a
+        # group's worker does. One message per retry would start a pump per slot, each claiming the same due
+        # retries against the others (and a retried batch is all retries).
+        seeds = (math.ceil(free / svc.settings.worker_pull_limit) if slot_lease is None and svc.settings.worker_pull
+                 else free)
+        # The index holds keys only: the requests as they are now, in strongly consistent reads of up to 100
+        # (BatchGetItem's most) rather than one each; a claim is fenced on the state and token it read anyway.
+        keys = [(stale["pk"], stale["sk"]) for stale in waiting]
+        current: dict = {}
+        for at in range(0, len(keys), 100):
+            current.update(svc.table.get_many(keys[at:at + 100]))
         for stale in waiting:
             if free <= 0:
                 break
-            req = svc.table.get(stale["pk"], stale["sk"])
+            if len(dispatched) >= seeds:
+                free = 0  # the rest of the free slots are the seeded pumps': retries still go first
+                break
+            req = current.get((stale["pk"], stale["sk"]))
             if not req or req.get("state") != RequestState.WAITING.value or accounts.free(req["account_id"]) <= 0:
                 continue
             one = None if slot_lease else scope.draws.split(1)  # a slot of the roomiest shard

@@ -124,6 +124,10 @@ class SlotPump:
         self.over_since: float | None = None  # when the last polls began to find the model over its cap
         self.over_share = 0.0  # this lease's part of what was in flight then: it keeps that part of the cap
         self.write_pool = ThreadPoolExecutor(8, thread_name_prefix="pump-write")
+        self.retries_answered: list[tuple] = []  # retries whose call answered, their outcomes not yet written
+        self.writing_retries = False
+        # Retries' checks and starts: never behind the writes of outcomes, which may be slow on a busy batch.
+        self.start_pool = ThreadPoolExecutor(4, thread_name_prefix="pump-start")
 
     @property
     def config(self) -> SchedulerConfig:
@@ -237,6 +241,7 @@ class SlotPump:
             self.claim_pool.shutdown(wait=False)
             self.poll_pool.shutdown(wait=False)
             self.write_pool.shutdown(wait=False)
+            self.start_pool.shutdown(wait=False)
         return self.outcome
 
     # --- Slots ---------------------------------------------------------------------------------------
@@ -262,12 +267,8 @@ class SlotPump:
             member = await self._next()
             if member is None:
                 return
-            if member.retry is not None:  # a retry runs the single-request path (start, call, settle)
-                self._call_starts(member)
-                try:
-                    self.outcome.update(await self.requests.run_retry(member.retry))
-                finally:
-                    self._call_ended(member)
+            if member.retry is not None:
+                await self._run_retry(member)
                 continue
             run = member.run
             assert run is not None and member.position is not None
@@ -279,13 +280,52 @@ class SlotPump:
                 attempt = await self.requests.call(self.model, run.batch, member.body or {}, self.key)
             finally:
                 self._call_ended(member)
-            elapsed = time.monotonic() - started
-            # The first answer replaces the guess; the average moves from there.
-            self.call_seconds = (policy.moving_average(self.call_seconds, elapsed, self.config.average_weight)
-                                 if self.answered else elapsed)
-            self.answered = True
-            self.calls_measured += 1
+            self._measured(started)
             self._spawn(self._record(member, attempt))
+
+    async def _run_retry(self, member: Member) -> None:
+        """A retried request: its checks and start on the pump's threads, its call in the slot, and its outcome
+        written beside the next call, not before it, as a group member's is (the slot is the lease's: the
+        settle gives none back to the budget)."""
+        assert member.retry is not None
+        started = await self._in(self.start_pool, self.requests.start_retry, member.retry)
+        if isinstance(started, str):  # did not start (its batch stopped or paused, ...): recorded so
+            self.outcome[started] += 1
+            return
+        began = self._call_starts(member)
+        try:
+            attempt = await self.requests.call(self.model, started.batch, started.body, self.key)
+        finally:
+            self._call_ended(member)
+        self._measured(began)
+        self._spawn(self._finish_retry(started, attempt))
+
+    async def _finish_retry(self, started, attempt: Attempt) -> None:  # noqa: ANN001 - the service's own type
+        """One writer at a time writes the retries answered meanwhile, a batch's together: settles of one
+        batch written apart race each other for the next number of its finished-order log."""
+        self.retries_answered.append((started, attempt))
+        if self.writing_retries:
+            return  # the writer running takes it in its next round
+        self.writing_retries = True
+        try:
+            while self.retries_answered:
+                answered, self.retries_answered = self.retries_answered, []
+                self.outcome.update(await self._writing(self.requests.finish_retries, answered))
+                if self.drained and not any(m.retry is not None for m in self.queue):
+                    # Nothing left to claim: as after a group's close, the batches' final status now rather
+                    # than at the sweeper's next pass (fenced like every settle: work still running keeps it open).
+                    for batch_id in {started.running["batch_id"] for started, _ in answered}:
+                        await self._writing(self.requests.settle_batch, batch_id)
+        finally:
+            self.writing_retries = False
+
+    def _measured(self, started: float) -> None:
+        """A call answered: how long calls take moves (the first answer replaces the guess)."""
+        elapsed = time.monotonic() - started
+        self.call_seconds = (policy.moving_average(self.call_seconds, elapsed, self.config.average_weight)
+                             if self.answered else elapsed)
+        self.answered = True
+        self.calls_measured += 1
 
     @property
     def busy(self) -> int:

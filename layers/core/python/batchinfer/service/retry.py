@@ -7,8 +7,11 @@ again, its create call's Idempotency-Key held again. Nothing is re-queued by a s
 ran and did not succeed have request items, and a walk over them (`retrying` on the batch: the filter and a
 cursor) moves each one the filter takes to waiting, due at once, a page per transaction fenced on the
 cursor, so the dispatcher serves them as it serves any retry (budgets, tier limits, key re-checks and the
-window as ever). Requests never dispatched (beyond their lane's cursor, after a cancel or an expiry) come
-back with their lanes, re-created at their cursor when the walk ends, or stay as they ended (`parked`)
+window as ever): it sends one of them to start a worker whose slot pump takes the model's free slots and
+claims the others in them ahead of its calls, writing the answers of the batch together
+(scheduling.dispatcher, scheduling.pump), so a retried run keeps the model at its budget as a first run
+does. Requests never dispatched (beyond their lane's cursor, after a cancel or an expiry) come back with their
+lanes, re-created at their cursor when the walk ends, or stay as they ended (`parked`)
 when the filter leaves them out.
 
 The call walks for a few seconds (a batch holds up to 50,000 requests) and answers; the sweeper carries the

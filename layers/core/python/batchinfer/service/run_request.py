@@ -15,7 +15,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from .. import protocols
@@ -34,6 +34,7 @@ from ..domain import (
 from ..jsontext import Text, text_of, to_json
 from ..layout import group_key, requests_object, result_object
 from ..ledger import (
+    SETTLE_MAX,
     Settlement,
     close_group,
     paused_until,
@@ -41,6 +42,7 @@ from ..ledger import (
     queue_message,
     record_position,
     settle,
+    settle_many,
     start,
     start_group,
 )
@@ -208,50 +210,110 @@ async def process(svc: Services, message: dict, claimed: dict | None = None, bat
 
 
 async def _process_request(svc: Services, message: dict, claimed: dict | None, batch: dict | None) -> str:
+    started = await asyncio.to_thread(start_retry, svc, message, claimed, batch)
+    if isinstance(started, str):
+        return started
+    attempt = await _attempt(started.model, started.batch, started.body, started.key,
+                             svc.settings.backend_timeout_seconds)
+    return await asyncio.to_thread(finish_retry, svc, started, attempt)
+
+
+@dataclass
+class StartedRetry:
+    """A retried request that passed its checks and started: what its call needs, and what its outcome's
+    write needs after it."""
+
+    running: dict
+    batch: dict
+    body: dict
+    model: Model
+    key: str | None
+
+
+def start_retry(svc: Services, message: dict, claimed: dict | None = None, batch: dict | None = None
+                ) -> StartedRetry | str:
+    """The steps of a retried request before its call: the checks made before every attempt, then its start
+    (fenced against its batch stopping). Returns it started, or what happened instead (for metrics)."""
     batch_id, index = message["batch_id"], int(message["index"])
-    req = claimed or await asyncio.to_thread(Request.get, svc.table, batch_id, index)
+    req = claimed or Request.get(svc.table, batch_id, index)
     if not req or req["state"] != RequestState.DISPATCHED.value or req["token"] != message["token"]:
         return "stale"  # a duplicate delivery, or the lease was recovered and the request moved on
-    if claimed is None and await asyncio.to_thread(over_cap, svc, req["model"]):
+    if claimed is None and over_cap(svc, req["model"]):
         # Dispatched within the cap, delivered after it shrank (interactive load came, the backend said 429):
         # it does not start over the cap; back to waiting, due at once, its slot given back.
-        await asyncio.to_thread(_hand_back_request, svc, req)
+        _hand_back_request(svc, req)
         return "handed_back"
     batch = dict(batch or {})
-    decided = await asyncio.to_thread(_settle_without_running, svc, req, message, batch)
+    decided = _settle_without_running(svc, req, message, batch)
     if decided != "may_run":
         return decided
     for tries in range(START_ATTEMPTS):
         try:
-            running = await asyncio.to_thread(start, svc, req)
+            running = start(svc, req)
             break
         except ConditionFailed:
             # The batch changed between the check and the start (it stopped, was paused, its window closed):
             # record that instead, or start again when a resume came too and the request is still ours.
-            current = await asyncio.to_thread(Request.get, svc.table, batch_id, index)
+            current = Request.get(svc.table, batch_id, index)
             if (not current or current["state"] != RequestState.DISPATCHED.value
                     or current["token"] != message["token"]):
                 return "stale"
-            decided = await asyncio.to_thread(_settle_without_running, svc, current, message)
+            decided = _settle_without_running(svc, current, message)
             if decided != "may_run" or tries == START_ATTEMPTS - 1:
                 return "stale" if decided == "may_run" else decided
             req = current
     model = svc.catalog.get(req["model"])
-    body = json.loads(await asyncio.to_thread(svc.blobs.get_range, requests_object(batch_id), req["offset"],
-                                              req["length"]))["body"]
-    key = await asyncio.to_thread(backend_key, svc, model)
-    attempt = await _attempt(model, batch, body, key, svc.settings.backend_timeout_seconds)
+    body = json.loads(svc.blobs.get_range(requests_object(batch_id), req["offset"], req["length"]))["body"]
+    return StartedRetry(running=running, batch=batch, body=body, model=model, key=backend_key(svc, model))
+
+
+def finish_retries(svc: Services, answered: list[tuple[StartedRetry, Attempt]]) -> Counter:
+    """Write started retries' answered attempts: those of one batch together (`settle_many`: one transaction
+    and one entry of the finished-order log, not one each racing the others for the log's next number), each
+    alone when one of them lost its lease. What they became."""
+    by_batch: dict[str, list[tuple[dict, Settlement]]] = {}
+    for started, attempt in answered:
+        if attempt.status_code == 429:
+            backend_said_429(svc, started.model)
+        running = started.running
+        by_batch.setdefault(running["batch_id"], []).append(
+            (running, _outcome(svc, running, running["batch_id"], started.model, attempt)))
+    outcomes: Counter = Counter()
+    for settled in by_batch.values():
+        for at in range(0, len(settled), SETTLE_MAX):
+            part = settled[at:at + SETTLE_MAX]
+            try:
+                settle_many(svc, part)
+                outcomes.update(outcome.to.value for _, outcome in part)
+                continue
+            except ConditionFailed:
+                pass
+            for running, outcome in part:
+                try:
+                    settle(svc, running, outcome)
+                    outcomes[outcome.to.value] += 1
+                except ConditionFailed:  # as in finish_retry
+                    log.warning("request %s/%s lost its lease before its outcome was recorded",
+                                running["batch_id"], running["index"])
+                    outcomes["lease_lost"] += 1
+    return outcomes
+
+
+def finish_retry(svc: Services, started: StartedRetry, attempt: Attempt) -> str:
+    """Write a started retry's answered attempt (fenced on its lease); what it became."""
+    model, running = started.model, started.running
     if attempt.status_code == 429:
-        await asyncio.to_thread(backend_said_429, svc, model)
-    outcome = _outcome(svc, running, batch_id, model, attempt)
+        backend_said_429(svc, model)
+    outcome = _outcome(svc, running, running["batch_id"], model, attempt)
     try:
-        await asyncio.to_thread(settle, svc, running, outcome)
+        settle(svc, running, outcome)
     except ConditionFailed:
         # The lease ran out while the backend worked; the sweeper already counted this attempt's cost as
         # unknown and put the request back, so this answer is dropped rather than recorded twice.
-        log.warning("request %s/%s lost its lease before its outcome was recorded", batch_id, index)
+        log.warning("request %s/%s lost its lease before its outcome was recorded", running["batch_id"],
+                    running["index"])
         return "lease_lost"
-    await asyncio.to_thread(_after_capped_settle, svc, running)
+    _after_capped_settle(svc, running)
     return outcome.to.value
 
 
@@ -412,6 +474,12 @@ class BatchRequests:
     async def run_retry(self, retry: dict) -> Counter:
         return await process(self.svc, queue_message(retry), claimed=retry)
 
+    def start_retry(self, retry: dict) -> StartedRetry | str:
+        return start_retry(self.svc, queue_message(retry), claimed=retry)
+
+    def finish_retries(self, answered: list[tuple[StartedRetry, Attempt]]) -> Counter:
+        return finish_retries(self.svc, answered)
+
     def key(self, model: Model) -> str | None:
         return backend_key(self.svc, model)
 
@@ -458,8 +526,15 @@ async def process_and_pull(svc: Services, message: dict, seconds_left: float) ->
         return await process(svc, message)
     pump = slot_pump(svc, model, deadline)
     # A group's slots become the pump's at its start (no slot goes back to the budget between its members
-    # and the next work); a retry runs on its own, then the pump takes what the budget has free.
-    outcome = (await pump.adopt(message)) if "group" in message else await process(svc, message)
-    outcome = outcome or Counter()
-    outcome.update(await pump.run(svc.settings.worker_pull_limit))
-    return outcome
+    # and the next work); a retry runs on its own beside the pump, which takes what the budget has free at
+    # once (the dispatcher sends one retry per pump to start: the pump claims the others).
+    if "group" in message:
+        outcome = await pump.adopt(message) or Counter()
+        outcome.update(await pump.run(svc.settings.worker_pull_limit))
+        return outcome
+    both = await asyncio.gather(process(svc, message), pump.run(svc.settings.worker_pull_limit),
+                                return_exceptions=True)  # neither is left running when the other fails
+    for failure in both:
+        if isinstance(failure, BaseException):
+            raise failure
+    return both[0] + both[1]
