@@ -518,11 +518,19 @@ class SlotPump:
         try:
             # The turns go to the batches this pump's runners would start next (those owed starts here).
             standing = policy.standing_in_pump(self.served, self.queued_of)
+            # Of a lane, while others have work, no more than its slots run in a wave beside what its batch
+            # runs and has queued here (`policy.lane_most_in_pump`): the rest stays for a pump with room.
+            here = {batch: n for batch, n in (self.queued_of + self.running_of).items() if batch is not None}
+            wave = policy.pump_wave(self.held.open, self.ahead, self.model.batch_budget)
             units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most,
-                                         standing)
+                                         standing, wave, here)
         except (ConditionFailed, Throttled):
             return 0
         self.emptied |= self.dispatcher.emptied
+        if log.isEnabledFor(logging.DEBUG):  # which pump claims what, in how many slots, with what queued
+            log.debug("claim pump=%x slots=%d busy=%d queued=%s asked=%d took=%s", id(self), self.held.open,
+                      self.busy, dict(+self.queued_of), want,
+                      dict(Counter(u.get("batch_id", "retry") for u in units for _ in u.get("positions", [u]))))
         queued = 0
         for unit in units:
             if "positions" not in unit:
