@@ -326,6 +326,13 @@ def test_a_pump_holds_no_more_of_a_shared_lane_than_a_wave_whatever_its_claims_a
     assert held <= max(here, wave)
 
 
+def test_running_past_counts_per_batch_the_calls_that_outlast_the_claim():
+    calls = [("big", 0.05), ("big", 0.3), ("big", 1.9), ("new", 1.95), ("new", -0.2), (None, 1.0)]
+    assert policy.running_past(calls, 0.2) == {"big": 2, "new": 1, None: 1}
+    assert policy.running_past(calls, -math.inf) == {"big": 3, "new": 2, None: 1}  # no answer yet: every call
+    assert policy.running_past([], 0.2) == {}
+
+
 @pytest.mark.parametrize(("total", "dispatched", "room"), [(10, 4, 6), (10, 10, 0), (10, 12, 0)])
 def test_lane_room(total, dispatched, room):
     assert policy.lane_room(total, dispatched) == room

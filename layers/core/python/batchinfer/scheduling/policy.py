@@ -206,6 +206,18 @@ def pump_wave(open_slots: int, ahead_: int, budget: int) -> int | None:
     return max(open_slots, ahead_) if budget > open_slots else None
 
 
+def running_past(calls: Iterable[tuple[Hashable, float]], horizon: float) -> dict:
+    """Per batch, its calls in flight (each: its batch, its expected seconds left) still running when a claim
+    made now lands (`horizon`: its round trip): what of a pump's wave a batch holds for `lane_most_in_pump`.
+    Calls answering sooner free their slots for the claim's work: counted, a claim made as a wave ends took
+    none of the batches running it, and the runners idled until the next claim."""
+    out: dict = {}
+    for batch, left in calls:
+        if left > horizon:
+            out[batch] = out.get(batch, 0) + 1
+    return out
+
+
 def lane_room(total: int, dispatched: int) -> int:
     """A lane's requests not yet dispatched."""
     return max(0, total - dispatched)
