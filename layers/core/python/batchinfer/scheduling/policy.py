@@ -187,7 +187,8 @@ def lane_take(k: int, room: int, most: int | float, quantum: int, claim_max: int
 def lane_most_in_pump(wave: int, here: int, shared: bool) -> float:
     """The most a pump's claim takes of one lane while other lanes could take work too (`shared`):
     what its slots run in about a wave (`wave`: its open slots, or what it claims ahead when that is more,
-    for calls shorter than a claim) less what of that batch runs or is queued there already (`here`). The
+    for calls shorter than a claim) less what of that batch runs past the claim (`running_past`) or is
+    queued there already (`here`). The
     rest stays in the lane for a pump with room: each pump is fair by its own count of starts, so a pump of
     few slots that took a newcomer's whole lane (a quantum and its last few) shared its few slots between
     the newcomer and the others over several waves, while a pump of many slots beside it ran only the
