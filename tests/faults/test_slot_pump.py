@@ -14,6 +14,7 @@ from batchinfer.layout import owner_sort
 from batchinfer.records import group_shards, lease_shards
 from batchinfer.scheduling import held_slots, lanes, policy
 from batchinfer.scheduling import pump as slot_pump
+from batchinfer.scheduling.capacity import Draws, read_budget
 from batchinfer.scheduling.claimed_work import GroupRun, Member
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
@@ -433,6 +434,39 @@ def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypat
 
 
 # --- Service since arrival -----------------------------------------------------------------------------------
+
+
+def test_a_pump_with_part_of_the_budget_leaves_a_shared_lanes_rest_to_a_pump_with_room(svc):
+    """Two pumps share a budget of 16 (6 slots and 10) while a large batch and a newcomer of 10 both have
+    work: the pump of 6 takes no more of either than its slots run in a wave, rather than a quantum and the
+    lane's last few (the newcomer's whole lane, run over two waves there while the pump of 10 ran only the
+    large one's); the pump of 10 takes the newcomer's other 4. No request is claimed twice, none is lost,
+    and the pumps hold the budget's 16 slots, no more."""
+    set_budgets(svc, {GLM: 16})
+    glm = svc.catalog.get(GLM)
+    who = authenticate(svc, new_key(svc, tier="internal")[1])
+    large = submit(svc, who, [chat_request(f"l-{i}", f"large {i}") for i in range(100)])
+    small = submit(svc, who, [chat_request(f"s-{i}", f"small {i}") for i in range(10)])
+
+    async def claims() -> list[Counter]:
+        taken = []
+        for slots in (6, 10):
+            pump_ = run_request.slot_pump(svc, glm, time.monotonic() + 60)
+            item = read_budget(svc, glm)
+            assert await pump_.held.take(Draws(item, 16).split(slots))
+            await pump_._claim(slots + 4, read_budget(svc, glm), 100)
+            taken.append(Counter({batch: n for batch, n in pump_.queued_of.items() if n}))
+            for member in pump_.queue:
+                positions.append((member.run.batch["id"], repr(member.position)))
+        return taken
+
+    positions: list = []
+    first, second = asyncio.run(claims())
+
+    assert 0 < first[small] <= 6 and first[large] <= 6, first
+    assert second[small] == 10 - first[small], (first, second)  # the rest of the newcomer's lane
+    assert len(positions) == len(set(positions))  # none claimed twice
+    assert budget_of(svc, GLM)["in_flight"] == 16
 
 
 def test_a_batch_created_as_a_wave_began_is_owed_it_though_its_work_arrives_after_it(svc):

@@ -295,6 +295,44 @@ def test_a_lane_take_stays_within_the_lane_and_the_claim_and_leaves_no_stub_it_c
         assert take == room
 
 
+@pytest.mark.parametrize(("wave", "here", "shared", "most"), [
+    (6, 6, True, 0),  # a pump of 6 slots running 6 of a newcomer's: the rest waits for a pump with room
+    (10, 0, True, 10),  # a pump of 10 whose slots run only the others': a wave of the newcomer's
+    (16, 12, True, 4),
+    (6, 9, True, 0),  # more here than a wave (claimed before the others came): none, never negative
+    (6, 6, False, math.inf),  # alone with work: the pump claims ahead as it would
+])
+def test_lane_most_in_pump(wave, here, shared, most):
+    assert policy.lane_most_in_pump(wave, here, shared) == most
+
+
+@pytest.mark.parametrize(("open_slots", "ahead", "budget", "wave"), [
+    (6, 4, 16, 6),  # long calls: a wave is the slots
+    (6, 40, 16, 40),  # calls shorter than a claim: what it claims ahead
+    (16, 4, 16, None),  # the whole budget: no pump beside it to leave work to
+    (2, 4, 2, None),
+])
+def test_pump_wave(open_slots, ahead, budget, wave):
+    assert policy.pump_wave(open_slots, ahead, budget) == wave
+
+
+@given(wave=st.integers(0, 64), here=st.integers(0, 200), claims=st.lists(st.integers(0, 64), max_size=6))
+def test_a_pump_holds_no_more_of_a_shared_lane_than_a_wave_whatever_its_claims_ask(wave, here, claims):
+    # Each claim takes at most the bound (what the lanes count as taken goes into `here`): however many
+    # claims, and however much each asks, the batch never holds more than a wave there beyond what it had.
+    held = here
+    for ask in claims:
+        held += int(min(ask, policy.lane_most_in_pump(wave, held, True)))
+    assert held <= max(here, wave)
+
+
+def test_running_past_counts_per_batch_the_calls_that_outlast_the_claim():
+    calls = [("big", 0.05), ("big", 0.3), ("big", 1.9), ("new", 1.95), ("new", -0.2), (None, 1.0)]
+    assert policy.running_past(calls, 0.2) == {"big": 2, "new": 1, None: 1}
+    assert policy.running_past(calls, -math.inf) == {"big": 3, "new": 2, None: 1}  # no answer yet: every call
+    assert policy.running_past([], 0.2) == {}
+
+
 @pytest.mark.parametrize(("total", "dispatched", "room"), [(10, 4, 6), (10, 10, 0), (10, 12, 0)])
 def test_lane_room(total, dispatched, room):
     assert policy.lane_room(total, dispatched) == room

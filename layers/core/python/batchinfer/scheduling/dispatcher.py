@@ -93,14 +93,17 @@ class Dispatcher:
 
     def claim(self, model: Model, limit: int | None = None, slot_lease: dict | None = None,
               budget_item: dict | None = None, most: int | None = None,
-              standing: dict[str, int] | None = None) -> list[dict]:
+              standing: dict[str, int] | None = None, wave: int | None = None,
+              here: dict[str, int] | None = None) -> list[dict]:
         """Claim up to `limit` due requests of the model within its budget and the accounts' tier limits,
         retries first, then batches in turn. Returns what was dispatched (not yet sent): retried requests,
         and groups of first attempts. With `slot_lease` (and the `budget_item` its holder just read), they
         run in the lease's slots: about `limit` of them, whatever the budget has free (while many lanes
         wait, a whole quantum for each lane served: its holder queues what its slots cannot run yet), and
         never more than `most` (what its holder can start in time), if given; `standing`: where each batch
-        with work in the holder's pump stands there (its turns go to the lowest first)."""
+        with work in the holder's pump stands there (its turns go to the lowest first); `wave` and `here`:
+        what the holder's slots run in about a wave and, per batch, its requests running or queued there
+        (while other lanes have work, a lane gives it no more than the difference: `policy.lane_most_in_pump`)."""
         svc = self.svc
         self.batches_seen = {}
         self.emptied = set()
@@ -118,7 +121,7 @@ class Dispatcher:
         scope = ClaimScope(draws=Draws(budget_item, cap), slot_lease=slot_lease,
                            most=math.inf if most is None else most, running=self.runs_what_it_claims,
                            batches_seen=self.batches_seen, emptied=self.emptied, standing=standing or {},
-                           at_cap=self.at_cap)
+                           at_cap=self.at_cap, wave=wave, here=dict(here or {}))
         free = cap - int((budget_item or {}).get("in_flight", 0)) if slot_lease is None else int(limit or 0)
         if limit is not None:
             free = min(free, limit)

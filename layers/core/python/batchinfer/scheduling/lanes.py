@@ -82,6 +82,11 @@ class ClaimScope:
     standing: dict[str, int] = field(default_factory=dict)
     # Capped batches whose lane's next request does not fit the cap while nothing of them runs, as read.
     at_cap: set[str] = field(default_factory=set)
+    # In a pump's claim, what its slots run in about a wave (`policy.lane_most_in_pump`; None outside a
+    # pump) and batch id -> its requests running or queued there, counting what this claim has taken of it.
+    wave: int | None = None
+    here: dict[str, int] = field(default_factory=dict)
+    shared: bool = True  # other lanes could take work too (as the claim's reads tell): the bound applies
 
     def standing_of(self, batch_id: str) -> int | None:
         return self.standing.get(batch_id, min(self.standing.values(), default=None))
@@ -157,6 +162,7 @@ class Lanes:
                                  standing=scope.standing_of(lane["batch_id"])) for lane in lanes]
         # Accounts are read only for the lanes that could take work, as they are met.
         room = {want.account: accounts.free(want.account) for want in wants if want.room > 0}
+        scope.shared = sum(1 for want in wants if want.room > 0 and room[want.account] > 0) > 1
         shares, given_last = policy.water_fill(wants, free, room)
         # Each account's slots, as shared above, go to its highest-priority lanes first.
         shares = policy.by_priority(wants, shares)
@@ -196,6 +202,8 @@ class Lanes:
             # Every lane was read: the batches holding fewest take their turns first (a batch that has just
             # arrived is owed them), as the water-fill gives slots when every lane fits.
             read = {lane["batch_id"]: self._batch(lane["batch_id"], scope) for lane in lanes}
+            scope.shared = sum(1 for lane in lanes if self._room(read[lane["batch_id"]], model.id) > 0
+                               and accounts.free(lane["account_id"]) > 0) > 1
             held = [policy.LaneWant(key=lane["sk"], account=lane["account_id"],
                                     held=int((read[lane["batch_id"]] or {}).get("in_flight", 0)), room=1,
                                     standing=scope.standing_of(lane["batch_id"]))
@@ -252,6 +260,9 @@ class Lanes:
         # Nothing once the window has closed (the sweeper expires the batch).
         config = self.config
         k = policy.lane_take(k, self._room(batch, model.id), most, config.lane_quantum, config.claim_max)
+        if scope.wave is not None:  # a pump takes of a lane what its own slots run soon; the rest waits there
+            k = int(min(k, policy.lane_most_in_pump(scope.wave, scope.here.get(batch["id"], 0),
+                                                    scope.shared and self.seen > 1)))
         # Without a lease the slots come from the budget's shards, the roomiest first, as many as they have free.
         parts = None if scope.slot_lease else scope.draws.split(k)
         if parts is not None:
@@ -275,6 +286,7 @@ class Lanes:
             return []  # another dispatcher advanced the lane or took the slots; next pass
         for draw, n in parts or []:
             scope.draws.took(draw.shard, n)
+        scope.here[batch["id"]] = scope.here.get(batch["id"], 0) + len(positions)
         if lane_next + len(positions) >= int(batch["lanes"][model.id]["total"]):
             scope.emptied.add(batch["id"])
         return claimed

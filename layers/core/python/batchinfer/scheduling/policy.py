@@ -184,6 +184,41 @@ def lane_take(k: int, room: int, most: int | float, quantum: int, claim_max: int
     return int(min(k, room, claim_max))
 
 
+def lane_most_in_pump(wave: int, here: int, shared: bool) -> float:
+    """The most a pump's claim takes of one lane while other lanes could take work too (`shared`):
+    what its slots run in about a wave (`wave`: its open slots, or what it claims ahead when that is more,
+    for calls shorter than a claim) less what of that batch runs past the claim (`running_past`) or is
+    queued there already (`here`). The
+    rest stays in the lane for a pump with room: each pump is fair by its own count of starts, so a pump of
+    few slots that took a newcomer's whole lane (a quantum and its last few) shared its few slots between
+    the newcomer and the others over several waves, while a pump of many slots beside it ran only the
+    others'. A lane alone with work (the others' accounts full, say) is not bounded here (inf): its pump
+    claims ahead of its slots, or it would idle a claim's round trip at every call's end."""
+    if not shared:
+        return math.inf
+    return max(0, wave - here)
+
+
+def pump_wave(open_slots: int, ahead_: int, budget: int) -> int | None:
+    """What a pump's slots run in about a wave, for `lane_most_in_pump`: its open slots, or what it claims
+    ahead when that is more (calls shorter than a claim). None when the pump holds the model's whole budget:
+    no other pump could take what it leaves in a lane, and a few slots' claims cut to a wave would make
+    groups of a few, each paying a claim and a close."""
+    return max(open_slots, ahead_) if budget > open_slots else None
+
+
+def running_past(calls: Iterable[tuple[Hashable, float]], horizon: float) -> dict:
+    """Per batch, its calls in flight (each: its batch, its expected seconds left) still running when a claim
+    made now lands (`horizon`: its round trip): what of a pump's wave a batch holds for `lane_most_in_pump`.
+    Calls answering sooner free their slots for the claim's work: counted, a claim made as a wave ends took
+    none of the batches running it, and the runners idled until the next claim."""
+    out: dict = {}
+    for batch, left in calls:
+        if left > horizon:
+            out[batch] = out.get(batch, 0) + 1
+    return out
+
+
 def lane_room(total: int, dispatched: int) -> int:
     """A lane's requests not yet dispatched."""
     return max(0, total - dispatched)

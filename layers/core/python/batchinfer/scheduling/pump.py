@@ -83,6 +83,7 @@ class SlotPump:
         self.held = HeldSlots(svc, model.id)  # the lease and its slots
         self.queue: deque[Member] = deque()
         self.calls_started: dict[int, float] = {}  # per call in flight: when it started (time.monotonic())
+        self.call_batch: dict[int, str | None] = {}  # per call in flight: its batch (None: a retry)
         self.running_of: Counter = Counter()  # batch id -> its group members' calls in flight here
         self.queued_of: Counter = Counter()  # batch id (None: retries) -> its requests in the queue
         # batch id -> calls started here, counted from where its arrival put it (`policy.served_at_arrival`),
@@ -334,6 +335,7 @@ class SlotPump:
 
     def _call_starts(self, member: Member) -> float:
         started = self.calls_started[id(member)] = time.monotonic()
+        self.call_batch[id(member)] = None if member.run is None else member.run.batch.get("id")
         if member.run is not None:
             batch_id = member.run.batch.get("id")
             self.running_of[batch_id] += 1
@@ -341,6 +343,7 @@ class SlotPump:
         return started
 
     def _call_ended(self, member: Member) -> None:
+        self.call_batch.pop(id(member), None)
         if self.calls_started.pop(id(member), None) is not None and member.run is not None:
             self.running_of[member.run.batch.get("id")] -= 1
             self.ends.append((time.time(), member.run.batch.get("id")))
@@ -373,6 +376,15 @@ class SlotPump:
 
     def _calls_left(self, now: float) -> list[float]:
         return policy.calls_left(self.calls_started.values(), self.call_seconds, now)
+
+    def _running_past(self) -> dict:
+        """Per batch, its calls in flight expected to run past a claim made now (`policy.running_past`); all
+        of them until a call has answered here (how long one takes is a guess until then)."""
+        now = time.monotonic()
+        horizon = (policy.claim_horizon(self.claim_seconds, self.config.soon_margin_seconds) if self.answered
+                   else -math.inf)
+        return policy.running_past(((self.call_batch.get(key), start + self.call_seconds - now)
+                                    for key, start in self.calls_started.items()), horizon)
 
     def _ending_soon(self) -> tuple[int, float]:
         """How many calls in flight are expected to answer within the next claim's round trip (twice the
@@ -558,12 +570,21 @@ class SlotPump:
         try:
             # The turns go to the batches this pump's runners would start next (those owed starts here).
             standing = policy.standing_in_pump(self.served, self.queued_of)
+            # Of a lane, while others have work, no more than its slots run in a wave beside what its batch
+            # runs and has queued here (`policy.lane_most_in_pump`): the rest stays for a pump with room.
+            here = {batch: n for batch, n in (self.queued_of + Counter(self._running_past())).items()
+                    if batch is not None}
+            wave = policy.pump_wave(self.held.open, self.ahead, self.model.batch_budget)
             units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most,
-                                         standing)
+                                         standing, wave, here)
         except (ConditionFailed, Throttled):
             return 0
         self.emptied |= self.dispatcher.emptied
         await self._writing(self.dispatcher.stop_those_at_cap)
+        if log.isEnabledFor(logging.DEBUG):  # which pump claims what, in how many slots, with what queued
+            log.debug("claim pump=%x slots=%d busy=%d queued=%s asked=%d took=%s", id(self), self.held.open,
+                      self.busy, dict(+self.queued_of), want,
+                      dict(Counter(u.get("batch_id", "retry") for u in units for _ in u.get("positions", [u]))))
         queued = 0
         for unit in units:
             if "positions" not in unit:
