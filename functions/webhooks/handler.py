@@ -11,7 +11,7 @@ from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from batchinfer.catalog import METRIC_WEBHOOK_ATTEMPTS_FAILED, METRIC_WEBHOOK_DELIVERIES_FAILED
-from batchinfer.observability import logger, metrics, tracer
+from batchinfer.observability import item_failed, logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.service.webhooks import deliver
 
@@ -24,7 +24,14 @@ _pool = ThreadPoolExecutor(max_workers=RECORDS_PER_CALL, thread_name_prefix="del
 
 async def record_handler(record: SQSRecord) -> str:
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(_pool, deliver, services(), json.loads(record.body))
+    message = json.loads(record.body)
+    try:
+        result = await loop.run_in_executor(_pool, deliver, services(), message)
+    except Exception as error:
+        # Logged with the event and counted; raised again, so that only this record goes back to the queue
+        # (and, failing on, to its dead-letter queue) while the others of the call are delivered.
+        item_failed("webhook delivery", str(message.get("sk") or record.message_id), "delivery", error)
+        raise
     if result in ("retry", "failed"):
         metrics.add_metric(name=METRIC_WEBHOOK_ATTEMPTS_FAILED, unit=MetricUnit.Count, value=1)
     if result == "failed":  # the last attempt failed: the receiver will not hear of this event

@@ -7,7 +7,7 @@ from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from batchinfer.catalog import METRIC_BACKEND_ERRORS, METRIC_REQUESTS_COMPLETED
-from batchinfer.observability import logger, metrics, metrics_with, tracer
+from batchinfer.observability import item_failed, logger, metrics, metrics_with, tracer
 from batchinfer.runtime import services
 from batchinfer.service.run_request import process_and_pull
 
@@ -19,7 +19,14 @@ _per_model: dict[str, EphemeralMetrics] = {}
 
 
 async def record_handler(record: SQSRecord) -> str:
-    outcome = await process_and_pull(services(), json.loads(record.body), _seconds_left["value"])
+    message = json.loads(record.body)
+    try:
+        outcome = await process_and_pull(services(), message, _seconds_left["value"])
+    except Exception as error:
+        # Logged with what the message names and counted; raised again, so that only this record goes back to
+        # the queue (its leases recover what it held) while the others of the call run.
+        item_failed("worker", str(message.get("batch_id") or record.message_id), "run", error)
+        raise
     model_metrics = _per_model["metrics"]
     if ended := outcome["completed"] + outcome["failed"]:
         model_metrics.add_metric(name=METRIC_REQUESTS_COMPLETED, unit=MetricUnit.Count, value=ended)

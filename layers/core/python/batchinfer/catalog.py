@@ -31,6 +31,9 @@ METRIC_REQUESTS_DISPATCHED = "RequestsDispatched"  # dispatcher
 METRIC_SWEEP_LAG = "SweepLagSeconds"
 METRIC_WEBHOOK_ATTEMPTS_FAILED = "WebhookAttemptsFailed"  # webhooks function: attempts without a 2xx
 METRIC_WEBHOOK_DELIVERIES_FAILED = "WebhookDeliveriesFailed"  # webhooks function: events given up on
+# Every background loop (sweeper, dispatcher, worker's pump, webhooks): an item whose step raised unexpectedly
+# (logged with the item's id and the step; the loop went on with the next item)
+METRIC_BACKGROUND_ITEM_FAILURES = "BackgroundItemFailures"
 METRIC_API_LATENCY = "ApiLatency"  # api function, per request but long polls: milliseconds to answer (api.latency)
 # From the storage layer (storage.dynamo), in whichever function wrote: writes DynamoDB refused.
 METRIC_TRANSACTION_CONFLICTS = "TransactionConflicts"  # another transaction held an item (tried again)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.metrics import EphemeralMetrics
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
+from .catalog import METRIC_BACKGROUND_ITEM_FAILURES
 from .settings import get_settings
 
 logger = Logger()
@@ -29,3 +31,42 @@ def metrics_with(**dimensions: str) -> EphemeralMetrics:
     for name, value in dimensions.items():
         own.add_dimension(name=name, value=value)
     return own
+
+
+_loops = logging.getLogger("batchinfer.background")
+
+
+def item_failed(loop: str, item_id: str, step: str, error: BaseException) -> None:
+    """One item of a background loop raised unexpectedly (a bulkhead): logged with the item's id and the step,
+    counted (BackgroundItemFailures, alarmed on); the caller goes on with the next item."""
+    _loops.error("%s: %s of %s failed: %s: %s", loop, step, item_id, type(error).__name__, error,
+                 exc_info=error, extra={"loop": loop, "item_id": item_id, "step": step})
+    metrics.add_metric(name=METRIC_BACKGROUND_ITEM_FAILURES, unit=MetricUnit.Count, value=1)
+
+
+class Bulkhead:
+    """One item of a background loop, isolated: an unexpected exception inside the `with` is logged with the
+    item's id and the step it was at (`step`, which the work moves on as it goes), counted, kept in `error`,
+    and does not escape: the loop goes on with the next item. `failed`, if given, is the set of items whose
+    step raised the last time (the walk takes them last): the item joins it on a failure and leaves it when
+    its step goes through. BaseExceptions that are not Exceptions (a KeyboardInterrupt, an exit) pass."""
+
+    def __init__(self, loop: str, item_id: str, step: str, failed: set[str] | None = None) -> None:
+        self.loop, self.item_id, self.step, self.failed = loop, item_id, step, failed
+        self.error: Exception | None = None
+
+    def __enter__(self) -> Bulkhead:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+        if error is None:
+            if self.failed is not None:
+                self.failed.discard(self.item_id)
+            return False
+        if not isinstance(error, Exception):
+            return False
+        self.error = error
+        item_failed(self.loop, self.item_id, self.step, error)
+        if self.failed is not None:
+            self.failed.add(self.item_id)
+        return True

@@ -30,6 +30,9 @@ class Services:
     resolve: Resolver = system_resolver  # webhook hosts (tests stub it)
     # What a process remembers between invocations (a warm Lambda keeps it): when periodic steps last ran.
     last_ran: dict[str, int] = field(default_factory=dict)
+    # Items whose background step raised in this process's last look at them (batch ids, lease keys, ...): the
+    # next walk takes them last, so one broken item never stands in front of every other at every run.
+    failed_last: set[str] = field(default_factory=set)
 
     def now(self) -> int:
         return int(self.clock())

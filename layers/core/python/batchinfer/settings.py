@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     webhook_event_retention_seconds: int = 30 * 24 * 3600  # events (and their attempts) listed this long
     webhook_relay_seconds: int = Field(default=120, ge=1)  # a pending event not heard of this long is resent
 
+    # Background loops (bulkheads): an item whose step raises is logged, counted and passed over; a batch whose
+    # sweep raises this many times in a row (counted on the batch, across sweepers) ends failed, internal_error.
+    sweep_failures_to_fail: int = Field(default=3, ge=1)
+
     @field_validator("public_base_url")
     @classmethod
     def _check_base_url(cls, value: str | None) -> str | None:

@@ -9,6 +9,7 @@ from ..domain import (
     FINAL_BATCH,
     PAUSABLE_BATCH,
     STOPPABLE_BATCH,
+    UNFINISHED_BATCH,
     BatchStatus,
     Stop,
     batch_transition,
@@ -28,7 +29,7 @@ from ..layout import (
     purge_due,
 )
 from ..spending import EPSILON_USD
-from ..storage.dynamo import Table
+from ..storage.dynamo import ConditionFailed, Table
 from .expressions import Op, _add_op, _in, due_in
 from .shapes import BatchItem
 
@@ -394,6 +395,30 @@ class Batch:
     def end_requeue(t: Table, batch_id: str, retry: int) -> None:
         """A retry's walk ends early: its batch was stopped (or is being deleted) meanwhile."""
         t.update(*batch_key(batch_id), "REMOVE retrying", vals={":n": retry}, condition="retrying.#n = :n")
+
+    @staticmethod
+    def count_step_failure(t: Table, batch_id: str, step: str, now: int) -> int:
+        """One more consecutive failure of the sweeper's work on an unfinished batch (`step`: where it raised),
+        counted on the batch itself, so every sweeper counts the same tally. Returns the tally; 0 when the batch
+        is gone, ended or being deleted."""
+        unfinished, vals = _in("status", UNFINISHED_BATCH)
+        vals.update({":one": 1, ":step": step, ":now": now})
+        try:
+            after = t.update(*batch_key(batch_id), "SET step_failed = :step, step_failed_at = :now "
+                             "ADD step_failures :one", vals=vals, return_new=True,
+                             condition=f"attribute_exists(pk) AND attribute_not_exists(deleting) AND {unfinished}")
+        except ConditionFailed:
+            return 0
+        return int((after or {}).get("step_failures", 0))
+
+    @staticmethod
+    def clear_step_failures(t: Table, batch_id: str) -> None:
+        """The sweeper's work on the batch went through: its tally of consecutive failures starts again."""
+        try:
+            t.update(*batch_key(batch_id), "REMOVE step_failures, step_failed, step_failed_at",
+                     condition="attribute_exists(step_failures)")
+        except ConditionFailed:
+            pass  # cleared by another sweeper
 
     @staticmethod
     def mark_deleting(t: Table, batch: BatchItem, now: int, purge_items: bool) -> Op:

@@ -12,14 +12,20 @@ from collections.abc import Callable
 from ..catalog import Model
 from ..domain import RequestState
 from ..ledger import claim_retry, defer_while_paused, queue_message
+from ..observability import Bulkhead
 from ..records import Batch, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from .capacity import Draws, InteractiveMemory, effective_budget, probe_up, read_budget
 from .config import SchedulerConfig, scheduler_config
 from .lanes import AccountSlots, ClaimScope, Lanes
+from .policy import walk_order
 
 log = logging.getLogger(__name__)
+
+
+def _model_key(model: Model) -> str:
+    return f"model:{model.id}"
 
 
 class Dispatcher:
@@ -62,11 +68,15 @@ class Dispatcher:
 
     def pass_once(self) -> int:
         sent = 0
-        for model in self.svc.catalog.runnable:
-            try:
-                sent += self.dispatch_model(model)
-            except Throttled:
-                log.warning("throttled while dispatching %s", model.id)
+        # Each model in a bulkhead: one whose claim raises is logged, counted and passed over (taken last in
+        # the next pass), and the other models are dispatched all the same.
+        failed = self.svc.failed_last
+        for model in walk_order(self.svc.catalog.runnable, _model_key, failed, turn=0):
+            with Bulkhead("dispatcher", _model_key(model), "claim", failed):
+                try:
+                    sent += self.dispatch_model(model)
+                except Throttled:
+                    log.warning("throttled while dispatching %s", model.id)
         return sent
 
     def dispatch_model(self, model: Model) -> int:

@@ -12,6 +12,7 @@ import math
 import random
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 _SHORTEST_CALL = 1e-3  # seconds: a moving average of call times is never taken as 0
 
@@ -441,3 +442,21 @@ def slots_to_take(wanted: int, cap: int, in_flight: int) -> int:
 
 def moving_average(average: float, sample: float, weight: float) -> float:
     return average + weight * (sample - average)
+
+
+# --- Background walks -------------------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+
+def walk_order(items: Sequence[_T], key: Callable[[_T], str], failed_last: Iterable[str], turn: int) -> list[_T]:
+    """The order a background walk (the sweeper's batches, leases, relays, purges) takes its items in: from a
+    start that moves one item on each turn, with the items whose step raised the last time at the end. One
+    broken item never stands in front of all the others at every run, and a run that is cut short by its
+    deadline does not always leave the same items for the next."""
+    failed = set(failed_last)
+    if not items:
+        return []
+    start = turn % len(items)
+    rotated = [*items[start:], *items[:start]]
+    return [i for i in rotated if key(i) not in failed] + [i for i in rotated if key(i) in failed]

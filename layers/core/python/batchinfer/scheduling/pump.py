@@ -22,6 +22,7 @@ from ..catalog import Model
 from ..domain import Attempt, RequestState
 from ..layout import group_key, owner_sort_created_us
 from ..ledger import Settlement, position_item, start_group_in_lease
+from ..observability import item_failed
 from ..records import Batch
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
@@ -222,12 +223,12 @@ class SlotPump:
             self.need.set()
             for problem in await asyncio.gather(claimer, return_exceptions=True):
                 if isinstance(problem, Exception):  # its claims stand; what it queued still runs or goes back
-                    log.error("the pump's claimer stopped: %r", problem)
+                    item_failed("pump", model.id, "claim", problem)
             self.closing = True  # no more growth; a grow already written added runners: they end too
             self.stop_polling.set()
             for problem in await asyncio.gather(poller, return_exceptions=True):
                 if isinstance(problem, Exception):
-                    log.error("the pump's budget poll stopped: %r", problem)
+                    item_failed("pump", model.id, "budget poll", problem)
             while self.runners:  # added by a grow the poll wrote as it stopped, or left by a failure
                 done, _ = await asyncio.wait(self.runners)
                 self.runners -= done

@@ -16,6 +16,7 @@ from collections import Counter
 
 from ..domain import (
     FINAL_BATCH,
+    STOPPABLE_BATCH,
     BatchStatus,
     RequestState,
     Stop,
@@ -38,6 +39,15 @@ OWNER_UNAUTHORIZED = {"code": "owner_unauthorized",
                                  "account was suspended or deleted."}
 
 
+def internal_error(step: str, times: int) -> dict:
+    """Why a batch ended failed when one of the service's own steps on it kept raising: no user's mistake, and
+    nothing the user can change; what was run is kept, what never started counts as failed."""
+    return {"code": "internal_error",
+            "message": f"The service failed {times} times in a row at the {step} step of this batch and stopped it. "
+                       "Requests that had finished keep their results; those not started are counted as failed. "
+                       "Submitting the failed requests again (or retrying the batch) may succeed."}
+
+
 def dispatched_count(batch: BatchItem) -> int:
     """How many of the batch's requests have been dispatched (lanes advance as they are)."""
     return sum(lane["next"] for lane in batch["lanes"].values())
@@ -58,7 +68,8 @@ def stop_batch(svc: Services, batch: BatchItem, stop: Stop, error: dict | None =
     """Stop a batch from starting requests. Returns False if it was already stopped or finished. `error`:
     why, on the batch (a cancel by its spending cap says so)."""
     # The lanes go in the same transaction, so a stopped batch never keeps a turn at dispatch.
-    error = OWNER_UNAUTHORIZED if stop is Stop.FAIL else error
+    if stop is Stop.FAIL and error is None:
+        error = OWNER_UNAUTHORIZED
     ops = [Batch.stop(svc.table, batch["id"], stop, svc.now(), error)]
     ops += [Lane.remove(svc.table, m, batch) for m in batch["lanes"]]
     try:
@@ -86,9 +97,13 @@ def _close_waiting(svc: Services, batch: BatchItem, stop: Stop, deadline: float 
             pass  # a worker or dispatcher moved it first; the next sweep looks again
 
 
-def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) -> BatchItem | None:
+def settle_batch(svc: Services, batch_id: str, deadline: float | None = None,
+                 failing: dict | None = None) -> BatchItem | None:
     """Give a batch its final status once nothing of it is running or left to start. `deadline`
-    (time.monotonic()): when writing its result files or export must stop, to carry on in the next run."""
+    (time.monotonic()): when writing its result files or export must stop, to carry on in the next run.
+    `failing`: the batch is being failed for this error (`fail_batch`) after its ending kept raising: it ends
+    without result files or export (its results stay readable page by page), `failed` even if it was
+    finalizing."""
     batch = Batch.get(svc.table, batch_id)
     if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
         return batch
@@ -113,6 +128,11 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
     if batch.get("result_bytes", 0) > svc.settings.export_redirect_bytes:
         kinds += ("export",)
     sets: dict = {}
+    if failing is not None:
+        kinds = ()
+        sets["errors"] = {"object": "list", "data": [{**failing, "param": None, "line": None}]}
+        if stop is not Stop.CANCEL:
+            sets["error"] = failing
     if kinds:
         batch = _prepare_writers(svc, batch, now, with_files=bool(batch.get("input_file_id")))
         batch = finalize.write(svc, batch, kinds, deadline) if batch else None
@@ -130,6 +150,8 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
     # left undispatched (`parked`), or stored as unstarted items by an earlier ending (its retries left them).
     final = final_status(stop or (Stop(batch["parked"]) if batch.get("parked") else None)
                          or _earlier_fate(sets.get("unstarted_by")))
+    if failing is not None and stop is None:  # finalizing: everything ran, but its ending cannot be written
+        final = BatchStatus.FAILED
     # A retried batch is kept no longer than the request items of its first run (their TTL).
     retention_ends = min(now + svc.settings.batch_retention_seconds, int(batch.get("keep_until", now + 10**9)))
     ops = [Batch.finalize(svc.table, batch, final, stop, now,
@@ -180,6 +202,29 @@ def _announcing(svc: Services, batch: BatchItem, final: BatchStatus, ops: list) 
     if event is not None:
         ops.append(webhooks.event_put(svc, event))
     return event
+
+
+def fail_batch(svc: Services, batch_id: str, error: dict, deadline: float | None = None) -> BatchItem | None:
+    """End a batch `failed` with `error` (`internal_error`): one of the sweeper's steps on it kept raising. It
+    stops as an owner's failure stops it (running requests finish, those not started count as failed, a retry
+    walk ends where it is); then it settles, and, should its ending itself keep raising, settles without its
+    result files. A batch already cancelling or expiring ends as its stop says. Returns the batch as it is now
+    (not final yet while requests of it run: the next sweep settles it)."""
+    batch = Batch.get(svc.table, batch_id)
+    if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
+        return batch
+    if not batch.get("stop") and batch["status"] in {s.value for s in STOPPABLE_BATCH}:
+        stop_batch(svc, batch, Stop.FAIL, error)
+    if batch.get("retrying"):
+        try:
+            Batch.end_requeue(svc.table, batch_id, int(batch["retrying"]["n"]))
+        except ConditionFailed:
+            pass  # it ended meanwhile
+    try:
+        return settle_batch(svc, batch_id, deadline)
+    except Exception:  # its ending is what raises: end it without what it leaves behind
+        log.warning("batch %s: its ending raised; ending it without result files", batch_id, exc_info=True)
+    return settle_batch(svc, batch_id, deadline, failing=error)
 
 
 def fail_validation(svc: Services, batch: BatchItem, problems: list[dict]) -> bool:

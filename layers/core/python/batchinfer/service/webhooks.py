@@ -35,9 +35,11 @@ from ..addresses import UrlRefused, WebhookTarget, check_url
 from ..domain import EVENT_IDS, BatchStatus, new_event_id
 from ..errors import Conflict, InvalidRequest, NotFound, quoted
 from ..layout import due_lateness
+from ..observability import Bulkhead
 from ..providers.webhook import post_event
 from ..records import BatchItem, Op, Webhook, WebhookEvent
 from ..runtime import Services
+from ..scheduling.policy import walk_order
 from ..storage.dynamo import ConditionFailed
 from .accounts import Principal
 
@@ -180,16 +182,25 @@ def relay_due(svc: Services, limit: int = 50, deadline: float | None = None,
     due = WebhookEvent.due(svc.table, now, limit)
     if overdue:
         overdue(due_lateness(due, now))
-    for item in due:
+    turn = svc.last_ran.get("relay_turn", now) + 1
+    svc.last_ran["relay_turn"] = turn
+    for item in walk_order(due, _event_key, svc.failed_last, turn):
         if deadline is not None and time.monotonic() >= deadline:
             break
-        try:
-            WebhookEvent.relayed(svc.table, item, now + svc.settings.webhook_relay_seconds)
-        except ConditionFailed:
-            continue  # another sweeper, or the delivery itself, moved it on
-        svc.queues.send_webhook(_message(item))
-        sent += 1
+        # One event whose relay raises is logged, counted and passed over (taken last next time); it stays
+        # due, so a later run sends it again.
+        with Bulkhead("webhook relay", _event_key(item), "relay", svc.failed_last):
+            try:
+                WebhookEvent.relayed(svc.table, item, now + svc.settings.webhook_relay_seconds)
+            except ConditionFailed:
+                continue  # another sweeper, or the delivery itself, moved it on
+            svc.queues.send_webhook(_message(item))
+            sent += 1
     return sent
+
+
+def _event_key(item: dict) -> str:
+    return f"{item['pk']}|{item['sk']}"
 
 
 def event_body(event: dict) -> str:
