@@ -217,9 +217,10 @@ class Batch:
         return _add_op(t, batch_key(batch_id), counters)
 
     @staticmethod
-    def stop(t: Table, batch_id: str, stop: Stop, now: int, error: dict | None = None) -> Op:
+    def stop(t: Table, batch_id: str, stop: Stop, now: int, error: dict | None = None, listed: bool = False) -> Op:
         """Stop a batch from starting requests; a cancel also makes it cancelling. Fenced on it being
-        stoppable and not stopped yet."""
+        stoppable and not stopped yet. `listed`: the error goes in its `errors` list too (the OpenAI batch
+        object's list), for a failure of the whole batch that is no one line's."""
         sets = ["#stop = :stop", "stopped_at = :now"]
         stoppable, vals = _in("status", STOPPABLE_BATCH)
         vals.update({":stop": stop.value, ":now": now})
@@ -231,6 +232,9 @@ class Batch:
         if error is not None:
             sets.append("#error = :error")
             vals[":error"] = error
+        if error is not None and listed:
+            sets.append("#errors = :errors")
+            vals[":errors"] = {"object": "list", "data": [{**error, "param": None, "line": None}]}
         return t.op_update(*batch_key(batch_id), "SET " + ", ".join(sets), vals=vals,
                            condition=f"attribute_not_exists(#stop) AND {stoppable}")
 

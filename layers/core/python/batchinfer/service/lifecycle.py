@@ -64,13 +64,13 @@ def undispatched_count(batch: BatchItem) -> int:
     return 0 if batch.get("parked") else never_dispatched_count(batch)
 
 
-def stop_batch(svc: Services, batch: BatchItem, stop: Stop, error: dict | None = None) -> bool:
+def stop_batch(svc: Services, batch: BatchItem, stop: Stop, error: dict | None = None, listed: bool = False) -> bool:
     """Stop a batch from starting requests. Returns False if it was already stopped or finished. `error`:
-    why, on the batch (a cancel by its spending cap says so)."""
+    why, on the batch (a cancel by its spending cap says so); `listed`: in its `errors` list too."""
     # The lanes go in the same transaction, so a stopped batch never keeps a turn at dispatch.
     if stop is Stop.FAIL and error is None:
         error = OWNER_UNAUTHORIZED
-    ops = [Batch.stop(svc.table, batch["id"], stop, svc.now(), error)]
+    ops = [Batch.stop(svc.table, batch["id"], stop, svc.now(), error, listed)]
     ops += [Lane.remove(svc.table, m, batch) for m in batch["lanes"]]
     try:
         svc.table.transact(ops)
@@ -214,7 +214,7 @@ def fail_batch(svc: Services, batch_id: str, error: dict, deadline: float | None
     if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
         return batch
     if not batch.get("stop") and batch["status"] in {s.value for s in STOPPABLE_BATCH}:
-        stop_batch(svc, batch, Stop.FAIL, error)
+        stop_batch(svc, batch, Stop.FAIL, error, listed=True)
     if batch.get("retrying"):
         try:
             Batch.end_requeue(svc.table, batch_id, int(batch["retrying"]["n"]))

@@ -282,10 +282,11 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
         return _went_through(svc, batch_id, failures, done)
     if after is None or after["status"] in FINAL_BATCH:
         return ["settled"] if after else []
-    if due_to_expire(after, now):
+    guard.step = "expiry" if due_to_expire(after, now) else "spending cap"
+    expiring = guard.step == "expiry"
+    if expiring:
         if overdue:
             overdue(now - int(after["expires_at"]))
-        guard.step = "expiry"
         if stop_batch(svc, after, Stop.EXPIRE):
             done.append("expired")
         guard.step = "finalization"
@@ -293,7 +294,6 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
         if after and after["status"] in FINAL_BATCH:
             done.append("settled")
     elif spending_cap.reached(svc, after):  # the next request would pass the cap: it stops as a cancel does
-        guard.step = "spending cap"
         spending_cap.stop(svc, after)
         guard.step = "finalization"
         after = settle_batch(svc, batch_id, deadline)
