@@ -28,6 +28,7 @@ from constructs import Construct
 from batchinfer.catalog import (
     METRIC_API_LATENCY,
     METRIC_BACKEND_ERRORS,
+    METRIC_BACKGROUND_ITEM_FAILURES,
     METRIC_CONDITIONAL_CHECK_FAILURES,
     METRIC_REQUESTS_COMPLETED,
     METRIC_SWEEP_LAG,
@@ -63,6 +64,10 @@ STORAGE_METRICS_SERVICES = tuple(function_service_name(spec.name) for spec in SP
 # (leases and claims lose conditions by design; a storm of them means contention or a loop).
 TRANSACTION_CONFLICTS_ALARM = 50
 CONDITIONAL_CHECK_FAILURES_ALARM = 500
+# Items of a background loop (a batch's sweep step, a lease's recovery, a webhook relay or delivery, a model's
+# claim) that raised, over every function: any in 2 of 3 five-minute periods. A broken item raises at every
+# run (the sweeper runs every minute), so it alarms within 10 minutes; a one-off does not page.
+BACKGROUND_ITEM_FAILURES_ALARM = 0
 # The worker's p99 duration past this share of its timeout: the next slow backend makes it time out.
 WORKER_DURATION_ALARM_SHARE = 0.8
 # The sweeper runs every minute, so what it finds due is normally at most about a minute late; 10 minutes late
@@ -142,7 +147,8 @@ def storage_metric(
 
 
 def storage_total(namespace: str, metric_name: str, period: Duration = FIVE_MINUTES) -> cloudwatch.MathExpression:
-    """A storage-layer EMF metric summed over every function; no data counts as 0."""
+    """An EMF metric every function may emit under its own `service` (the storage layer's counts, the
+    background loops' BackgroundItemFailures), summed over every function; no data counts as 0."""
     using = {
         f"m_{service.removeprefix('batchinfer-')}": storage_metric(namespace, metric_name, service, period)
         for service in STORAGE_METRICS_SERVICES
@@ -386,6 +392,16 @@ class Monitoring(Construct):
             evaluation_periods=3,
             description=f"worker: p99 duration above {WORKER_DURATION_ALARM_SHARE:.0%} of its "
             f"{timeout_ms // 1000} s timeout for 15 min; slow backends are about to time invocations out.",
+        )
+        self._alarm(
+            "background-item-failures",
+            metric=storage_total(self._namespace, METRIC_BACKGROUND_ITEM_FAILURES),
+            threshold=BACKGROUND_ITEM_FAILURES_ALARM,
+            evaluation_periods=3,
+            datapoints_to_alarm=2,
+            description="An item of a background loop raised in 2 of 15 min (logged with the item's id and step: "
+            "search the functions' logs for 'batchinfer.background'). The loops passed over it and went on; a "
+            "batch whose sweep keeps raising ends failed with internal_error (docs/operations.md).",
         )
         for alarm_id, metric_name, threshold, what in (
             (
@@ -641,6 +657,17 @@ class Monitoring(Construct):
                     for s in STORAGE_METRICS_SERVICES
                 ],
                 width=12,
+                stacked=True,
+            ),
+        )
+        dashboard.add_widgets(
+            _graph(
+                "Background items that raised / min (passed over)",
+                [
+                    storage_metric(self._namespace, METRIC_BACKGROUND_ITEM_FAILURES, s)
+                    for s in STORAGE_METRICS_SERVICES
+                ],
+                width=24,
                 stacked=True,
             ),
         )

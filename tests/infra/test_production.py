@@ -381,7 +381,8 @@ def test_the_worker_publishes_each_metric_with_the_dimensions_its_alarms_and_das
     read = {
         (name, dims)
         for name, dims in emf_read(synth, namespace, service)
-        if dict(dims).get("model", model_id) == model_id
+        # BackgroundItemFailures only when a record raises: see the background item failures' test.
+        if dict(dims).get("model", model_id) == model_id and name != "BackgroundItemFailures"
     }
     assert {name for name, _ in read} >= {
         "RequestsCompleted", "BackendErrors", "TransactionConflicts", "ConditionalCheckFailures"
@@ -413,6 +414,58 @@ def test_the_sweeper_lag_alarm_reads_what_the_sweeper_publishes(synth: Synth, ru
     assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanThreshold", 600)
     assert alarm["TreatMissingData"] == "breaching"
     assert ("SweepLagSeconds", dims) in emf_read(synth, "batchinfer/dev", service)  # on the dashboard too
+
+
+def test_the_background_item_failures_alarm_reads_what_each_loop_publishes(synth: Synth, run_emitting) -> None:
+    from batchinfer.observability import Bulkhead
+    from local.lambda_runtime import sqs_event
+
+    def sweep_once(svc: object, deadline: float | None = None, overdue: Any = None) -> dict:
+        for batch_id in ("batch_1", "batch_2"):  # two batches whose step raised; the sweep went on
+            with Bulkhead("sweeper", batch_id, "validation"):
+                raise RuntimeError("a step that raised")
+        return {"recovered": 0, "settled": 0, "expired": 0, "purged": 0, "webhook_events_resent": 0}
+
+    def deliver(svc: object, message: dict) -> str:
+        if message["sk"] == "EVENT#evt_1":
+            raise RuntimeError("a delivery that raised")
+        return "delivered"
+
+    async def process_and_pull(svc: object, message: dict, seconds_left: float) -> dict:
+        if message["batch_id"] == "batch_1":
+            raise RuntimeError("a record that raised")
+        return {"completed": 1, "failed": 0, "waiting": 0}
+
+    def records(*bodies: dict) -> dict:
+        return sqs_event("arn:aws:sqs:us-east-1:000000000000:q", [
+            {"MessageId": f"m-{i}", "ReceiptHandle": f"r-{i}", "Body": json.dumps(body)}
+            for i, body in enumerate(bodies)])
+
+    alarm = alarms_of(synth)["dev-batchinfer-background-item-failures"]
+    metrics = metric_stats(alarm)
+    assert {m["MetricName"] for m in metrics} == {"BackgroundItemFailures"}
+    assert {d["Value"] for m in metrics for d in m["Dimensions"] if d["Name"] == "service"} == {
+        env(synth, name)["POWERTOOLS_SERVICE_NAME"] for name in FUNCTION_NAMES
+    }
+    assert all(len(m["Dimensions"]) == 1 for m in metrics)
+    assert (alarm["Threshold"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == (0, 3, 2)
+    assert alarm["TreatMissingData"] == "notBreaching"
+
+    published = run_emitting("sweeper", {}, sweep_once=sweep_once, services=lambda: None)
+    service = env(synth, "sweeper")["POWERTOOLS_SERVICE_NAME"]
+    dims = frozenset({("service", service)})
+    assert sum(published[("batchinfer/dev", "BackgroundItemFailures", dims)]) == 2  # one per item
+    assert ("BackgroundItemFailures", dims) in emf_read(synth, "batchinfer/dev", service)  # on the dashboard too
+
+    # A record that raises in the webhooks or worker function: counted, and only that record comes back.
+    for function, fakes, bodies in (
+            ("webhooks", {"deliver": deliver}, ({"pk": "ACCOUNT#a", "sk": "EVENT#evt_1"},
+                                                {"pk": "ACCOUNT#a", "sk": "EVENT#evt_2"})),
+            ("worker", {"process_and_pull": process_and_pull}, ({"model": "glm-5.3-flash", "batch_id": "batch_1"},
+                                                                {"model": "glm-5.3-flash", "batch_id": "batch_2"}))):
+        published = run_emitting(function, records(*bodies), services=lambda: None, **fakes)
+        service = env(synth, function)["POWERTOOLS_SERVICE_NAME"]
+        assert published[("batchinfer/dev", "BackgroundItemFailures", frozenset({("service", service)}))] == [1.0]
 
 
 def test_every_alarm_notifies_the_topic_on_alarm_and_ok(synth: Synth, edge_synth: Synth) -> None:
