@@ -723,3 +723,22 @@ def test_a_batch_retried_in_place_comes_to_the_pumps_turns_when_retried():
     assert created_us({"owner_sk": owner_sk}) == 1_764_700_000_123_456
     assert created_us({"owner_sk": owner_sk, "retried_at": 1_764_700_900}) == 1_764_700_900_000_000
     assert created_us({"created_at": 1_764_700_000}) == 1_764_700_000_000_000
+
+
+# --- Background walks -------------------------------------------------------------------------------------
+
+
+@given(st.lists(st.text(min_size=1, max_size=3), unique=True, max_size=12), st.data(), st.integers(0, 10_000))
+def test_a_walk_takes_every_item_once_with_those_that_failed_last_at_the_end(items, data, turn):
+    failed = set(data.draw(st.lists(st.sampled_from(items), unique=True)) if items else [])
+    order = policy.walk_order(items, str, failed | {"gone"}, turn)
+    assert sorted(order) == sorted(items)
+    assert order[len(order) - len(failed):] == [i for i in order if i in failed]  # every failed one after the rest
+
+
+def test_a_walk_starts_one_item_further_on_each_turn():
+    items = ["a", "b", "c", "d"]
+    assert [policy.walk_order(items, str, set(), turn)[0] for turn in range(6)] == ["a", "b", "c", "d", "a", "b"]
+    # A broken item is never first while others wait, whatever the turn.
+    assert {policy.walk_order(items, str, {"a"}, turn)[0] for turn in range(8)} == {"b", "c", "d"}
+    assert policy.walk_order([], str, {"a"}, 3) == []
