@@ -156,6 +156,15 @@ def test_a_running_batch_whose_sweep_keeps_raising_ends_failed_with_its_requests
     assert batches.batch_object(final)["request_counts"] == {"total": 10, "completed": 3, "failed": 7}
     assert_ledger_consistent(svc, other, other_who, [r["custom_id"] for r in other_requests])
 
+    # Once the cause is gone, a retry in place runs what it never started, its failure and tally forgotten.
+    monkeypatch.setattr(spending_cap, "reached", real)
+    retried, _ = batches.retry_batch(svc, who, broken, {}, None)
+    assert retried["status"] == "in_progress" and retried["error"] is None and retried["errors"] is None
+    assert "step_failures" not in get_batch(svc, broken)
+    again = pump(svc, broken)
+    assert again["status"] == "completed" and batches.batch_object(again)["request_counts"]["completed"] == 10
+    assert_ledger_consistent(svc, broken, who, [r["custom_id"] for r in requests])
+
 
 def test_a_batch_whose_result_files_cannot_be_written_ends_failed_without_them(svc, sim_control, monkeypatch):
     configure(svc, file_batches_enabled=True, sweep_failures_to_fail=2)

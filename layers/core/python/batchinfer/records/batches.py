@@ -33,6 +33,9 @@ from ..storage.dynamo import ConditionFailed, Table
 from .expressions import Op, _add_op, _in, due_in
 from .shapes import BatchItem
 
+# The tally of a batch's consecutive sweep failures (`Batch.count_step_failure`): gone once it ends or runs again.
+STEP_FAILURE_FIELDS = ("step_failures", "step_failed", "step_failed_at")
+
 
 class Batch:
     """The batch item: status, lanes, counters; under `by_owner` always, `by_active` while unfinished and
@@ -261,7 +264,8 @@ class Batch:
             *batch_key(batch["id"]),
             f"SET #status = :final, {final.value}_at = :now, results_expires_at = :exp, due_pk = :purge, "
             "due_at = :exp" + "".join(f", #{name} = :set_{name}" for name in more)
-            + " ADD failed :never, unstarted :unstarted REMOVE active_pk, active_sk, awaiting_validation",
+            + " ADD failed :never, unstarted :unstarted REMOVE active_pk, active_sk, awaiting_validation, "
+            + ", ".join(STEP_FAILURE_FIELDS),
             vals=vals,
             condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
                       f"AND {same_stop}")
@@ -333,7 +337,10 @@ class Batch:
         to = batch_transition(batch["status"], BatchStatus.IN_PROGRESS)
         removes = ["#stop", "stopped_at", "paused_at", "cancelling_at", "finalizing_at", "results_expires_at", "due_pk",
                    "due_at", "#error", "export_object", "output_file_id", "error_file_id", "result_file_ids",
-                   "writing", "pause_walk", "unstarted_by", *sorted(f"{s.value}_at" for s in FINAL_BATCH)]
+                   "writing", "pause_walk", "unstarted_by", *sorted(f"{s.value}_at" for s in FINAL_BATCH),
+                   *STEP_FAILURE_FIELDS]
+        if any(e.get("code") == "internal_error" for e in (batch.get("errors") or {}).get("data") or []):
+            removes.append("#errors")  # the failure of its last run, not of its lines: it runs again
         sets = ["#status = :to", "expires_at = :exp", "active_pk = :apk", "active_sk = :id",
                 "retrying = :retrying", "retry_count = if_not_exists(retry_count, :zero) + :one",
                 "keep_until = if_not_exists(keep_until, :keep)",
@@ -419,7 +426,7 @@ class Batch:
     def clear_step_failures(t: Table, batch_id: str) -> None:
         """The sweeper's work on the batch went through: its tally of consecutive failures starts again."""
         try:
-            t.update(*batch_key(batch_id), "REMOVE step_failures, step_failed, step_failed_at",
+            t.update(*batch_key(batch_id), "REMOVE " + ", ".join(STEP_FAILURE_FIELDS),
                      condition="attribute_exists(step_failures)")
         except ConditionFailed:
             pass  # cleared by another sweeper
