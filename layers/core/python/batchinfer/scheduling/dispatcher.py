@@ -96,10 +96,12 @@ class Dispatcher:
     def stop_those_at_cap(self) -> None:
         """Stop the capped batches the last claim found can start nothing more (see `stop_at_cap`)."""
         for batch_id in sorted(self.at_cap) if self.stop_at_cap is not None else ():
-            try:
-                self.stop_at_cap(batch_id)
-            except Throttled:  # the sweeper's next look stops it
-                log.warning("throttled while stopping batch %s at its spending cap", batch_id)
+            # One batch whose stop raises does not keep the claimed work of the others from being sent.
+            with Bulkhead("dispatcher", batch_id, "stop at its spending cap"):
+                try:
+                    self.stop_at_cap(batch_id)
+                except Throttled:  # the sweeper's next look stops it
+                    log.warning("throttled while stopping batch %s at its spending cap", batch_id)
 
     def claim(self, model: Model, limit: int | None = None, slot_lease: dict | None = None,
               budget_item: dict | None = None, most: int | None = None,

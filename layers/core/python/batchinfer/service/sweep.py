@@ -194,7 +194,10 @@ def sweep_once(svc: Services, deadline: float | None = None, overdue: Overdue | 
     # Each batch, then each purge, in a bulkhead: one whose step raises is logged, counted and passed over
     # (taken last next time), and the walk goes on; a batch that raises run after run ends failed.
     turn = walk_turn(svc)
-    for item in walk_order(list(Batch.active(svc.table)), _batch_id, svc.failed_last, turn):
+    active: list[dict] = []
+    with Bulkhead("sweeper", "unfinished batches", "query"):
+        active = list(Batch.active(svc.table))
+    for item in walk_order(active, _batch_id, svc.failed_last, turn):
         if _out_of_time(deadline):
             break  # the batches not reached are still active: the next run walks them
         with Bulkhead("sweeper", item["id"], "finalization", svc.failed_last) as guard:
