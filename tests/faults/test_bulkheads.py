@@ -338,3 +338,30 @@ def test_a_model_whose_claim_raises_does_not_stop_the_other_models_dispatch(svc,
 def test_a_bulkhead_lets_a_non_exception_through():
     with pytest.raises(KeyboardInterrupt), Bulkhead("sweeper", "batch_x", "validation"):
         raise KeyboardInterrupt
+
+
+def test_a_message_batch_whose_sweep_keeps_raising_ends_with_its_requests_accounted_for(svc, sim_control,
+                                                                                      monkeypatch):
+    from batchinfer.protocols.anthropic import message_batches
+    from tests.faults.test_message_batches import message_entry, submit_messages
+
+    configure(svc, sweep_failures_to_fail=3, lease_seconds=3600)
+    set_budgets(svc, {GLM: 2})
+    who = user(svc)
+    entries = [message_entry(f"k-{i}", f"message {i}") for i in range(7)] + [message_entry("bad", "x", model="nope")]
+    broken = submit_messages(svc, who, entries)
+    dispatcher = Dispatcher(svc)
+    assert dispatcher.pass_once() == 2
+    run_queued(svc)  # k-0, k-1 succeeded
+    assert dispatcher.pass_once() == 2  # k-2, k-3 queued when the batch fails: they never start
+    monkeypatch.setattr(spending_cap, "reached", raising_for(broken, spending_cap.reached))
+    for _ in range(3):
+        sweep_once(svc)
+    assert get_batch(svc, broken)["stop"] == "fail"
+    final = pump(svc, broken)  # the queued messages find the batch stopped; the sweep settles it
+
+    assert final["status"] == "failed" and final["error"]["code"] == "internal_error"
+    assert_ledger_consistent(svc, broken, who, [e["custom_id"] for e in entries])
+    obj = message_batches.message_batch_object(final, "")
+    assert obj["processing_status"] == "ended"
+    assert obj["request_counts"] == {"processing": 0, "succeeded": 2, "errored": 6, "canceled": 0, "expired": 0}
