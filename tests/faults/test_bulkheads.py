@@ -91,7 +91,9 @@ def test_a_batch_whose_validation_raises_fails_after_the_set_tries_while_other_a
     assert get_batch(svc, broken)["status"] == "validating" and get_batch(svc, broken)["step_failures"] == 1
     assert not get_batch(svc, from_file).get("awaiting_validation") and get_batch(svc, from_file)["total"] == 6
     (logged,) = failures_logged(caplog, broken)
-    assert logged.step == "validation" and logged.loop == "sweeper" and "Injected" in logged.getMessage()
+    assert logged.step == "validation" and logged.loop == "sweeper" and logged.error_type == "Injected"
+    assert "in step\n" in logged.getMessage()  # where it was raised: the injected step's frame
+    assert f"injected into {broken}" not in logged.getMessage()  # not what it said: it may quote input
 
     svc.clock.advance(601)  # the late batch's window closes before any of it ran
     sweep_once(svc)  # 2nd failure; the late batch expires on time all the same

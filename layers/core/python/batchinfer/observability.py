@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import traceback
 import warnings
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -38,9 +39,12 @@ _loops = logging.getLogger("batchinfer.background")
 
 def item_failed(loop: str, item_id: str, step: str, error: BaseException) -> None:
     """One item of a background loop raised unexpectedly (a bulkhead): logged with the item's id and the step,
-    counted (BackgroundItemFailures, alarmed on); the caller goes on with the next item."""
-    _loops.error("%s: %s of %s failed: %s: %s", loop, step, item_id, type(error).__name__, error,
-                 exc_info=error, extra={"loop": loop, "item_id": item_id, "step": step})
+    counted (BackgroundItemFailures, alarmed on); the caller goes on with the next item. The log names the
+    exception's type and where it was raised (the frames), not its message: a message may quote what it was
+    handling, and prompts and results never go to logs."""
+    frames = "".join(traceback.format_tb(error.__traceback__))
+    _loops.error("%s: %s of %s failed: %s raised at\n%s", loop, step, item_id, type(error).__name__, frames,
+                 extra={"loop": loop, "item_id": item_id, "step": step, "error_type": type(error).__name__})
     metrics.add_metric(name=METRIC_BACKGROUND_ITEM_FAILURES, unit=MetricUnit.Count, value=1)
 
 
