@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import subprocess
@@ -31,6 +32,30 @@ from local.servers import UvicornThread, free_port  # noqa: E402
 from local.simulated_backend import create_app as create_sim  # noqa: E402
 from tests.helpers import make_services  # noqa: E402
 from tests.webhook_receiver import receiver  # noqa: E402,F401  (a fixture: the webhook tests' receiver)
+
+
+class _Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def background_failures_surface(request):
+    """A background loop passes over an item that raised (logged by `batchinfer.background`) and goes on, as it
+    must deployed; here a test fails on such a failure unless it injects one on purpose (marked
+    `background_failures`), so the bulkheads hide no bug from the suites."""
+    collected = _Collected()
+    background = logging.getLogger("batchinfer.background")
+    background.addHandler(collected)
+    yield
+    background.removeHandler(collected)
+    if collected.records and request.node.get_closest_marker("background_failures") is None:
+        pytest.fail("a background loop passed over an item that raised:\n"
+                    + "\n".join(r.getMessage() for r in collected.records), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent
 
 BACKGROUND = "batchinfer.background"
+pytestmark = pytest.mark.background_failures
 
 
 class Injected(RuntimeError):

@@ -416,6 +416,7 @@ def test_the_sweeper_lag_alarm_reads_what_the_sweeper_publishes(synth: Synth, ru
     assert ("SweepLagSeconds", dims) in emf_read(synth, "batchinfer/dev", service)  # on the dashboard too
 
 
+@pytest.mark.background_failures
 def test_the_background_item_failures_alarm_reads_what_each_loop_publishes(synth: Synth, run_emitting) -> None:
     from batchinfer.observability import Bulkhead
     from local.lambda_runtime import sqs_event

@@ -222,9 +222,9 @@ def fail_batch(svc: Services, batch_id: str, error: dict, deadline: float | None
             pass  # it ended meanwhile
     try:
         return settle_batch(svc, batch_id, deadline)
-    except Exception as error:  # its ending is what raises: end it without what it leaves behind
+    except Exception as raised:  # its ending is what raises: end it without what it leaves behind
         log.warning("batch %s: its ending raised %s; ending it without result files", batch_id,
-                    type(error).__name__)
+                    type(raised).__name__)
     return settle_batch(svc, batch_id, deadline, failing=error)
 
 
