@@ -30,7 +30,8 @@ async def record_handler(record: SQSRecord) -> str:
     except Exception as error:
         # Logged with the event and counted; raised again, so that only this record goes back to the queue
         # (and, failing on, to its dead-letter queue) while the others of the call are delivered.
-        item_failed("webhook delivery", str(message.get("sk") or record.message_id), "delivery", error)
+        item_failed("webhook delivery", str(message.get("sk") or record.message_id), "delivery", error,
+                    passed_over=False)
         raise
     if result in ("retry", "failed"):
         metrics.add_metric(name=METRIC_WEBHOOK_ATTEMPTS_FAILED, unit=MetricUnit.Count, value=1)

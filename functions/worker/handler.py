@@ -25,7 +25,7 @@ async def record_handler(record: SQSRecord) -> str:
     except Exception as error:
         # Logged with what the message names and counted; raised again, so that only this record goes back to
         # the queue (its leases recover what it held) while the others of the call run.
-        item_failed("worker", str(message.get("batch_id") or record.message_id), "run", error)
+        item_failed("worker", str(message.get("batch_id") or record.message_id), "run", error, passed_over=False)
         raise
     model_metrics = _per_model["metrics"]
     if ended := outcome["completed"] + outcome["failed"]:

@@ -37,14 +37,16 @@ def metrics_with(**dimensions: str) -> EphemeralMetrics:
 _loops = logging.getLogger("batchinfer.background")
 
 
-def item_failed(loop: str, item_id: str, step: str, error: BaseException) -> None:
+def item_failed(loop: str, item_id: str, step: str, error: BaseException, passed_over: bool = True) -> None:
     """One item of a background loop raised unexpectedly (a bulkhead): logged with the item's id and the step,
-    counted (BackgroundItemFailures, alarmed on); the caller goes on with the next item. The log names the
+    counted (BackgroundItemFailures, alarmed on); the caller goes on with the next item (`passed_over`), or
+    raises it again for its event source to hand back (a worker's or webhooks' SQS record). The log names the
     exception's type and where it was raised (the frames), not its message: a message may quote what it was
     handling, and prompts and results never go to logs."""
     frames = "".join(traceback.format_tb(error.__traceback__))
     _loops.error("%s: %s of %s failed: %s raised at\n%s", loop, step, item_id, type(error).__name__, frames,
-                 extra={"loop": loop, "item_id": item_id, "step": step, "error_type": type(error).__name__})
+                 extra={"loop": loop, "item_id": item_id, "step": step, "error_type": type(error).__name__,
+                        "passed_over": passed_over})
     metrics.add_metric(name=METRIC_BACKGROUND_ITEM_FAILURES, unit=MetricUnit.Count, value=1)
 
 
