@@ -196,7 +196,10 @@ def sweep_once(svc: Services, deadline: float | None = None, overdue: Overdue | 
     turn = walk_turn(svc)
     active: list[dict] = []
     with Bulkhead("sweeper", "unfinished batches", "query"):
-        active = list(Batch.active(svc.table))
+        try:
+            active = list(Batch.active(svc.table))
+        except Throttled:
+            log.warning("throttled while reading the unfinished batches; next pass")
     for item in walk_order(active, _batch_id, svc.failed_last, turn):
         if _out_of_time(deadline):
             break  # the batches not reached are still active: the next run walks them
