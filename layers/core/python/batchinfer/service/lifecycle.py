@@ -104,7 +104,9 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
     if stop is not None and batch.get("open", 0) > 0:
         _close_waiting(svc, batch, stop, deadline)
         batch = Batch.get(svc.table, batch_id)
-        if batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
+        # Another settler (a worker whose last work of the batch is done, another sweeper) may have ended it
+        # meanwhile: an ended batch is not ended again (its never-started requests would count twice).
+        if _ended_or_moved(batch) or batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
             return batch
     now = svc.now()
     # What the batch leaves behind is written first, resumably (service.finalize): its output and error
@@ -123,6 +125,8 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
             sets["export_object"] = export_object(batch_id)
         if batch.get("input_file_id"):
             sets["output_file_id"], sets["error_file_id"] = writing["output"]["file"], writing["error"]["file"]
+    if _ended_or_moved(batch):  # ended, deleted or retried since the first read (see above)
+        return batch
     never_started = undispatched_count(batch)
     if batch.get("retry_count") and (never_started or int(batch.get("unstarted", 0))):
         sets["unstarted_by"] = _unstarted_by_stop(svc, batch, stop, never_started)
@@ -147,6 +151,12 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None) ->
         return Batch.get(svc.table, batch_id)  # someone else settled it, or it changed: the fresh read says which
     webhooks.announce(svc, event)
     return Batch.get(svc.table, batch_id)
+
+
+def _ended_or_moved(batch: BatchItem | None) -> bool:
+    """Whether a batch read again while settling is no longer one this settle may end: gone, ended, being
+    deleted, or being retried."""
+    return batch is None or batch["status"] in FINAL_BATCH or bool(batch.get("deleting")) or bool(batch.get("retrying"))
 
 
 def _unstarted_by_stop(svc: Services, batch: BatchItem, stop: Stop | None, never_started: int) -> dict[str, int]:
