@@ -343,7 +343,11 @@ class ProblemList:
 
 
 def bounded_problems(problems: list[dict]) -> list[dict]:
-    """Problems from anywhere (`{code, message, param, line}`), bounded as a ProblemList bounds them."""
+    """Problems from anywhere (`{code, message, param, line}`), bounded as a ProblemList bounds them (a list
+    already within the bounds, such as a ProblemList's, is kept as it is, its summary and all)."""
+    if len(problems) <= MAX_REPORTED_PROBLEMS and len(json.dumps(problems)) <= MAX_PROBLEMS_BYTES and all(
+            len(str(p.get("message"))) <= MAX_PROBLEM_CHARS + 3 for p in problems):
+        return problems
     found = ProblemList()
     for problem in problems:
         found.add(problem.get("line"), str(problem.get("code")), str(problem.get("message")), problem.get("param"))
