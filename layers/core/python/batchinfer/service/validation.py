@@ -110,10 +110,10 @@ def validate_metadata(metadata: object) -> dict | None:
     if len(metadata) > 16:
         raise InvalidRequest("metadata may hold at most 16 key-value pairs.", param="metadata")
     for key, value in metadata.items():
+        if len(key) > 64:
+            raise InvalidRequest(f"metadata key {quoted(key)} is longer than 64 characters.", param="metadata")
         if not isinstance(value, str):
             raise InvalidRequest(f"metadata['{key}'] must be a string.", param="metadata")
-        if len(key) > 64:
-            raise InvalidRequest(f"metadata key '{key[:64]}...' is longer than 64 characters.", param="metadata")
         if len(value) > 512:
             raise InvalidRequest(f"metadata['{key}'] is longer than 512 characters.", param="metadata")
     return metadata
