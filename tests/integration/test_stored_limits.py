@@ -99,3 +99,21 @@ def test_a_transaction_adds_a_cost_written_in_exponent_form(svc, cost):
             "TableName": t.name, "Key": t.key(PK, SK), "UpdateExpression": "ADD cost_usd :c",
             "ExpressionAttributeValues": {":c": {"N": cost}}}}])
     assert abs(t.get(PK, SK)["cost_usd"] - 3 * float(cost)) < 1e-18
+
+
+def test_a_call_costing_exactly_a_ten_millionth_of_a_dollar_is_counted(api, svc, sim_control):
+    """1 token at 0.10 USD per million: 1e-7 USD, which boto3 sends as 1E-7, added in transactions."""
+    from batchinfer.domain import utc_day
+    from batchinfer.records import Usage
+    from tests.helpers import new_key
+    from tests.integration.test_api import finish, ok, settings
+
+    settings(svc, embeddings_responses_batches_enabled=True)
+    account, key = new_key(svc)
+    embedding = ok(api("POST", "/v1/embeddings", key, json_body={"model": "glm-5.3-flash", "input": "a"}))
+    assert embedding["usage"]["prompt_tokens"] == 1
+    batch = api.created(key, [{"custom_id": "e", "url": "/v1/embeddings",
+                               "body": {"model": "glm-5.3-flash", "input": "a"}}])
+    assert finish(svc, batch["id"])["completed"] == 1
+    assert abs(ok(api("GET", f"/v1/batches/{batch['id']}", key))["cost_usd"] - 1e-7) < 1e-15
+    assert abs(float(Usage.get(svc.table, account["id"], utc_day(svc.now()))["cost_usd"]) - 2e-7) < 1e-15
