@@ -283,3 +283,13 @@ def test_messages_echo_the_value_they_refuse_clipped(api, svc):
     reply = api.create(key, [req("a"), {**req("b"), "method": "G" * 100_000}])
     message = error(reply, 400, "method must be POST")["message"]
     assert len(message) < 200 and re.search(r"'G{64}\.\.\.'", message), message
+
+
+@pytest.mark.parametrize("size", [10 ** 200, 10 ** 40, 2 ** 63])
+def test_an_upload_of_a_size_no_file_may_have_is_refused_not_stored(api, svc, size):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    body = json.dumps({"filename": "in.jsonl", "purpose": "batch", "mime_type": "text/jsonl", "bytes": "SIZE"})
+    reply = api("POST", "/v1/uploads", key, headers={"content-type": "application/json"},
+                body=body.replace('"SIZE"', str(size)))
+    assert error(reply, 413, param="bytes")
