@@ -43,7 +43,7 @@ class ValidatedBatch:
 
 def _fault(i: int, custom_id: object, message: str) -> ApiError:
     who = f"requests[{i}] (custom_id {quoted(custom_id)})" if isinstance(custom_id, str) else f"requests[{i}]"
-    return InvalidRequest(f"{who}: {message}", param=f"requests[{i}]")
+    return InvalidRequest(clipped(f"{who}: {message}", 2 * MAX_PROBLEM_CHARS), param=f"requests[{i}]")
 
 
 # JSON lets a string spell half of a UTF-16 surrogate pair on its own ("\ud800"), and Python's json reads
