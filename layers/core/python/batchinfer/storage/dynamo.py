@@ -38,8 +38,10 @@ ITEM_LIMIT_BYTES = 400 * 1024  # DynamoDB's limit on one item (attribute names a
 
 def _says_too_large(message: str | None) -> bool:
     """DynamoDB's words for an item over its limit: "Item size has exceeded the maximum allowed size" (PutItem,
-    a transaction's cancellation reason), "Item size to update has exceeded ..." (UpdateItem)."""
-    return "Item size" in (message or "") and "exceeded the maximum allowed size" in (message or "")
+    a transaction's cancellation reason), "Item size to update has exceeded ..." (UpdateItem); read loosely,
+    as its wording is not part of the API."""
+    text = (message or "").lower()
+    return "item size" in text and "exceed" in text
 
 
 def _plain(value: Any) -> Any:
