@@ -293,3 +293,13 @@ def test_an_upload_of_a_size_no_file_may_have_is_refused_not_stored(api, svc, si
     reply = api("POST", "/v1/uploads", key, headers={"content-type": "application/json"},
                 body=body.replace('"SIZE"', str(size)))
     assert error(reply, 413, param="bytes")
+
+
+def test_an_estimate_of_a_poisoned_file_names_its_first_problem_briefly_and_counts_them_all(api, svc):
+    settings(svc, file_batches_enabled=True)
+    _, key = new_key(svc)
+    file = ok(upload(api, key, poisoned_file()))
+    body = {"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    said = error(api("POST", "/v1/batches/estimate", key, json_body=body), 400, "(153 problems in all)",
+                 "line 1: method must be POST", param="input_file_id")
+    assert len(said["message"]) < 300, said["message"][:400]

@@ -94,3 +94,15 @@ def test_a_cap_a_record_cannot_hold_is_refused_naming_it(cap):
 @pytest.mark.parametrize("cap", [1e-130, 0.01, 2, 10**40, 9.99e125])
 def test_a_cap_in_range_is_taken(cap):
     assert parse_cap(cap) == float(cap)
+
+
+def test_a_bounded_list_says_how_many_problems_it_stands_for():
+    from batchinfer.service.validation import problem_count
+
+    found = ProblemList()
+    for n in range(4_911):
+        found.add(n, "invalid_method", "method must be POST")
+    assert problem_count(found.data()) == 4_911
+    few = ProblemList()
+    few.add(1, "empty_file", "The file holds no requests.")
+    assert problem_count(few.data()) == 1

@@ -301,6 +301,7 @@ def validate_inline_batch(svc: Services, account: dict, payload: object) -> Vali
 MAX_REPORTED_PROBLEMS = 100
 MAX_PROBLEM_CHARS = 512
 MAX_PROBLEMS_BYTES = 32 * 1024
+MORE_PROBLEMS = "more_errors"  # the code of the last entry when it counts the problems not listed
 KEYS_NAMED = 5  # unexpected keys of a line its problem names (each clipped); the rest are counted
 
 
@@ -338,8 +339,16 @@ class ProblemList:
         """The entries to store: the problems kept, and a last one counting those left out."""
         if not self.more:
             return list(self.entries)
-        return [*self.entries, {"code": "more_errors", "message": f"...and {self.more:,} more problems.",
+        return [*self.entries, {"code": MORE_PROBLEMS, "message": f"...and {self.more:,} more problems.",
                                 "param": None, "line": None}]
+
+
+def problem_count(problems: list[dict]) -> int:
+    """How many problems a bounded list stands for: those it lists and those its summary counts."""
+    if problems and problems[-1].get("code") == MORE_PROBLEMS and problems[-1].get("line") is None:
+        more = re.search(r"and ([\d,]+) more", str(problems[-1].get("message")))
+        return len(problems) - 1 + (int(more.group(1).replace(",", "")) if more else 1)
+    return len(problems)
 
 
 def bounded_problems(problems: list[dict]) -> list[dict]:
