@@ -277,5 +277,10 @@ def upload_part_object(upload_id: str, part_id: str) -> str:
     return f"{upload_parts_prefix(upload_id)}{part_id}"
 
 
+def retry_filter_object(batch_id: str, token: str) -> str:
+    """A retry's filter too large for the batch item (service.retry), under the batch's prefix."""
+    return f"{BATCHES_PREFIX}{batch_id}/retry-filter-{token}.json"
+
+
 def batch_prefix(batch_id: str) -> str:
     return f"{BATCHES_PREFIX}{batch_id}/"

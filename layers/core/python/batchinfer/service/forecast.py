@@ -27,7 +27,7 @@ from ..scheduling.config import scheduler_config
 from ..spending import output_limit
 from .accounts import Principal
 from .tokenizer import DEFAULT_TOKENIZER, count_body
-from .validation import RejectedRequest, ValidatedBatch, ValidRequest, validate_file_lines
+from .validation import RejectedRequest, ValidatedBatch, ValidRequest, problem_count, validate_file_lines
 
 OBJECT = "batch.estimate"
 ADMISSION_PARAM = "admission"  # a create body's extension field
@@ -237,7 +237,8 @@ def file_requests(svc: Services, principal: Principal, endpoint: str, file_id: s
     if problems:
         first = problems[0]
         where = f"line {first['line']}: " if first.get("line") else ""
-        more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
+        count = problem_count(problems)
+        more = f" ({count:,} problems in all)" if count > 1 else ""
         raise InvalidRequest(f"The input file would fail validation{more}: {where}{first['message']}",
                              code=first["code"], param="input_file_id")
     return requests

@@ -28,8 +28,9 @@ from ..layout import REQUEST_PREFIX, batch_prefix, export_object, file_prefix
 from ..ledger import Settlement, settle
 from ..records import Account, Batch, BatchItem, File, Idempotency, Lane, Request
 from ..runtime import Services
-from ..storage.dynamo import ConditionFailed
+from ..storage.dynamo import ConditionFailed, ItemTooLarge
 from . import finalize, webhooks
+from .validation import bounded_problems
 
 log = logging.getLogger(__name__)
 
@@ -192,24 +193,38 @@ def _announcing(svc: Services, batch: BatchItem, final: BatchStatus, ops: list) 
     return event
 
 
+# What a failed file batch lists when its problems could not be stored with it (never expected: they are
+# bounded, validation.ProblemList): the batch still ends, with this, rather than staying `validating`.
+PROBLEMS_NOT_STORED = {"code": "invalid_file", "param": None, "line": None,
+                       "message": "The input file is invalid; its problems are too large to list. Check each line "
+                                  "holds exactly custom_id, method, url and body, with short values."}
+
+
 def fail_validation(svc: Services, batch: BatchItem, problems: list[dict]) -> bool:
-    """A file batch whose input is invalid: failed at once, nothing run, every problem in `errors`.
-    False if it had been validated, stopped or ended meanwhile."""
-    now = svc.now()
-    ops = [Batch.finalize(svc.table, batch, BatchStatus.FAILED, None, now,
-                          retention_ends=now + svc.settings.batch_retention_seconds, never_started_failed=0,
-                          export=None, sets={"errors": {"object": "list", "data": problems}}),
-           Account.release_unfinished(svc.table, batch["account_id"], 0)]
-    if batch.get("idempotency_key"):
-        ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
-                                              now + svc.settings.idempotency_retention_seconds))
-    event = _announcing(svc, batch, BatchStatus.FAILED, ops)
-    try:
-        svc.table.transact(ops)
-    except ConditionFailed:
-        return False
-    webhooks.announce(svc, event)
-    return True
+    """A file batch whose input is invalid: failed at once, nothing run, its problems in `errors` (bounded in
+    count and size, the rest summarized). False if it had been validated, stopped or ended meanwhile."""
+    listed = bounded_problems(problems)
+    for data in (listed, [PROBLEMS_NOT_STORED]):
+        now = svc.now()
+        ops = [Batch.finalize(svc.table, batch, BatchStatus.FAILED, None, now,
+                              retention_ends=now + svc.settings.batch_retention_seconds, never_started_failed=0,
+                              export=None, sets={"errors": {"object": "list", "data": data}}),
+               Account.release_unfinished(svc.table, batch["account_id"], 0)]
+        if batch.get("idempotency_key"):
+            ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
+                                                  now + svc.settings.idempotency_retention_seconds))
+        event = _announcing(svc, batch, BatchStatus.FAILED, ops)
+        try:
+            svc.table.transact(ops)
+        except ConditionFailed:
+            return False
+        except ItemTooLarge:
+            log.error("batch %s: its %d validation problems would not fit in its item; failed with a summary",
+                      batch["id"], len(listed))
+            continue
+        webhooks.announce(svc, event)
+        return True
+    return False
 
 
 def _prepare_writers(svc: Services, batch: BatchItem, now: int, with_files: bool) -> BatchItem | None:
