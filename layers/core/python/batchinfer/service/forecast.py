@@ -115,6 +115,16 @@ def read_queue(svc: Services, model: Model) -> Queue:
     return queue
 
 
+def coarse_count(count: int) -> int:
+    """A count as another account may see it: rounded down to 0, 1, 2, 5, 10, 20, 50, 100, 200, 500, ...
+    The queue ahead is every account's backlog on a model; shown exactly, successive estimates would tell one
+    tenant how many requests another submitted and when. Its order of magnitude is what a user plans with."""
+    if count <= 0:
+        return 0
+    power = 10 ** (len(str(int(count))) - 1)
+    return max(step * power for step in (1, 2, 5) if step * power <= count)
+
+
 def _read_many(svc: Services, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
     """Items by key, eventually consistent, in BatchGetItem's pages of 100 keys."""
     found: dict[tuple[str, str], dict] = {}
@@ -204,7 +214,7 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
         models.append({
             "model": model_id, "request_count": fig.request_count, "input_tokens": fig.input_tokens,
             "max_output_tokens": fig.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
-            "queue_ahead": queue.ahead, "batch_budget": fig.model.batch_budget, "batch_cap_now": queue.cap,
+            "queue_ahead": coarse_count(queue.ahead), "batch_budget": fig.model.batch_budget, "batch_cap_now": queue.cap,
             "tier_limit": own_limit, "mean_latency_seconds": queue.measured,
             "latency_used_seconds": round(queue.latency, 4),
             "estimated_seconds": None if math.isinf(seconds) else round(seconds, 1)})
@@ -263,7 +273,7 @@ def refuse_if_late(answer: dict) -> None:
         late, when = window, "never, at the capacity there is now (a tier limit of 0)"
     else:
         late, when = ends - (now + window), f"in about {ends - now} s (at {ends})"
-    queue = ", ".join(f"{m['model']}: {m['queue_ahead']} requests ahead, {m['batch_cap_now']} slots, "
+    queue = ", ".join(f"{m['model']}: {m['queue_ahead']}+ requests ahead, {m['batch_cap_now']} slots, "
                       f"{m['latency_used_seconds']} s a call" for m in answer["models"])
     raise RateLimited(f"This batch would not finish within its completion window of {window} s: it would end {when}, "
                       f"{late} s late ({queue}). It was not created (admission: reject_if_late); submit it later, "
