@@ -36,8 +36,6 @@ ADMISSIONS = ("always", REJECT_IF_LATE)
 # Lanes read per model: the queue ahead past this many batches is counted as far as it was read.
 MAX_LANES = 1000
 BATCH_GET_KEYS = 100  # DynamoDB's most keys in one BatchGetItem
-# A noted latency older than this says little about the backend now: the scheduler's first guess is used.
-LATENCY_FRESH_SECONDS = 24 * 3600
 NEW = object()  # the estimated batch's own lane among the model's
 # What a batch takes beyond its calls. On an idle model, its first claim reaching a worker: the dispatcher's
 # turn, the queue, a worker and its pump starting (~2 s on the local stack: a 16-request batch at L=1 s ends
@@ -95,9 +93,10 @@ def read_queue(svc: Services, model: Model) -> Queue:
     budget = read_budget(svc, model, consistent=False)
     cap = effective_budget(model, budget, svc.settings.interactive_yield_per_request)
     noted = budget.get("call_seconds")
-    fresh = noted is not None and svc.now() - int(budget.get("call_seconds_at", 0)) <= LATENCY_FRESH_SECONDS
+    config = scheduler_config(svc.settings)
+    fresh = noted is not None and svc.now() - int(budget.get("call_seconds_at", 0)) <= config.latency_fresh_seconds
     measured = float(noted) if fresh else None
-    latency = measured if measured else scheduler_config(svc.settings).first_call_seconds
+    latency = measured if measured else config.first_call_seconds
     lanes, _ = Lane.in_turn(t, model.id, None, MAX_LANES)
     batches = _read_many(svc, [batch_key(lane["batch_id"]) for lane in lanes])
     accounts = _read_many(svc, [account_key(a) for a in {lane["account_id"] for lane in lanes}])
