@@ -187,7 +187,7 @@ def test_reject_if_late_refuses_a_late_batch_and_admits_one_in_time(api, svc):
     refused = api("POST", "/v1/batches", key, json_body={"requests": requests, "admission": "reject_if_late"})
     err = error(refused, 429, "would not finish within its completion window of 5 s", "reject_if_late",
                 code="batch_would_be_late")
-    assert "0+ requests ahead, 16 slots, 2.0 s a call" in err["message"]
+    assert "no requests ahead, 16 slots, 2.0 s a call" in err["message"]
     assert int(refused.headers["retry-after"]) >= 1 and refused.headers["x-should-retry"] == "false"
     assert ok(api("GET", "/v1/batches", key))["data"] == []
     estimate = ok(api("POST", ESTIMATE, key, json_body={"requests": requests}))

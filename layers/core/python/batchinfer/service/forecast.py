@@ -124,6 +124,11 @@ def coarse_count(count: int) -> int:
     return max(step * power for step in (1, 2, 5) if step * power <= count)
 
 
+def ahead_text(shown: int) -> str:
+    """A coarse queue ahead in words: "no", or its lower bound ("50+")."""
+    return f"{shown}+" if shown else "no"
+
+
 def _read_many(svc: Services, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
     """Items by key, eventually consistent, in BatchGetItem's pages of 100 keys."""
     found: dict[tuple[str, str], dict] = {}
@@ -272,7 +277,7 @@ def refuse_if_late(answer: dict) -> None:
         late, when = window, "never, at the capacity there is now (a tier limit of 0)"
     else:
         late, when = ends - (now + window), f"in about {ends - now} s (at {ends})"
-    queue = ", ".join(f"{m['model']}: {m['queue_ahead']}+ requests ahead, {m['batch_cap_now']} slots, "
+    queue = ", ".join(f"{m['model']}: {ahead_text(m['queue_ahead'])} requests ahead, {m['batch_cap_now']} slots, "
                       f"{m['latency_used_seconds']} s a call" for m in answer["models"])
     raise RateLimited(f"This batch would not finish within its completion window of {window} s: it would end {when}, "
                       f"{late} s late ({queue}). It was not created (admission: reject_if_late); submit it later, "
