@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The catalog format, ${VAR:-default}, queue/secret names: owned by the core package, shared with the functions.
 from batchinfer import catalog as core
@@ -419,8 +419,8 @@ def load_catalog(path: Path, *, stage: str, env: Mapping[str, str] | None = None
             raise ValueError(f"{path}: models[{index}] has no id")
     try:
         catalog = core.parse_catalog(document, env or {})
-    except ValidationError as error:
-        raise ValueError(f"{path}: {_describe(error, entries)}") from error
+    except core.CatalogError as error:
+        raise ValueError(f"{path}: {error}") from error
 
     queued: list[core.Model] = []
     for model, entry in zip(catalog.models, entries, strict=True):  # the core keeps the file's order
@@ -481,21 +481,6 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings")
     return data
-
-
-def _describe(error: ValidationError, entries: list[Any]) -> str:
-    """The core catalog's validation errors, each naming the model (as the file writes its id) and field."""
-    problems = []
-    for item in error.errors():
-        loc = item["loc"]
-        if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int) and loc[1] < len(entries):
-            field = ".".join(str(part) for part in loc[2:]) or "entry"
-            # "Value error, " is pydantic's prefix for a validator's own message: the message says it all.
-            message = item["msg"].removeprefix("Value error, ")
-            problems.append(f"model {entries[loc[1]]['id']!r}: {field}: {message}")
-        else:
-            problems.append(item["msg"])
-    return "; ".join(problems)
 
 
 def _ceil_days(seconds: int) -> int:

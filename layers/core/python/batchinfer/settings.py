@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # Interactive `stream: true` relayed as server-sent events: only where the API is served by a server that
     # streams (the local stack's uvicorn); behind API Gateway + Lambda an answer is buffered whole, so off.
     interactive_streaming_enabled: bool = False
+    # `/docs` (Swagger UI) and `/redoc`, served from pinned copies on the API's origin (api/routes/api_docs.py).
+    # Off in a deployment: the pages share the console's origin, where keys are typed; `/openapi.json` stays.
+    api_docs_enabled: bool = False
 
     # Batch lifetime.
     batch_completion_window_seconds: int = 24 * 3600
