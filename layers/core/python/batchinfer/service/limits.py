@@ -14,8 +14,6 @@ goes out on every call as OpenAI's `x-ratelimit-*-requests` headers (the API lay
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..domain import new_token
@@ -65,7 +63,7 @@ def bucket_of(svc: Services, tier: str) -> tuple[int, int] | None:
     return max(1, 60_000 // per_minute), capacity
 
 
-def take_request(svc: Services, account: dict, clock_ms: Callable[[], int] | None = None) -> RateState | None:
+def take_request(svc: Services, account: dict) -> RateState | None:
     """One call of `account` against its tier's rate: the bucket after it (`retry_after` set when it was
     refused: no token left), or None when its tier has no rate limit."""
     bucket = bucket_of(svc, account.get("tier", "free"))
@@ -73,7 +71,7 @@ def take_request(svc: Services, account: dict, clock_ms: Callable[[], int] | Non
         return None
     interval, capacity = bucket
     per_minute = svc.settings.tier_requests_per_minute[account.get("tier", "free")]
-    now = clock_ms() if clock_ms else int(time.time() * 1000)
+    now = svc.now_ms()
     account_id = account["id"]
     taken, full_at = RequestRate.take(svc.table, account_id, now, interval, capacity,
                                       expect_idle=_last_full_at.get(account_id, 0) <= now)
