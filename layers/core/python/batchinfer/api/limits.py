@@ -1,14 +1,13 @@
 """The rate headers of every authenticated call: OpenAI's `x-ratelimit-*-requests` (the SDKs and clients
-that pace themselves read them), and on the Anthropic API's routes Anthropic's `anthropic-ratelimit-requests-*`
-beside them. Written from what the caller's key check left on the request (`auth.RATE_STATE`), on answers
-and refusals alike."""
+that pace themselves read them), and beside them the route's protocol's own (Anthropic's
+`anthropic-ratelimit-requests-*` on its routes). Written from what the caller's key check left on the request
+(`auth.RATE_STATE`), on answers and refusals alike."""
 
 from __future__ import annotations
 
-import datetime as dt
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .. import protocols
 from ..service.limits import RateState
 from .auth import RATE_STATE
 from .envelopes import SCOPE_KEY
@@ -39,10 +38,6 @@ def rate_headers(rate: RateState, scope: Scope) -> dict[str, str]:
     headers = rate.headers()
     if rate.retry_after is not None:
         headers["retry-after-ms"] = str(rate.retry_after * 1000)
-    if scope.get(SCOPE_KEY) == "anthropic":
-        reset = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=rate.reset_seconds)
-        headers.update({"anthropic-ratelimit-requests-limit": str(rate.limit),
-                        "anthropic-ratelimit-requests-remaining": str(rate.remaining),
-                        "anthropic-ratelimit-requests-reset": reset.isoformat(timespec="seconds")
-                        .replace("+00:00", "Z")})
+    protocol = protocols.named(scope.get(SCOPE_KEY) or protocols.DEFAULT.name)
+    headers.update(protocol.rate_headers(rate.limit, rate.remaining, rate.reset_seconds))
     return headers
