@@ -413,3 +413,36 @@ def test_a_filtered_page_in_finished_order_stops_at_the_most_it_looks_at_and_goe
     assert all(p["data"] == [] for p in pages) and len(pages) >= 3  # 9 results, 4 looked at a page
     everything = ok(api.results(key, bid, order="finished", status="completed", limit=5))
     assert len(everything["data"]) == 4 and everything["has_more"]  # a page stops at 4 even with matches left
+
+
+def test_an_estimate_reads_the_same_bounded_items_whatever_the_batchs_size(api, svc, monkeypatch):
+    """What an estimate reads is the model's queue (its budget, at most MAX_LANES lanes and their batches and
+    accounts), never anything per request: 10 requests or 5,000, the same items."""
+    from batchinfer.service import forecast
+
+    monkeypatch.setattr(forecast, "MAX_LANES", 3)
+    for _ in range(5):  # five batches queued on the model ahead, each its own lane
+        _, other = new_key(svc)
+        api.created(other, [tiny(i) for i in range(4)])
+    _, key = new_key(svc)
+    read: list[int] = []
+    table = svc.table
+    for name in ("get", "get_many", "query"):
+        real = getattr(table, name)
+
+        def counting(*args, _real=real, **kwargs):
+            answer = _real(*args, **kwargs)
+            items = answer[0] if isinstance(answer, tuple) else answer
+            read[-1] += len(items) if isinstance(items, list | dict) and not (
+                isinstance(items, dict) and "pk" in items) else 1
+            return answer
+
+        monkeypatch.setattr(table, name, counting)
+    counts = []
+    for n in (10, 5_000):
+        read.append(0)
+        answer = ok(api("POST", "/v1/batches/estimate", key, json_body={"requests": [tiny(i) for i in range(n)]}))
+        assert answer["request_count"] == n
+        counts.append(read[-1])
+    # The budget, 3 lanes (of 5), their batches and accounts, the caller's key and account: that is all.
+    assert counts[0] == counts[1] and 3 * forecast.MAX_LANES <= counts[1] <= 3 * forecast.MAX_LANES + 10, counts
