@@ -25,6 +25,7 @@ from ..runtime import Services
 # whose instance died is cleared after this.
 LONG_POLL_HOLD_SECONDS = 60
 LONG_POLL_RETRY_AFTER_SECONDS = 5  # a refused long poll may try again then (or read without `wait` now)
+MAX_RETRY_AFTER_SECONDS = 60
 _GUESSES = 10_000  # accounts whose last take this instance remembers (to pick the bucket's form)
 _last_full_at: dict[str, int] = {}
 
@@ -81,7 +82,9 @@ def take_request(svc: Services, account: dict) -> RateState | None:
     ahead = max(0, full_at - now)
     if not taken:
         wait_ms = full_at + interval - capacity * interval - now  # until a take fits again
-        return RateState(capacity, per_minute, 0, ahead / 1000, retry_after=max(1, math.ceil(wait_ms / 1000)))
+        # At most a minute: the SDKs honour a retry-after up to 60 s (newer openai ones give up past their cap).
+        retry_after = min(MAX_RETRY_AFTER_SECONDS, max(1, math.ceil(wait_ms / 1000)))
+        return RateState(capacity, per_minute, 0, ahead / 1000, retry_after=retry_after)
     return RateState(capacity, per_minute, max(0, (capacity * interval - ahead) // interval), ahead / 1000)
 
 
