@@ -211,7 +211,8 @@ async def _watch(svc: Services, batch_id: str) -> tuple:
     now = time.monotonic()
     key = (id(loop), batch_id)
     seen = _WATCHES.get(key)
-    if seen is None or now - seen[0] >= POLL_SECONDS or (seen[1].done() and seen[1].exception() is not None):
+    failed = seen is not None and seen[1].done() and (seen[1].cancelled() or seen[1].exception() is not None)
+    if seen is None or failed or now - seen[0] >= POLL_SECONDS:
         for stale in [k for k, (at, _) in _WATCHES.items() if now - at > 10 * POLL_SECONDS]:
             del _WATCHES[stale]
         seen = (now, asyncio.ensure_future(to_thread.run_sync(_head_of, svc, batch_id)))
