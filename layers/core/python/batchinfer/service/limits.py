@@ -96,8 +96,8 @@ def refuse_rate(state: RateState, tier: str) -> RateLimited:
 
 
 class LongPollHold:
-    """One long poll held by an account while it waits (`with LongPollHold(svc, account_id).taken():` in a
-    thread; or `take()` then `give_back()`): refused with a 429 past the account's limit."""
+    """One long poll held by an account while it waits: `take()` before waiting (a 429 past the account's
+    limit), `give_back()` once it answers. Both are one DynamoDB write, blocking: run them in a thread."""
 
     def __init__(self, svc: Services, account_id: str) -> None:
         self.svc, self.account_id, self.token = svc, account_id, new_token()
