@@ -50,6 +50,16 @@ def webhook_event_key(account_id: str, event_id: str) -> tuple[str, str]:
     return owner_partition(account_id), WEBHOOK_EVENT_PREFIX + event_id
 
 
+def request_rate_key(account_id: str) -> tuple[str, str]:
+    """The account's request-rate bucket (records.RequestRate)."""
+    return owner_partition(account_id), "RATE"
+
+
+def long_polls_key(account_id: str) -> tuple[str, str]:
+    """The account's long polls held now (records.LongPolls)."""
+    return owner_partition(account_id), "POLLS"
+
+
 def usage_key(account_id: str, day: str) -> tuple[str, str]:
     return owner_partition(account_id), f"USAGE#{day}"
 

@@ -210,6 +210,26 @@ class Table:
                              **_expressions(expression, condition, names, vals))
         return deserialize(answer["Attributes"]) if return_new else None
 
+    def update_unless(self, pk: str, sk: str, expression: str, condition: str, vals: dict | None = None,
+                      names: dict | None = None) -> tuple[dict | None, dict | None]:
+        """An update whose condition failing is an expected answer (a limit reached, a guess about the item
+        that was wrong), not a lost race: (the updated attributes, None) when it was written, (None, the item
+        as it was) when the condition failed, in one call. Not counted as a conditional-check failure."""
+        def call() -> dict:
+            try:
+                return self.client.update_item(
+                    TableName=self.name, Key=self.key(pk, sk), ReturnValues="UPDATED_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD", **_expressions(expression, condition, names, vals))
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                    return {"old": error.response.get("Item") or {}}
+                _raise(error)
+
+        answer = _retrying(call)
+        if "old" in answer:
+            return None, deserialize(answer["old"])
+        return deserialize(answer.get("Attributes", {})), None
+
     def delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None,
                return_old: bool = False) -> dict | None:
         extra = {"ReturnValues": "ALL_OLD"} if return_old else {}

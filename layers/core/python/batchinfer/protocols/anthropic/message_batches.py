@@ -14,11 +14,14 @@ What differs from the OpenAI-shaped batches:
   appears only then; results and delete answer 400 before.
 """
 
+
 from __future__ import annotations
 
 import datetime as dt
 import re
 from collections.abc import Iterator
+
+from anyio import to_thread
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
@@ -366,20 +369,21 @@ def results_lines(svc: Services, principal: Principal, batch_id: str) -> Iterato
     return results.export_stream(svc, _ended_batch(svc, principal, batch_id, "results can be read"))
 
 
-def finished_results(svc: Services, principal: Principal, batch_id: str, order: str, after: str | None, limit: int,
-                     wait: int | None) -> dict | None:
+async def finished_results(svc: Services, principal: Principal, batch_id: str, order: str, after: str | None,
+                           limit: int, wait: int | None) -> dict | None:
     """With `order=finished` (an extension beyond the Anthropic API): a JSON page of results lines in the order
     they finished, while the batch runs too; `batch_status` is its processing_status. None for the plain
-    results (order=submitted)."""
+    results (order=submitted). A page held open (`wait`) waits without holding a thread."""
     if not 1 <= limit <= 1000:
         raise InvalidRequest("limit: must be between 1 and 1000.", param="limit")
-    item = owned(svc, principal, batch_id)
-    page = feed.results_view(svc, item, limit=limit, after=after, order=order, wait=wait, status=None,
-                             custom_id=None, shape=PROTOCOL.export_line)
+    page = await feed.results_view_async(svc, lambda: owned(svc, principal, batch_id), limit=limit, after=after,
+                                         order=order, wait=wait, status=None, custom_id=None,
+                                         shape=PROTOCOL.export_line)
     if page is None:
         return None
-    now = Batch.get(svc.table, batch_id) or item
-    return {**page, "batch_status": message_batch_object(now, "")["processing_status"]}
+    now = await to_thread.run_sync(Batch.get, svc.table, batch_id)
+    return {**page, "batch_status": message_batch_object(now or owned(svc, principal, batch_id), "")[
+        "processing_status"]}
 
 
 # --- Cancel and delete -------------------------------------------------------------------------------
