@@ -93,7 +93,8 @@ def kind(key: tuple[str, str]) -> str:
     if pk.startswith("MODEL#"):
         return "lane" if sk.startswith("LANE#") else "model budget"
     if pk.startswith("ACCOUNT#"):
-        return {"ACCOUNT": "account", "USAGE": "usage", "IDEM": "idempotency"}.get(sk.split("#")[0], sk)
+        return {"ACCOUNT": "account", "USAGE": "usage", "IDEM": "idempotency", "RATE": "rate bucket",
+                "POLLS": "long polls"}.get(sk.split("#")[0], sk)
     return "api key" if pk.startswith("KEY#") else pk.split("#")[0]
 
 

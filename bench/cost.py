@@ -55,6 +55,7 @@ def one_batch(svc, session, base: str, rec, n: int, prompt: str, latency: float,
     moto_busy, own_busy = (moto_cpu_seconds() - moto_cpu) / wall, (_cpu() - own_cpu) / wall
     during = [c for c in rec.calls if c.service == "dynamodb"]
     assert item["completed"] == n, item
+    api_calls = 2  # the create and the download below: the only API calls of this batch's life
     with session.get(f"{base}/batches/{batch['id']}/output.jsonl", stream=True, timeout=120) as answer:
         answer.raise_for_status()
         assert sum(chunk.count(b"\n") for chunk in answer.iter_content(1 << 20)) == n
@@ -77,7 +78,10 @@ def one_batch(svc, session, base: str, rec, n: int, prompt: str, latency: float,
             writes[(c.label, call, op, kind, "base")] += wru
             writes[(c.label, call, op, kind, "gsi")] += gsi
     dollars = usd(calls, sum(invocations.values()))
+    # The per-account request rate (service.limits): one conditional write of the account's bucket per API call.
+    bucket = [c for c in calls if any(kind == "rate bucket" for _, kind, _, _ in c.writes)]
     return {
+        "rate_calls": len(bucket), "rate_wru": sum(c.wru for c in bucket), "api_calls": api_calls,
         "wall": wall,
         "ddb_calls": sum(c.service == "dynamodb" for c in calls) / n,
         "wru": sum(c.wru for c in calls) / n, "gsi_wru": sum(c.gsi_wru for c in calls) / n,
@@ -144,6 +148,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  GSI projections ({projections}): {gsi:.2f} write units per request in GSIs, against {gsi_all:.2f} in "
           f"the same run had every index projected ALL: {gsi_all - gsi:.2f} saved "
           f"({(gsi_all - gsi) / max(wru + gsi_all, 1e-9):.0%} of all write units)")
+    rate_per_call = med("rate_wru") / max(med("api_calls"), 1)
+    print(f"  the per-account request rate: {med('rate_calls'):.0f} bucket writes for the batch's "
+          f"{med('api_calls'):.0f} API calls: {rate_per_call:.2f} write units per API call "
+          f"(${rate_per_call * PRICE['wru'] * 1e6:.2f} per million API calls; included above, "
+          f"{med('rate_wru') / n:.4f} per request here)")
     print(f"  SQS per request: {med('sqs'):.3f} billed requests (idle empty receives not counted: "
           f"{med('sqs_idle'):.2f} per request here, local pollers long-poll 1 s, AWS up to 20 s)")
     print(f"  S3 per request: {med('s3_get'):.3f} GET, {med('s3_put'):.4f} PUT/LIST")
@@ -191,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"backend is kept is measured by bench.throughput)")
     print(f"  reproduce: {command_line('bench.cost')}")
     return {"requests": n, "runs": args.runs, "wru": wru, "gsi_wru": gsi, "gsi_wru_all": gsi_all, "rru": rru,
-            "usd_per_million": total,
+            "usd_per_million": total, "rate_wru_per_api_call": rate_per_call,
             "usd": dollars, "wru_ratio": wru / GOAL_WRU, "usd_ratio": total / GOAL_USD_PER_MILLION,
             "worker_gb_s_per_l": worker / latency, "single_gb_s_per_l": single / latency}
 

@@ -12,14 +12,21 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # The catalog format, ${VAR:-default}, queue/secret names: owned by the core package, shared with the functions.
 from batchinfer import catalog as core
@@ -54,6 +61,12 @@ VALID_LOG_RETENTION_DAYS = (
     1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653,
 )
 # fmt: on
+# Lambda keeps 100 of an account's concurrency unreserved; a new account's limit is 1000 (it can be raised).
+DEFAULT_ACCOUNT_CONCURRENCY = 1000
+UNRESERVED_FLOOR = 100
+# The worker's reserved concurrency when it is "auto": its models' budgets together, but never more than half
+# of a default account's concurrency (the api and the webhooks function need the rest).
+AUTO_WORKER_RESERVE_MAX = DEFAULT_ACCOUNT_CONCURRENCY // 2
 # Lambda's event source mapping accepts MaximumConcurrency between 2 and 1000.
 MIN_QUEUE_CONCURRENCY = 2
 MAX_QUEUE_CONCURRENCY = 1000
@@ -69,6 +82,8 @@ RESERVED_ENV_NAMES = frozenset(
         "LOG_LEVEL",
         "MAX_BODY_BYTES",
         "TIER_LIMITS",
+        "TIER_REQUESTS_PER_MINUTE",
+        "MAX_LONG_POLLS_PER_ACCOUNT",
         "BATCH_COMPLETION_WINDOW_SECONDS",
         "BATCH_RETENTION_SECONDS",
         "FILE_BATCHES_ENABLED",
@@ -131,6 +146,23 @@ class InfraConfig(BaseModel):
     scheduled_reserved_concurrency: int | None = Field(
         2, ge=1, description="Reserved concurrency of dispatcher and sweeper; none to leave unreserved."
     )
+    # Reserved concurrency is both a floor and a ceiling: the worker's keeps a flood of API calls from taking
+    # the concurrency the scheduler's calls run on; the api's, when set, caps what all API calls may take.
+    worker_reserved_concurrency: int | Literal["auto"] | None = Field(
+        "auto",
+        description="Reserved concurrency of the worker: 'auto' (the queued models' batch budgets together, "
+        f"at most {AUTO_WORKER_RESERVE_MAX}), a number, or none to leave it unreserved.",
+    )
+    api_reserved_concurrency: int | None = Field(
+        None, ge=1, description="Reserved concurrency of the api (its most at once); none to leave it unreserved."
+    )
+    tier_requests_per_minute: str = Field(
+        "free=1800,pro=6000,internal=30000",
+        description="API calls per minute per account, by tier (a token bucket per account; 0: no limit).",
+    )
+    max_long_polls_per_account: int = Field(
+        20, ge=1, description="Results long polls (wait > 0) one account may hold at once."
+    )
     retain_data: bool = Field(True, description="Keep table, bucket and secrets when the stack is deleted.")
     catalog_env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for every function, e.g. catalog ${VAR}s."
@@ -151,12 +183,19 @@ class InfraConfig(BaseModel):
             raise ValueError("stage must be 1-20 characters of a-z, 0-9 and '-', starting with a letter")
         return value
 
-    @field_validator("tier_limits")
+    @field_validator("tier_limits", "tier_requests_per_minute")
     @classmethod
-    def _tier_limits_shape(cls, value: str) -> str:
+    def _tier_limits_shape(cls, value: str, info: ValidationInfo) -> str:
         value = value.replace(" ", "")
         if not re.fullmatch(r"[A-Za-z0-9_-]+=\d+(,[A-Za-z0-9_-]+=\d+)*", value):
-            raise ValueError("tier_limits must look like 'free=8,pro=16,internal=64'")
+            raise ValueError(f"{info.field_name} must look like 'free=8,pro=16,internal=64'")
+        return value
+
+    @field_validator("worker_reserved_concurrency")
+    @classmethod
+    def _worker_reserve_shape(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("worker_reserved_concurrency must be at least 1, 'auto' or none")
         return value
 
     @field_validator("log_level")
@@ -181,6 +220,8 @@ class InfraConfig(BaseModel):
         "domain_name",
         "certificate_arn",
         "scheduled_reserved_concurrency",
+        "worker_reserved_concurrency",
+        "api_reserved_concurrency",
         mode="before",
     )
     @classmethod
@@ -300,7 +341,21 @@ class InfraConfig(BaseModel):
             "BATCH_COMPLETION_WINDOW_SECONDS": str(self.completion_window_seconds),
             "BATCH_RETENTION_SECONDS": str(self.retention_seconds),
             "TIER_LIMITS": self.tier_limits,
+            "TIER_REQUESTS_PER_MINUTE": self.tier_requests_per_minute,
+            "MAX_LONG_POLLS_PER_ACCOUNT": str(self.max_long_polls_per_account),
         }
+
+    def worker_reserve(self, models: Iterable[CatalogModel]) -> int | None:
+        """The worker's reserved concurrency: as set, or for 'auto' what its queues' event sources may run at
+        once (each model's MaximumConcurrency), at most AUTO_WORKER_RESERVE_MAX."""
+        if self.worker_reserved_concurrency == "auto":
+            return min(AUTO_WORKER_RESERVE_MAX, max(1, sum(m.max_concurrency for m in models)))
+        return self.worker_reserved_concurrency
+
+    def reserved_total(self, models: Iterable[CatalogModel]) -> int:
+        """The concurrency the stack reserves, all functions together."""
+        return (2 * (self.scheduled_reserved_concurrency or 0) + (self.worker_reserve(models) or 0)
+                + (self.api_reserved_concurrency or 0))
 
 
 @dataclass(frozen=True)
@@ -419,8 +474,8 @@ def load_catalog(path: Path, *, stage: str, env: Mapping[str, str] | None = None
             raise ValueError(f"{path}: models[{index}] has no id")
     try:
         catalog = core.parse_catalog(document, env or {})
-    except ValidationError as error:
-        raise ValueError(f"{path}: {_describe(error, entries)}") from error
+    except core.CatalogError as error:
+        raise ValueError(f"{path}: {error}") from error
 
     queued: list[core.Model] = []
     for model, entry in zip(catalog.models, entries, strict=True):  # the core keeps the file's order
@@ -481,21 +536,6 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings")
     return data
-
-
-def _describe(error: ValidationError, entries: list[Any]) -> str:
-    """The core catalog's validation errors, each naming the model (as the file writes its id) and field."""
-    problems = []
-    for item in error.errors():
-        loc = item["loc"]
-        if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int) and loc[1] < len(entries):
-            field = ".".join(str(part) for part in loc[2:]) or "entry"
-            # "Value error, " is pydantic's prefix for a validator's own message: the message says it all.
-            message = item["msg"].removeprefix("Value error, ")
-            problems.append(f"model {entries[loc[1]]['id']!r}: {field}: {message}")
-        else:
-            problems.append(item["msg"])
-    return "; ".join(problems)
 
 
 def _ceil_days(seconds: int) -> int:

@@ -15,7 +15,13 @@ from constructs import Construct
 
 from batchinfer.catalog import function_service_name
 from infra import bedrock, layers
-from infra.config import REPO_ROOT, CatalogModel, InfraConfig
+from infra.config import (
+    DEFAULT_ACCOUNT_CONCURRENCY,
+    REPO_ROOT,
+    UNRESERVED_FLOOR,
+    CatalogModel,
+    InfraConfig,
+)
 from infra.nag import acknowledge, acknowledge_all, nag_ref
 from infra.queues import ModelQueues, ModelSecrets
 from infra.storage import Storage
@@ -211,19 +217,33 @@ class ServiceFunctions(Construct):
         }
         # api and worker call backends (interactive requests; batches), so both read the backend keys.
         model_secrets = {"MODEL_SECRETS": secrets.secret_arns_json()}
+        # Reserved concurrency: the worker's keeps what the scheduler's calls run on out of a flood of API
+        # calls' reach (and the dispatcher's and sweeper's, below); the api's, when set, caps the API.
+        models = [entry.model for entry in queues.by_model.values()]
         self.api = self._function(
-            API, common_env, {"MAX_BODY_BYTES": str(config.max_body_bytes), **model_secrets, **webhook_env}
+            API,
+            common_env,
+            {"MAX_BODY_BYTES": str(config.max_body_bytes), **model_secrets, **webhook_env},
+            reserved=config.api_reserved_concurrency,
         )
         self.dispatcher = self._function(
             DISPATCHER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True
         )
         self.worker = self._function(
-            WORKER, common_env, {**model_secrets, **webhook_env}
+            WORKER, common_env, {**model_secrets, **webhook_env}, reserved=config.worker_reserve(models)
         )
         self.sweeper = self._function(
             SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json(), **webhook_env}, scheduled=True
         )
         self.webhooks = self._function(WEBHOOKS, common_env, webhook_env)
+        reserved = config.reserved_total(models)
+        if reserved > DEFAULT_ACCOUNT_CONCURRENCY - UNRESERVED_FLOOR:
+            Annotations.of(self).add_warning_v2(
+                "batchinfer:reserved-concurrency",
+                f"The functions reserve {reserved} concurrent executions: a deploy fails unless the account's "
+                f"Lambda concurrency is at least {reserved + UNRESERVED_FLOOR} (a new account's is "
+                f"{DEFAULT_ACCOUNT_CONCURRENCY}).",
+            )
 
         # Table and bucket: exactly the actions each function calls (DATA_ACCESS), no grant groups.
         for name, function in self.functions.items():
@@ -234,7 +254,6 @@ class ServiceFunctions(Construct):
             secret.grant_read(self.worker)
         # Bedrock models: the functions that call backends (worker: batches; api: interactive requests) may
         # invoke exactly the catalog's models and inference profiles.
-        models = [entry.model for entry in queues.by_model.values()]
         for function in (self.api, self.worker):
             self._grant_bedrock(function, models)
         # dispatcher and sweeper (lease recovery) send to the model queues; the worker consumes them.
@@ -287,6 +306,7 @@ class ServiceFunctions(Construct):
         own_env: dict[str, str],
         *,
         scheduled: bool = False,
+        reserved: int | None = None,
     ) -> lambda_.Function:
         config = self._config
         removal = RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY
@@ -333,7 +353,7 @@ class ServiceFunctions(Construct):
             log_group=log_group,
             # Scheduled functions: a failed tick is not retried (the next tick, a minute later, does the
             # same work); reserved concurrency keeps overlapping ticks few.
-            reserved_concurrent_executions=config.scheduled_reserved_concurrency if scheduled else None,
+            reserved_concurrent_executions=config.scheduled_reserved_concurrency if scheduled else reserved,
             retry_attempts=0 if scheduled else None,
             max_event_age=Duration.minutes(1) if scheduled else None,
         )

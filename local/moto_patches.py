@@ -27,6 +27,18 @@ item is written, so an id too long to be a key read as "not found" here and fail
 (6) Number arithmetic (`ADD n :v`, `SET n = n + :v`) reads a number in exponent form, as DynamoDB does:
 moto parses an operand without a "." with int(), so `5E-7` (what boto3 sends for a cost of 5e-7 USD) raised
 ValueError and its server answered 500.
+
+(7) An item over DynamoDB's 400 KB is refused as DynamoDB refuses it, counted as DynamoDB counts (attribute
+names plus values: a string's UTF-8 bytes, a number's significant digits at two a byte plus one, 3 bytes for
+a list or map and 1 per element, map keys included): a PutItem with "Item size has exceeded the maximum
+allowed size", an UpdateItem with "Item size to update has exceeded the maximum allowed size" (ValidationException
+both, nothing written), and inside TransactWriteItems a TransactionCanceledException whose reason for that
+item is `ValidationError`. moto's own check counted its own way (a number by its characters), at every
+attribute set (quadratic in the attributes), and turned the transaction's refusal into a ValidationException.
+
+(8) A number DynamoDB cannot hold (a magnitude under 1E-130 or from 1E+126, or more than 38 significant
+digits), in an item or an expression's values, is a ValidationException as on DynamoDB; moto checked the
+range only in a put's item, and as a float.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ import types
 
 _lock = threading.RLock()
 _applied = False
+_transaction_depth = 0  # > 0 while a TransactWriteItems runs (under _lock: one operation at a time)
 
 
 def apply() -> None:
@@ -83,6 +96,8 @@ def apply() -> None:
                 key = {a: source[a] for a in (table.hash_key_attr, table.range_key_attr) if a and a in source}
                 current = self.get_item(table.name, key)
                 snapshots.append((table.name, key, real_deepcopy(current.to_json()["Attributes"]) if current else None))
+            global _transaction_depth
+            _transaction_depth += 1
             try:
                 return original(self, transact_items)
             except Exception:
@@ -92,6 +107,8 @@ def apply() -> None:
                     else:
                         self.put_item(table_name, attrs)
                 raise
+            finally:
+                _transaction_depth -= 1
 
     DynamoDBBackend.transact_write_items = transact_write_items
 
@@ -145,6 +162,7 @@ def apply() -> None:
             del self.all_items
 
     Table.query = query
+    _patch_item_limits()
     _patch_number_arithmetic()
     _patch_s3_uploads()
     _applied = True
@@ -197,3 +215,163 @@ def _patch_s3_uploads() -> None:
         return real_upload_part(self, bucket_name, multipart_id, *args, **kwargs)
 
     S3Backend.upload_part = upload_part
+
+
+ITEM_LIMIT_BYTES = 400 * 1024  # DynamoDB's item size limit
+ITEM_TOO_LARGE = "Item size has exceeded the maximum allowed size"
+UPDATE_TOO_LARGE = "Item size to update has exceeded the maximum allowed size"
+NUMBER_OVERFLOW = "Number overflow. Attempting to store a number with magnitude larger than supported range"
+NUMBER_UNDERFLOW = "Number underflow. Attempting to store a number with magnitude smaller than supported range"
+NUMBER_DIGITS = "Attempting to store more than 38 significant digits in a Number"
+_SMALLEST = decimal.Decimal("1E-130")
+_LARGEST = decimal.Decimal("1E+126")
+
+
+class ValidationError(Exception):
+    """An item of a transaction refused for its content: moto names a cancellation reason after the class of
+    what an operation raised, and DynamoDB's reason for these is `ValidationError`."""
+
+
+def _significant_digits(number: decimal.Decimal) -> str:
+    return "".join(map(str, number.as_tuple().digits)).strip("0") or "0"
+
+
+def number_problem(text: str) -> str | None:
+    """Why DynamoDB would refuse the number `text`, or None."""
+    try:
+        number = decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        return None  # moto's own refusal of what is not a number
+    if not number.is_finite() or number == 0:
+        return None
+    if len(_significant_digits(number)) > 38:
+        return NUMBER_DIGITS
+    if number.copy_abs() >= _LARGEST:
+        return NUMBER_OVERFLOW
+    if number.copy_abs() < _SMALLEST:
+        return NUMBER_UNDERFLOW
+    return None
+
+
+def _numbers(value: object):
+    """Every number in an attribute value in its wire form ({"N": "1"}, {"L": [...]}, {"M": {...}}, {"NS": [...]})."""
+    if not isinstance(value, dict):
+        return
+    for kind, inner in value.items():
+        if kind == "N":
+            yield inner
+        elif kind == "NS":
+            yield from inner
+        elif kind == "L":
+            for element in inner:
+                yield from _numbers(element)
+        elif kind == "M":
+            for element in inner.values():
+                yield from _numbers(element)
+
+
+def _check_numbers(values: dict | None) -> None:
+    from moto.dynamodb.exceptions import MockValidationException
+
+    for value in (values or {}).values():
+        for text in _numbers(value):
+            problem = number_problem(str(text))
+            if problem:
+                raise MockValidationException(problem)
+
+
+def _number_size(text: str) -> int:
+    try:
+        return (len(_significant_digits(decimal.Decimal(text))) + 1) // 2 + 1
+    except decimal.InvalidOperation:
+        return len(text)
+
+
+def value_size(value) -> int:
+    """The bytes DynamoDB counts for one attribute value (a moto DynamoType)."""
+    kind, inner = value.type, value.value
+    if kind == "S":
+        return len(inner.encode("utf-8", "surrogatepass"))
+    if kind == "N":
+        return _number_size(inner)
+    if kind == "B":
+        return len(inner) if isinstance(inner, bytes) else len(inner) * 3 // 4
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "SS":
+        return sum(len(s.encode("utf-8", "surrogatepass")) for s in inner)
+    if kind == "NS":
+        return sum(_number_size(n) for n in inner)
+    if kind == "BS":
+        return sum(len(b) if isinstance(b, bytes) else len(b) * 3 // 4 for b in inner)
+    if kind == "L":
+        return 3 + sum(1 + value_size(element) for element in inner)
+    if kind == "M":
+        return 3 + sum(len(k.encode("utf-8", "surrogatepass")) + 1 + value_size(element)
+                       for k, element in inner.items())
+    return len(str(inner))
+
+
+def item_size(attrs: dict) -> int:
+    """The bytes DynamoDB counts for an item: its attribute names and values ({name: DynamoType})."""
+    return sum(len(name.encode("utf-8", "surrogatepass")) + value_size(value) for name, value in attrs.items())
+
+
+def _patch_item_limits() -> None:
+    """(7) and (8): items over 400 KB, and numbers DynamoDB cannot hold, refused as DynamoDB refuses them."""
+    from moto.dynamodb.exceptions import MockValidationException
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.models.dynamo_type import DynamoType, LimitedSizeDict
+    from moto.dynamodb.models.table import Table
+
+    LimitedSizeDict.__setitem__ = dict.__setitem__  # the size is checked once per write, below
+
+    real_validate_number = Table._validate_number_type
+
+    @functools.wraps(real_validate_number)
+    def validate_number(self, value):
+        # moto compares the range as floats: 9.99...9E+125 (38 nines) rounds to 1E+126 and was refused.
+        if isinstance(value, str) and number_problem(value) is None:
+            try:
+                return real_validate_number(self, value)
+            except Exception as refused:
+                if getattr(refused, "message", None) in (NUMBER_OVERFLOW, NUMBER_UNDERFLOW):
+                    return None
+                raise
+        return real_validate_number(self, value)
+
+    Table._validate_number_type = validate_number
+
+    def refuse(message: str) -> Exception:
+        return ValidationError(message) if _transaction_depth else MockValidationException(message)
+
+    real_put = DynamoDBBackend.put_item
+
+    @functools.wraps(real_put)
+    def put_item(self, table_name, item_attrs, *args, **kwargs):
+        with _lock:
+            _check_numbers(item_attrs)
+            _check_numbers(kwargs.get("expression_attribute_values") or (args[3] if len(args) > 3 else None))
+            if item_size({name: DynamoType(value) for name, value in item_attrs.items()}) > ITEM_LIMIT_BYTES:
+                raise refuse(ITEM_TOO_LARGE)
+            return real_put(self, table_name, item_attrs, *args, **kwargs)
+
+    real_update = DynamoDBBackend.update_item
+
+    @functools.wraps(real_update)
+    def update_item(self, table_name, key, *args, **kwargs):
+        with _lock:
+            _check_numbers(kwargs.get("expression_attribute_values") or (args[2] if len(args) > 2 else None))
+            before = self.get_item(table_name, key)
+            saved = copy.deepcopy(before.to_json()["Attributes"]) if before else None
+            item = real_update(self, table_name, key, *args, **kwargs)
+            if item is not None and item_size(item.attrs) > ITEM_LIMIT_BYTES:
+                if saved is None:
+                    self.delete_item(table_name, key)
+                else:
+                    real_put(self, table_name, saved)
+                raise refuse(ITEM_TOO_LARGE if _transaction_depth else UPDATE_TOO_LARGE)
+            return item
+
+    DynamoDBBackend.put_item = put_item
+    DynamoDBBackend.update_item = update_item

@@ -81,7 +81,8 @@ def local_settings() -> Settings:
     environment says otherwise (a deployment turns them on in its config)."""
     settings = Settings()
     built = {name: True for name in ("file_batches_enabled", "message_batches_enabled", "batch_webhooks_enabled",
-                                     "embeddings_responses_batches_enabled", "interactive_streaming_enabled")
+                                     "embeddings_responses_batches_enabled", "interactive_streaming_enabled",
+                                     "api_docs_enabled")
              if name not in settings.model_fields_set}
     return settings.model_copy(update=built) if built else settings
 

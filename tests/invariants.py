@@ -10,8 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections import Counter
 
-from batchinfer.domain import FINAL_BATCH, FINAL_REQUEST, RequestState, Stop, final_status, unstarted_stop
+from batchinfer.domain import (
+    FINAL_BATCH,
+    FINAL_REQUEST,
+    RequestState,
+    Stop,
+    counts_as_failed_unstarted,
+    final_status,
+    unstarted_stop,
+)
 from batchinfer.layout import account_key, batch_key, file_key, file_object, requests_object, retry_due
 from batchinfer.protocols import anthropic, of_batch
 from batchinfer.protocols.anthropic import message_batches, shapes
@@ -144,6 +153,32 @@ def _assert_message_batch_results(svc: Services, who: Principal, batch: dict, re
             assert set(line["result"]) == {"type"}, line
 
 
+def _assert_counts_add_up(batch: dict, by_index: dict[int, dict], rejected: int, dispatched: int) -> None:
+    """Each request's outcome is counted once: the batch's counters are exactly what its stored outcomes
+    say, and they add up to its total. The stored outcomes are the request items (completed, failed, or
+    unstarted with the stop they ended under in their error), the requests rejected at intake, and the
+    requests its lanes never dispatched, which never become items: they end under the batch's stop (or, for
+    a retried batch that left them as they were, `parked`'s)."""
+    total = int(batch["total"])
+    states = Counter(item["state"] for item in by_index.values())
+    never = total - rejected - dispatched
+    assert never >= 0, f"lanes dispatched {dispatched} of {total - rejected} requests"
+    fate = Stop(batch["parked"]) if batch.get("parked") else Stop(batch["stop"]) if batch.get("stop") else None
+    assert not never or fate is not None, f"{never} requests never dispatched in a batch ended without a stop"
+    unrun = Counter(unstarted_stop(item.get("error")) for item in by_index.values()
+                    if item["state"] == RequestState.UNSTARTED.value)
+    if never:
+        unrun[fate] += never
+    failed_unrun = sum(n for stop, n in unrun.items() if counts_as_failed_unstarted(stop))
+    expected = {"completed": states[RequestState.COMPLETED.value],
+                "failed": rejected + states[RequestState.FAILED.value] + failed_unrun,
+                "unstarted": sum(unrun.values())}
+    counted = {name: int(batch.get(name, 0)) for name in expected}
+    assert counted == expected, f"counts {counted}, stored outcomes {expected} ({never} never dispatched)"
+    cancelled = sum(unrun.values()) - failed_unrun  # never run in a cancelled run: counted neither way
+    assert counted["completed"] + counted["failed"] + cancelled == total, (counted, cancelled, total)
+
+
 def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
                              custom_ids: list[str] | None = None) -> dict:
     """Assert every property of a finished batch's ledger; returns the batch item for further checks.
@@ -253,6 +288,8 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         counts = obj["request_counts"]
         assert counts == {"total": total, "completed": n_completed, "failed": n_failed}, \
             (counts, n_completed, n_failed)
+
+    _assert_counts_add_up(batch, by_index, len(rejected), dispatched)
 
     # --- Usage and cost add up to the stored request records ----------------------------------------
     input_tokens = output_tokens = 0

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from batchinfer.protocols.openai import batches
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import accounts, run_request
+from batchinfer.service import accounts, lifecycle, run_request
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.sweep import sweep_once
 from tests.faults.harness import (
     GLM,
+    account_counters,
     configure,
     dispatch_in_groups,
     get_batch,
@@ -220,3 +223,61 @@ def test_revocation_racing_a_cancel_does_not_count_a_cancelled_request_as_failed
     assert sim_stats(sim_control)["total_requests"] == 0
     assert_ledger_consistent(svc, batch_id, who)
     assert final["completed"] == 0 and final["failed"] == 0
+
+
+def _lose_owner(svc, account: dict, key: str, how: str) -> None:
+    if how == "revoke_key":
+        accounts.revoke_key(svc, key)
+    else:
+        accounts.update_account(svc, account["id"], status={"suspend": "suspended", "delete_account": "deleted"}[how])
+
+
+@pytest.mark.parametrize("how", ["suspend", "delete_account", "revoke_key"])
+def test_owner_lost_while_a_request_waits_ends_the_batch_once_whoever_settles_it(svc, sim_control, monkeypatch, how):
+    """The owner loses access (suspended, deleted, or its key revoked) while a request of its batch waits for
+    a retry, and is made active again a moment later. The sweeper closes the waiting request; between that
+    close and its fresh read of the batch, another settler (a worker whose last work of the batch is done)
+    gives the batch its final status. The sweeper, reading an ended batch, must not end it again: the requests
+    that were never dispatched count as failed once, the counts add up to the total, and the account gets its
+    unfinished batch back once."""
+    configure(svc, retry_base_seconds=30.0, retry_max_seconds=60.0)  # o-1 waits through the stop
+    set_budgets(svc, {GLM: 2})
+    account, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"o-{i}", f"owner {i}" + (" [[sim:flaky:1:500]]" if i == 1 else "")) for i in range(12)]
+    batch_id = submit(svc, who, requests)
+    dispatcher = Dispatcher(svc)
+    assert dispatcher.pass_once() == 2
+    run_queued(svc)  # o-0 completed; o-1 failed once and waits for its retry
+    assert dispatcher.pass_once() == 2  # o-2, o-3 queued
+
+    _lose_owner(svc, account, key, how)
+    run_queued(svc)  # the worker's checks find the owner gone: the batch stops; o-2 and o-3 never run
+    if how != "revoke_key":
+        accounts.update_account(svc, account["id"], status="active")  # too late: the batch has failed for good
+    stopped = get_batch(svc, batch_id)
+    assert stopped["stop"] == "fail" and stopped["status"] == "in_progress"
+    assert stopped["open"] == 1 and stopped["in_flight"] == 0  # o-1 still waits
+
+    real_close_waiting = lifecycle._close_waiting
+    other_settles = []
+
+    def close_waiting_then_another_settles(*args, **kwargs):
+        real_close_waiting(*args, **kwargs)
+        if not other_settles:  # once: the other settler, between this close and the sweeper's fresh read
+            run_request.BatchRequests(svc).settle_batch(batch_id)
+            other_settles.append(get_batch(svc, batch_id)["status"])
+
+    monkeypatch.setattr(lifecycle, "_close_waiting", close_waiting_then_another_settles)
+    sweep_once(svc)
+
+    assert other_settles == ["failed"]
+    final = get_batch(svc, batch_id)
+    assert final["status"] == "failed" and final["error"]["code"] == "owner_unauthorized"
+    # o-0 completed; o-1 failed (it had run: it keeps its last error); o-2, o-3 and the 8 never dispatched
+    # failed unrun; each counted once.
+    assert (final["completed"], final["failed"], final["unstarted"]) == (1, 11, 10)
+    assert account_counters(svc, account["id"]) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                    "in_flight": 0}
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert sim_stats(sim_control)["total_requests"] == 2  # nothing ran after the owner lost access

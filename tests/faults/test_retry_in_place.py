@@ -9,7 +9,8 @@ import json
 from batchinfer.domain import Attempt, RequestState
 from batchinfer.protocols.openai import batches
 from batchinfer.records.feed import Feed
-from batchinfer.service import retry, run_request
+from batchinfer.scheduling.dispatcher import Dispatcher
+from batchinfer.service import lifecycle, retry, run_request
 from batchinfer.service.accounts import authenticate
 from local.lambda_runtime import invoke
 from tests.faults.harness import (
@@ -23,6 +24,7 @@ from tests.faults.harness import (
     results_by_custom_id,
     run_messages,
     run_pump,
+    run_queued,
     sim_config,
     sim_stats,
     slot_leases,
@@ -249,3 +251,41 @@ def test_a_retry_that_lost_its_lease_does_not_keep_the_others_answers_from_being
     final = pump(svc, batch_id, clock_step=2)
     assert final["status"] == "completed" and final["completed"] == 3 and final["cost_unknown_attempts"] == 3
     assert_ledger_consistent(svc, batch_id, who, ids)
+
+
+def test_an_ending_decided_before_a_retry_in_place_does_not_end_the_retried_run(svc, sim_control, monkeypatch):
+    """A settle reads a batch whose requests all have their outcome and decides its ending; before its write
+    lands, another settle ends the batch, its owner retries it in place and the retried request runs. The
+    late write, decided on the first run, is refused: the retried run ends by a settle that read it."""
+    configure(svc, max_attempts=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit(svc, who, [chat_request("flaky", FLAKY), chat_request("fine", "all good")])
+    assert Dispatcher(svc).pass_once() == 2
+    run_queued(svc)  # both have their outcome; the batch is not settled yet
+    real_announcing = lifecycle._announcing
+    meanwhile = []
+
+    def announcing_then_retried_meanwhile(svc_, batch, final, ops):
+        event = real_announcing(svc_, batch, final, ops)  # the last step before the ending's write
+        if not meanwhile:
+            meanwhile.append(batch["status"])
+            assert lifecycle.settle_batch(svc, batch_id)["status"] == "completed"  # the other settle
+            configure(svc, max_attempts=2)
+            batches.retry_batch(svc, who, batch_id, {}, None)
+            assert Dispatcher(svc).pass_once() == 1
+            run_queued(svc)  # the retried request completes; its run is not settled yet
+            retried = get_batch(svc, batch_id)
+            meanwhile.append((retried["status"], retried["retry_count"], retried["open"], retried["in_flight"]))
+        return event
+
+    monkeypatch.setattr(lifecycle, "_announcing", announcing_then_retried_meanwhile)
+    late = lifecycle.settle_batch(svc, batch_id)
+
+    assert meanwhile == ["in_progress", ("in_progress", 1, 0, 0)]
+    assert late["status"] == "in_progress" and late["retry_count"] == 1  # the late ending changed nothing
+    monkeypatch.setattr(lifecycle, "_announcing", real_announcing)
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and (final["completed"], final["failed"]) == (2, 0)
+    assert final["completed_at"] >= final["retried_at"]  # ended by the retried run's own settle
+    assert_ledger_consistent(svc, batch_id, who, ["flaky", "fine"])

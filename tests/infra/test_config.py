@@ -12,9 +12,11 @@ from pydantic import ValidationError
 from batchinfer import catalog as core
 from infra import layers
 from infra.config import (
+    AUTO_WORKER_RESERVE_MAX,
     DEFAULT_MODELS_FILE,
     LAMBDA_EVENT_BODY_LIMIT_BYTES,
     REPO_ROOT,
+    CatalogModel,
     InfraConfig,
     load_catalog,
     resolve_config,
@@ -48,6 +50,8 @@ def test_defaults_match_the_deployment_contract() -> None:
         "BATCH_COMPLETION_WINDOW_SECONDS": "86400",
         "BATCH_RETENTION_SECONDS": "604800",
         "TIER_LIMITS": "free=8,pro=16,internal=64",
+        "TIER_REQUESTS_PER_MINUTE": "free=1800,pro=6000,internal=30000",
+        "MAX_LONG_POLLS_PER_ACCOUNT": "20",
     }
     assert (config.batches_expire_after_days, config.files_expire_after_days) == (9, 37)
 
@@ -336,3 +340,21 @@ def test_every_allowed_log_retention_maps_to_cloudwatch() -> None:
     from infra.functions import log_retention
 
     assert all(log_retention(days) for days in VALID_LOG_RETENTION_DAYS)
+
+
+def test_reserved_concurrency_settings() -> None:
+    models = [CatalogModel("a", "a", 16, False, "https://a.example"), CatalogModel("b", "b", 1, False, "https://b")]
+    default = resolve_config(getter({}))
+    assert default.worker_reserved_concurrency == "auto"
+    assert default.worker_reserve(models) == 16 + 2  # each model's MaximumConcurrency (at least 2)
+    assert default.api_reserved_concurrency is None
+    huge = [CatalogModel("big", "big", 5000, False, "https://a.example")]
+    assert default.worker_reserve(huge) == AUTO_WORKER_RESERVE_MAX  # auto never takes most of an account
+    config = resolve_config(getter({"worker_reserved_concurrency": "40", "api_reserved_concurrency": "300"}))
+    assert config.worker_reserve(models) == 40 and config.api_reserved_concurrency == 300
+    assert config.reserved_total(models) == 2 * 2 + 40 + 300
+    assert resolve_config(getter({"worker_reserved_concurrency": "none"})).worker_reserve(models) is None
+    for bad in ({"worker_reserved_concurrency": "0"}, {"worker_reserved_concurrency": "lots"},
+                {"api_reserved_concurrency": "0"}, {"tier_requests_per_minute": "free:10"}):
+        with pytest.raises(ValueError):
+            resolve_config(getter(bad))

@@ -17,7 +17,7 @@ from infra.config import load_catalog
 from infra.functions import SPECS
 from infra.nag import recording_acknowledgments
 from infra.stack import build_app
-from tests.infra.conftest import Synth
+from tests.infra.conftest import Synth, synthesize
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = load_catalog(REPO / "layers/core/python/batchinfer/models.yaml", stage="dev")
@@ -481,7 +481,30 @@ def test_scheduled_functions_reserved_concurrency_and_no_retries(synth: Synth, e
             {"FunctionName": {"Ref": logical_id}, "MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60},
         )
         assert "ReservedConcurrentExecutions" not in function_resource(edge_synth, name)[1]["Properties"]
-    assert "ReservedConcurrentExecutions" not in function_resource(synth, "worker")[1]["Properties"]
+
+
+def test_the_worker_has_its_own_concurrency_a_flood_of_api_calls_cannot_take(synth: Synth, edge_synth: Synth) -> None:
+    # The default: the queued models' budgets together, what their event sources may run at once.
+    worker = function_resource(synth, "worker")[1]["Properties"]
+    assert worker["ReservedConcurrentExecutions"] == sum(m.max_concurrency for m in CATALOG.models) > 0
+    # A catalog whose budgets add up past what an account has: auto keeps to half a default account.
+    assert function_resource(edge_synth, "worker")[1]["Properties"]["ReservedConcurrentExecutions"] == 500
+    # The api is unreserved unless a maximum is set (it then takes at most that many at once).
+    assert "ReservedConcurrentExecutions" not in function_resource(synth, "api")[1]["Properties"]
+
+
+def test_reserved_concurrency_from_the_deployment_settings(tmp_path: Path) -> None:
+    chosen = synthesize(tmp_path, {"worker_reserved_concurrency": "40",
+                                   "api_reserved_concurrency": "300", "tier_requests_per_minute": "free=600"})
+    assert function_resource(chosen, "worker")[1]["Properties"]["ReservedConcurrentExecutions"] == 40
+    api = function_resource(chosen, "api")[1]["Properties"]
+    assert api["ReservedConcurrentExecutions"] == 300
+    assert api["Environment"]["Variables"]["TIER_REQUESTS_PER_MINUTE"] == "free=600"
+    assert api["Environment"]["Variables"]["MAX_LONG_POLLS_PER_ACCOUNT"] == "20"
+    # More than a default account can reserve: the synth says so.
+    over = synthesize(tmp_path / "over", {"api_reserved_concurrency": "900"})
+    warnings = Annotations.from_stack(over.stack).find_warning("*", Match.string_like_regexp("reserve"))
+    assert warnings, "no warning about the reserved concurrency"
 
 
 # -- IAM -----------------------------------------------------------------------------------------------

@@ -352,3 +352,97 @@ def test_lease_recovery_and_webhook_relays_stop_at_the_deadline_and_the_next_run
     assert webhooks.relay_due(svc, deadline=ticks.deadline(0)) == 0
     assert [sweep.recover_leases(svc, deadline=ticks.deadline(2)) for _ in range(4)] == [1, 1, 1, 0]
     assert [webhooks.relay_due(svc, deadline=ticks.deadline(2)) for _ in range(4)] == [1, 1, 1, 0]
+
+
+# --- The work of one call ------------------------------------------------------------------------------
+
+def test_a_status_filter_on_a_50000_request_batch_looks_at_a_bounded_number_of_results_per_call(api, svc,
+                                                                                                monkeypatch):
+    from batchinfer.service import feed
+
+    _, key = new_key(svc)
+    bid = api.created(key, [tiny(i) for i in range(50_000)])["id"]
+    pk, _ = batch_key(bid)
+    from batchinfer.storage.dynamo import serialize
+
+    failed = [7, 31_000, 49_999]  # three failures far apart; the rest never ran (queued)
+    svc.table.client.batch_write_item(RequestItems={svc.table.name: [{"PutRequest": {"Item": serialize(
+        {"pk": pk, "sk": request_sk(i), "batch_id": bid, "index": i, "custom_id": str(i), "model": GLM,
+         "token": f"t{i}", "attempt": 1, "state": "failed", "error": {"code": "server_error", "message": "x"}})}}
+        for i in failed]})
+    looked: list[int] = []
+    real_iter = feed.iter_results
+
+    def counted(*args, **kwargs):
+        for result in real_iter(*args, **kwargs):
+            looked[-1] += 1
+            yield result
+
+    monkeypatch.setattr(feed, "iter_results", counted)
+    found, after, calls = [], None, 0
+    while True:
+        calls += 1
+        assert calls < 100, "no progress"
+        looked.append(0)
+        page = ok(api.results(key, bid, status="failed", limit=100, **({"after": after} if after else {})))
+        assert looked[-1] <= feed.MAX_SCAN
+        found += page["data"]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert [r["custom_id"] for r in found] == [str(i) for i in failed]
+    assert all(r["status"] == "failed" for r in found)
+    assert calls == 50_000 // feed.MAX_SCAN and sum(looked) == 50_000  # each result looked at once
+
+
+def test_a_filtered_page_in_finished_order_stops_at_the_most_it_looks_at_and_goes_on(api, svc, monkeypatch):
+    from batchinfer.service import feed
+
+    _, key = new_key(svc)
+    bid = api.created(key, [chat_request(f"f-{i}", "x") for i in range(9)])["id"]
+    assert finish(svc, bid)["status"] == "completed"
+    monkeypatch.setattr(feed, "MAX_SCAN", 4)
+    pages, after = [], None
+    while True:
+        assert len(pages) < 20, "no progress"
+        page = ok(api.results(key, bid, order="finished", status="failed", **({"after": after} if after else {})))
+        pages.append(page)
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert all(p["data"] == [] for p in pages) and len(pages) >= 3  # 9 results, 4 looked at a page
+    everything = ok(api.results(key, bid, order="finished", status="completed", limit=5))
+    assert len(everything["data"]) == 4 and everything["has_more"]  # a page stops at 4 even with matches left
+
+
+def test_an_estimate_reads_the_same_bounded_items_whatever_the_batchs_size(api, svc, monkeypatch):
+    """What an estimate reads is the model's queue (its budget, at most MAX_LANES lanes and their batches and
+    accounts), never anything per request: 10 requests or 5,000, the same items."""
+    from batchinfer.service import forecast
+
+    monkeypatch.setattr(forecast, "MAX_LANES", 3)
+    for _ in range(5):  # five batches queued on the model ahead, each its own lane
+        _, other = new_key(svc)
+        api.created(other, [tiny(i) for i in range(4)])
+    _, key = new_key(svc)
+    read: list[int] = []
+    table = svc.table
+    for name in ("get", "get_many", "query"):
+        real = getattr(table, name)
+
+        def counting(*args, _real=real, **kwargs):
+            answer = _real(*args, **kwargs)
+            items = answer[0] if isinstance(answer, tuple) else answer
+            read[-1] += len(items) if isinstance(items, list | dict) and not (
+                isinstance(items, dict) and "pk" in items) else 1
+            return answer
+
+        monkeypatch.setattr(table, name, counting)
+    counts = []
+    for n in (10, 5_000):
+        read.append(0)
+        answer = ok(api("POST", "/v1/batches/estimate", key, json_body={"requests": [tiny(i) for i in range(n)]}))
+        assert answer["request_count"] == n
+        counts.append(read[-1])
+    # The budget, 3 lanes (of 5), their batches and accounts, the caller's key and account: that is all.
+    assert counts[0] == counts[1] and 3 * forecast.MAX_LANES <= counts[1] <= 3 * forecast.MAX_LANES + 10, counts

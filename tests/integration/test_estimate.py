@@ -14,7 +14,7 @@ from batchinfer.layout import account_key, batch_key
 from batchinfer.records import Budget, Lane
 from batchinfer.runtime import use_services
 from batchinfer.service.accounts import spent_today
-from batchinfer.service.forecast import END_SECONDS, IDLE_START_SECONDS
+from batchinfer.service.forecast import END_SECONDS, IDLE_START_SECONDS, coarse_count, read_queue
 from batchinfer.service.tokenizer import count_text, encoding
 from tests.helpers import chat_request, make_services, new_key
 from tests.integration.test_api import error, finish, ok, settings
@@ -69,6 +69,7 @@ OPENAI_FAULTS = [
 
 def test_each_refusal_is_the_one_create_gives_and_nothing_is_stored(api, svc):
     _, key = new_key(svc)
+    assert ok(api("GET", "/v1/batches", key))["data"] == []  # the account's rate bucket: every call writes it
     before = stored(svc)
     for body in OPENAI_FAULTS:
         refused = api("POST", "/v1/batches", key, json_body=body)
@@ -134,7 +135,7 @@ def test_the_figures_of_a_known_batch(api, svc):
     assert answer["cost_usd"] == {"min": pytest.approx(model.cost_usd(input_tokens, 0)),
                                   "max": pytest.approx(model.cost_usd(input_tokens, max_output))}
     [figures] = answer["models"]
-    assert figures["queue_ahead"] == 64 and figures["batch_budget"] == 16 and figures["batch_cap_now"] == 16
+    assert figures["queue_ahead"] == 50 and figures["batch_budget"] == 16 and figures["batch_cap_now"] == 16
     assert figures["mean_latency_seconds"] == 2.0 and figures["tier_limit"] == 16
     # Two accounts share 16 slots: 8 each, 4 requests a second; 33 requests take 8.25 s, plus half a call, plus
     # the batch's end (the model is busy: no start of a pump to wait for).
@@ -187,7 +188,7 @@ def test_reject_if_late_refuses_a_late_batch_and_admits_one_in_time(api, svc):
     refused = api("POST", "/v1/batches", key, json_body={"requests": requests, "admission": "reject_if_late"})
     err = error(refused, 429, "would not finish within its completion window of 5 s", "reject_if_late",
                 code="batch_would_be_late")
-    assert "0 requests ahead, 16 slots, 2.0 s a call" in err["message"]
+    assert "no requests ahead, 16 slots, 2.0 s a call" in err["message"]
     assert int(refused.headers["retry-after"]) >= 1 and refused.headers["x-should-retry"] == "false"
     assert ok(api("GET", "/v1/batches", key))["data"] == []
     estimate = ok(api("POST", ESTIMATE, key, json_body={"requests": requests}))
@@ -207,4 +208,24 @@ def test_the_queue_ahead_counts_every_batch_waiting_past_one_read_of_a_hundred(a
                json_body={"requests": [chat_request(f"o{i}", "x"), chat_request("p", "y")]}))
     _, key = new_key(svc)
     answer = ok(api("POST", ESTIMATE, key, json_body={"requests": [chat_request("a", "hi")]}))
-    assert answer["models"][0]["queue_ahead"] == 210
+    assert read_queue(svc, svc.catalog.get(GLM)).ahead == 210  # what the estimate's arithmetic uses
+    assert answer["models"][0]["queue_ahead"] == 200  # what the caller sees of other accounts' backlog
+
+
+@pytest.mark.parametrize(("count", "shown"), [(0, 0), (1, 1), (2, 2), (4, 2), (5, 5), (9, 5), (10, 10), (19, 10),
+                                              (20, 20), (64, 50), (99, 50), (100, 100), (210, 200), (4_999, 2_000),
+                                              (5_000, 5_000), (123_456, 100_000), (-3, 0)])
+def test_the_queue_ahead_shown_is_a_lower_bound_on_a_1_2_5_scale(count, shown):
+    assert coarse_count(count) == shown
+
+
+def test_one_more_request_of_another_account_does_not_show_in_the_queue_ahead(api, svc):
+    """Another account's backlog moves the figure only when it crosses a step of the scale."""
+    _, other = new_key(svc)
+    _, key = new_key(svc)
+    seen = []
+    for size in (52, 1, 1, 1):
+        ok(api("POST", "/v1/batches", other, json_body={"requests": [chat_request(f"o{i}", "x") for i in range(size)]}))
+        answer = ok(api("POST", ESTIMATE, key, json_body={"requests": [chat_request("a", "hi")]}))
+        seen.append(answer["models"][0]["queue_ahead"])
+    assert seen == [50, 50, 50, 50]

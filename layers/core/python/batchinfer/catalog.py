@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # The catalog shipped in the core layer; MODELS_FILE (functions) or models_file (infra) may name another.
 DEFAULT_MODELS_FILE = str(Path(__file__).with_name("models.yaml"))
@@ -71,7 +71,17 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 MESSAGES_ENDPOINT = "/v1/messages"
 
 
-class Backend(BaseModel):
+class CatalogError(ValueError):
+    """The catalog cannot be loaded; the message names each fault: the model (by its id), the key, why."""
+
+
+class _Strict(BaseModel):
+    # A key the format does not know is refused, never ignored: `batch_budjet: 3` would otherwise run the model
+    # at the default budget, past what its operator meant its backend to take.
+    model_config = ConfigDict(extra="forbid")
+
+
+class Backend(_Strict):
     # openai: an OpenAI-compatible server (vLLM, Ollama, OpenAI, ...); anthropic: an Anthropic-compatible
     # Messages server (Anthropic's API, or a proxy in front of it); bedrock: a model on Amazon Bedrock, called
     # request by request through the Converse API with the function's IAM role (no key, no secret).
@@ -108,12 +118,12 @@ class Backend(BaseModel):
         return self
 
 
-class Price(BaseModel):
+class Price(_Strict):
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
 
 
-class Model(BaseModel):
+class Model(_Strict):
     id: str
     aliases: list[str] = Field(default_factory=list)
     auto: bool = False
@@ -167,7 +177,7 @@ class Model(BaseModel):
         return (input_tokens * self.price.input_per_mtok + output_tokens * self.price.output_per_mtok) / 1e6
 
 
-class Catalog(BaseModel):
+class Catalog(_Strict):
     models: list[Model]
 
     def model_post_init(self, _context: object) -> None:
@@ -233,11 +243,43 @@ def read_catalog_document(path: str | Path) -> object:
 
 
 def parse_catalog(document: object, env: Mapping[str, str]) -> Catalog:
-    return Catalog.model_validate(expand_tree(document, env))
+    """The catalog from its parsed document; a CatalogError naming every fault (model, key, why)."""
+    try:
+        return Catalog.model_validate(expand_tree(document, env))
+    except ValidationError as error:
+        raise CatalogError(describe_errors(error, document)) from None
+
+
+def describe_errors(error: ValidationError, document: object) -> str:
+    """A catalog's validation errors, each naming the model (by the id its entry gives, else its position),
+    the key (with its section: `backend.`, `price.`) and what is wrong with it."""
+    entries = document.get("models") if isinstance(document, dict) else None
+    problems = []
+    for item in error.errors():
+        loc = item["loc"]
+        # "Value error, " is pydantic's prefix for a validator's own message: the message says it all.
+        message = item["msg"].removeprefix("Value error, ")
+        where = "the catalog"
+        if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int):
+            entry = entries[loc[1]] if isinstance(entries, list) and loc[1] < len(entries) else None
+            model_id = entry.get("id") if isinstance(entry, dict) else None
+            where = f"model {model_id!r}" if model_id else f"models[{loc[1]}]"
+            loc = loc[2:]
+        key = ".".join(str(part) for part in loc)
+        if item["type"] == "extra_forbidden":
+            problems.append(f"{where}: unknown key {key!r} (a misspelling? it would be ignored)")
+        elif key:
+            problems.append(f"{where}: {key}: {message}")
+        else:
+            problems.append(f"{where}: {message}")
+    return "; ".join(problems)
 
 
 def load_catalog(path: str | Path, env: Mapping[str, str]) -> Catalog:
-    return parse_catalog(read_catalog_document(path), env)
+    try:
+        return parse_catalog(read_catalog_document(path), env)
+    except CatalogError as error:
+        raise CatalogError(f"model catalog {path}: {error}") from None
 
 
 # -- names derived from a model id ----------------------------------------------------------------------

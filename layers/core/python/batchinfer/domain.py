@@ -8,6 +8,7 @@ import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import StrEnum
 
 from .jsontext import text_of
@@ -344,3 +345,24 @@ class AccountStatus(StrEnum):
     ACTIVE = "active"
     SUSPENDED = "suspended"
     DELETED = "deleted"
+
+
+# The numbers DynamoDB holds: 0, or a magnitude from 1E-130 to under 1E+126, with at most 38 significant digits.
+# A number from a request that is stored must be one of them (a float has at most 17 significant digits).
+STORED_NUMBER_MIN = Decimal("1E-130")
+STORED_NUMBER_LIMIT = Decimal("1E+126")
+STORED_NUMBER_RANGE = "0 or a magnitude from 1e-130 to under 1e+126"
+
+
+def storable_number(value: int | float) -> bool:
+    """Whether a number from a request can be stored as it is (in range, and 38 significant digits at most)."""
+    try:
+        number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    except (ValueError, ArithmeticError):
+        return False
+    if not number.is_finite():
+        return False
+    if number == 0:
+        return True
+    digits = "".join(map(str, number.as_tuple().digits)).strip("0")
+    return len(digits) <= 38 and STORED_NUMBER_MIN <= number.copy_abs() < STORED_NUMBER_LIMIT

@@ -50,6 +50,16 @@ def webhook_event_key(account_id: str, event_id: str) -> tuple[str, str]:
     return owner_partition(account_id), WEBHOOK_EVENT_PREFIX + event_id
 
 
+def request_rate_key(account_id: str) -> tuple[str, str]:
+    """The account's request-rate bucket (records.RequestRate)."""
+    return owner_partition(account_id), "RATE"
+
+
+def long_polls_key(account_id: str) -> tuple[str, str]:
+    """The account's long polls held now (records.LongPolls)."""
+    return owner_partition(account_id), "POLLS"
+
+
 def usage_key(account_id: str, day: str) -> tuple[str, str]:
     return owner_partition(account_id), f"USAGE#{day}"
 
@@ -275,6 +285,11 @@ def upload_parts_prefix(upload_id: str) -> str:
 
 def upload_part_object(upload_id: str, part_id: str) -> str:
     return f"{upload_parts_prefix(upload_id)}{part_id}"
+
+
+def retry_filter_object(batch_id: str, token: str) -> str:
+    """A retry's filter too large for the batch item (service.retry), under the batch's prefix."""
+    return f"{BATCHES_PREFIX}{batch_id}/retry-filter-{token}.json"
 
 
 def batch_prefix(batch_id: str) -> str:

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # Interactive `stream: true` relayed as server-sent events: only where the API is served by a server that
     # streams (the local stack's uvicorn); behind API Gateway + Lambda an answer is buffered whole, so off.
     interactive_streaming_enabled: bool = False
+    # `/docs` (Swagger UI) and `/redoc`, served from pinned copies on the API's origin (api/routes/api_docs.py).
+    # Off in a deployment: the pages share the console's origin, where keys are typed; `/openapi.json` stays.
+    api_docs_enabled: bool = False
 
     # Batch lifetime.
     batch_completion_window_seconds: int = 24 * 3600
@@ -75,6 +78,18 @@ class Settings(BaseSettings):
     tier_limits: Annotated[dict[str, int], NoDecode] = Field(
         default_factory=lambda: {"free": 8, "pro": 16, "internal": 64})
     batch_access_tiers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["internal"])
+
+    # Per-account limits on calls (service.limits): what one account's calls may hold of what every account
+    # shares (the API's server threads and Lambda concurrency). Generous: a console page open and a few
+    # batches polled several times a second (20 calls a second) never meet them.
+    # Calls a minute per tier, every authenticated call counted (interactive ones too), across every API
+    # instance; a tier missing here, or at 0, has no rate limit.
+    tier_requests_per_minute: Annotated[dict[str, int], NoDecode] = Field(
+        default_factory=lambda: {"free": 1800, "pro": 6000, "internal": 30000})
+    # The bucket holds this many seconds of the rate: an idle account may send that many calls at once.
+    request_burst_seconds: int = Field(default=10, ge=1, le=60)
+    # Results long polls (`wait` > 0) one account may hold at once, whatever its tier (429 past it).
+    max_long_polls_per_account: int = Field(default=20, ge=1)
 
     # Running requests.
     max_attempts: int = 8
@@ -135,7 +150,7 @@ class Settings(BaseSettings):
                              "https://api.example.com")
         return value.rstrip("/")
 
-    @field_validator("tier_limits", mode="before")
+    @field_validator("tier_limits", "tier_requests_per_minute", mode="before")
     @classmethod
     def _parse_tiers(cls, value: object) -> object:
         # "free=8,pro=16,internal=64" is easier to pass on a command line than JSON.

@@ -21,10 +21,9 @@ a capped batch refuses them.
 
 from __future__ import annotations
 
-import math
-
 from .catalog import Model
-from .errors import InvalidRequest
+from .domain import storable_number
+from .errors import InvalidRequest, clipped
 
 CAP_PARAM = "max_cost_usd"
 # Slack for the sums of binary floats: a start's fence keeps this much below the cap.
@@ -38,13 +37,28 @@ NOT_TEXT = {"image_url", "image", "input_image", "input_audio", "audio", "docume
 
 
 def parse_cap(value: object) -> float | None:
-    """The `max_cost_usd` of a create body: None when absent, else a positive finite number (400 if not)."""
+    """The `max_cost_usd` of a create or retry body: None when absent, else a positive number the batch item
+    can hold (400 naming it if not: a magnitude DynamoDB cannot store, 5e-324 or 1e200, would fail the write)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise InvalidRequest(f"max_cost_usd must be a positive number of US dollars, not {value!r}.",
-                             param=CAP_PARAM)
-    return float(value)
+    cap = None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        try:
+            cap = float(value)
+        except OverflowError:  # an integer past a double's range
+            cap = None
+    if cap is None or not storable_number(cap):
+        raise InvalidRequest("max_cost_usd must be a positive number of US dollars from 1e-130 to under 1e+126, "
+                             f"not {_shown(value)}.", param=CAP_PARAM)
+    return cap
+
+
+def _shown(value: object) -> str:
+    """A refused value as a message quotes it: short, whatever it was."""
+    try:
+        return clipped(repr(value))
+    except ValueError:  # an integer of more digits than Python prints
+        return "a number of too many digits"
 
 
 def _holds_non_text(value: object) -> bool:

@@ -13,7 +13,8 @@ from ..runtime import Services, services
 from . import schemas
 from .envelopes import install_error_handlers
 from .latency import RequestLatency
-from .routes import batches, console, files, health, inference, message_batches, messages, uploads, webhooks
+from .limits import RateLimitHeaders
+from .routes import api_docs, batches, console, files, health, inference, message_batches, messages, uploads, webhooks
 
 # The API's paths, where a trailing slash is served as if it were not there: the service's own base URL,
 # and the other base URLs protocols give their clients.
@@ -39,13 +40,16 @@ class TrailingSlashServed:
 
 
 def create_app(get_services: Callable[[], Services] = services) -> FastAPI:
-    app = FastAPI(title="Batch inference", version="0.1.0", docs_url="/docs", openapi_url="/openapi.json",
+    app = FastAPI(title="Batch inference", version="0.1.0", docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json",
                   redirect_slashes=False)
+    app.add_middleware(RateLimitHeaders)  # the caller's rate, on every answer of an authenticated call
     app.add_middleware(RequestLatency)  # inside TrailingSlashServed: it sees the path the routes see
     app.add_middleware(TrailingSlashServed)
     app.state.get_services = get_services
     install_error_handlers(app)
-    for module in (health, batches, files, uploads, message_batches, webhooks, inference, messages, console):
+    for module in (health, batches, files, uploads, message_batches, webhooks, inference, messages, console,
+                   api_docs):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)
     return app

@@ -7,6 +7,9 @@ from fastapi import Depends, Request
 from ..errors import AuthenticationFailed, NotFound
 from ..runtime import Services
 from ..service.accounts import AuthError, Principal, authenticate
+from ..service.limits import refuse_rate, take_request
+
+RATE_STATE = "rate_limit"  # request.state's name for the caller's rate (api.limits writes its headers)
 
 
 def services_of(request: Request) -> Services:
@@ -25,9 +28,15 @@ def api_key_of(request: Request) -> str | None:
 def key_holder(request: Request, svc: Services = Depends(services_of)) -> Principal:
     """The authenticated caller of an interactive route (served whether batches are on or not)."""
     try:
-        return authenticate(svc, api_key_of(request))
+        who = authenticate(svc, api_key_of(request))
     except AuthError as error:
         raise AuthenticationFailed(str(error), code="invalid_api_key") from None
+    # Every authenticated call takes one of its account's tokens (service.limits); over the rate: a 429.
+    rate = take_request(svc, who.account)
+    setattr(request.state, RATE_STATE, rate)
+    if rate is not None and rate.retry_after is not None:
+        raise refuse_rate(rate, who.account.get("tier", "free"))
+    return who
 
 
 def caller(request: Request, svc: Services = Depends(services_of)) -> Principal:

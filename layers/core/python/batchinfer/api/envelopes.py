@@ -40,13 +40,13 @@ FINAL_CODES = ("idempotency_key_reused", "batch_ended", "batch_not_running", "ba
 ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing, invalid, revoked or expired API key",
                       403: "Not allowed for this account", 404: "Not found (or batches unavailable)",
                       409: "Conflicts with the batch's state", 410: "Gone", 413: "Body too large",
-                      429: "A limit or the daily quota is reached", 500: "Server error"}
+                      429: "The account's request rate, a limit or the daily quota is reached", 500: "Server error"}
 
 
 def error_responses(protocol: Protocol, *statuses: int) -> dict[int | str, dict[str, Any]]:
-    """`responses=` for a route: its error statuses, in its protocol's envelope (401, 404 and 500 on every
-    route)."""
-    codes = sorted({400, 401, 404, 500, *statuses})
+    """`responses=` for a route: its error statuses, in its protocol's envelope (401, 404, 500 and 429 on every
+    route: each call takes a token of its account's request rate)."""
+    codes = sorted({400, 401, 404, 429, 500, *statuses})
     return {code: {"model": protocol.error_model, "description": ERROR_DESCRIPTIONS.get(code, "Error")}
             for code in codes}
 

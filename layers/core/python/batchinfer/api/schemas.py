@@ -306,7 +306,8 @@ class ModelEstimate(BaseModel):
     max_output_tokens: int | None
     cost_usd: CostRange
     tokenizer: str = Field(description="The tiktoken encoding input tokens were counted with")
-    queue_ahead: int = Field(description="Unstarted batch requests of all accounts on the model now")
+    queue_ahead: int = Field(description="Unstarted batch requests of all accounts on the model now, rounded "
+                                         "down to 0, 1, 2, 5, 10, 20, 50, 100, ... (a lower bound)")
     batch_budget: int = Field(description="The model's batch slots (the catalog)")
     batch_cap_now: int = Field(description="Its slots now, as interactive load and backend 429s leave them")
     tier_limit: int = Field(description="Your account's batch requests in flight at most")

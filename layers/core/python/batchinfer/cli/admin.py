@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import EXIT_API, EXIT_INTERRUPTED, EXIT_OK, LOCAL_STACK_FILE, CliError, one_line
+from .common import EXIT_API, EXIT_INTERRUPTED, EXIT_OK, LOCAL_STACK_FILE, STACK_FILE_EXTRA_KEYS, CliError, one_line
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -44,6 +44,10 @@ def _settings(stack_file: Path | None) -> Settings:
         raise CliError(f"cannot read stack file {path}: {error}") from error
     if not isinstance(data, dict):
         raise CliError(f"stack file {path} is not a JSON object")
+    unknown = sorted(set(data) - set(Settings.model_fields) - STACK_FILE_EXTRA_KEYS)
+    if unknown:  # a misspelt setting would otherwise be ignored, and its default used without a word
+        raise CliError(f"stack file {path}: unknown key{'s' if len(unknown) > 1 else ''} "
+                       f"{', '.join(repr(k) for k in unknown)}")
     return Settings(**data)
 
 

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 LOCAL_STACK_FILE = Path(".local/stack.json")  # written by `make run` (local/run.py), relative to where it ran
+# What a stack file holds beyond the settings batchctl admin reads from it: the API's URL, for the user commands.
+STACK_FILE_EXTRA_KEYS = frozenset({"api_url"})
 
 # The exit codes a script can rely on (README, "batchctl").
 EXIT_OK = 0

@@ -29,7 +29,8 @@ def describe_estimate(estimate: dict) -> str:
              f"cost ${cost['min']:.6f} to {high}"]
     for m in estimate["models"]:
         latency = f"{m['mean_latency_seconds']} s" if m["mean_latency_seconds"] is not None else "not measured yet"
-        lines.append(f"  {m['model']}: {m['request_count']} requests, {m['queue_ahead']} queued ahead, "
+        ahead = f"{m['queue_ahead']}+" if m["queue_ahead"] else "none"  # a lower bound (1, 2, 5, 10, 20, ...)
+        lines.append(f"  {m['model']}: {m['request_count']} requests, {ahead} queued ahead, "
                      f"{m['batch_cap_now']}/{m['batch_budget']} slots, calls {latency}, "
                      f"~{m['estimated_seconds']} s")
     ends = estimate["estimated_completion_at"]

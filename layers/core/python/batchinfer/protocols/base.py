@@ -43,6 +43,9 @@ class Protocol:
     error_model: type[BaseModel]
     # Where else than the service's own base URL its clients may be pointed ("" for nowhere else).
     base_path: str = ""
+    # Its own rate-limit headers, from the account's bucket (calls it holds in all, holds now, seconds until
+    # full), sent beside OpenAI's `x-ratelimit-*-requests` that every answer carries; none of its own by default.
+    rate_headers: Callable[[int, int, float], dict[str, str]] = lambda limit, remaining, reset_seconds: {}
 
     def ending_event(self, final: BatchStatus) -> str:
         return self.ending_events[final]

@@ -20,6 +20,7 @@ One module per family, each importing only those below it:
   webhooks     the account's webhook and its events
   analytics    a batch's analytics counters (moved by the writes that settle its requests)
   feed         a batch's finished-order log (its entries are written in the transactions that count outcomes)
+  limits       an account's request-rate bucket and the long polls it holds
 Callers import from the package (`from batchinfer.records import Batch`), not from its modules.
 """
 
@@ -30,6 +31,7 @@ from .capacity import Budget, InteractiveLease, SlotLease, group_shards, lease_s
 from .expressions import Op, due_in
 from .feed import Feed, finished_members, transact_counted
 from .files import File, Upload
+from .limits import LongPolls, RequestRate
 from .shapes import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .webhooks import Webhook, WebhookEvent
 from .work import Group, Request
@@ -39,5 +41,5 @@ __all__ = [
     "InteractiveLease", "Lane", "LaneState", "Op", "Request", "RequestItem", "SlotLease", "Upload", "UploadItem",
     "Usage", "Webhook", "WebhookEvent", "due_in", "group_shards", "key_account_and_usage", "lease_shards",
     "shards_map",
-    "Feed", "finished_members", "transact_counted",
+    "Feed", "finished_members", "transact_counted", "LongPolls", "RequestRate",
 ]

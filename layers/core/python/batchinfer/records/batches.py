@@ -11,6 +11,7 @@ from ..domain import (
     STOPPABLE_BATCH,
     UNFINISHED_BATCH,
     BatchStatus,
+    IllegalTransition,
     Stop,
     batch_transition,
     batches_that_may_become,
@@ -246,11 +247,25 @@ class Batch:
                  retention_ends: int, never_started_failed: int, export: str | None,
                  sets: dict | None = None, never_started: int = 0) -> Op:
         """Give the batch its final status, start its retention clock (`by_due` PURGE) and leave
-        `by_active`. Fenced on the status and the stop the decision was made on, and on nothing of it
-        running or open. `sets`: more fields the ending gives it (result files, validation errors)."""
+        `by_active`. Fenced on the status, the stop and the run (retry count) the decision was made on, and on
+        nothing of it running or open. `sets`: more fields the ending gives it (result files, validation
+        errors).
+
+        An ending adds the never-started requests to the counts and gives the account its unfinished batch
+        back, so it happens once per run: `batch` must be read before it ended (IllegalTransition otherwise).
+        A settle that reads the batch again after another settler ended it would, fenced on the ended status
+        it read, match and count everything a second time; fenced on the retry count, a settle decided before
+        a retry in place cannot end the run the retry started."""
+        if BatchStatus(batch["status"]) in FINAL_BATCH:
+            raise IllegalTransition(f"batch {batch['id']} has ended already ({batch['status']})")
         final = batch_transition(batch["status"], final)
+        seen = int(batch.get("retry_count", 0))
         vals = {":final": final.value, ":now": now, ":exp": retention_ends, ":purge": purge_due(batch["id"]),
                 ":never": never_started_failed, ":unstarted": never_started, ":old": batch["status"], ":zero": 0}
+        if seen:
+            same_run, vals[":seen"] = "retry_count = :seen", seen
+        else:
+            same_run = "attribute_not_exists(retry_count)"
         more = dict(sets or {})
         if export:
             more["export_object"] = export
@@ -268,7 +283,7 @@ class Batch:
             + ", ".join(STEP_FAILURE_FIELDS),
             vals=vals,
             condition="#status = :old AND in_flight = :zero AND #open = :zero AND attribute_not_exists(deleting) "
-                      f"AND {same_stop}")
+                      f"AND {same_stop} AND {same_run}")
 
     @staticmethod
     def begin_finalizing(t: Table, batch: BatchItem, now: int, file_ids: dict[str, str]) -> Op:

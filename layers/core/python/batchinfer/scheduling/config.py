@@ -55,8 +55,13 @@ class SchedulerConfig:
     first_claim_seconds: float = 0.05
     first_call_seconds: float = 1.0
     average_weight: float = 0.2
-    # A pump writes its average call's duration on the model's budget at most this often (estimates read it).
+    # A pump writes what its calls took on the model's budget (estimates read it) at most this often while it
+    # runs, and also at once when the budget has no fresh figure, and when it stops: a batch shorter than
+    # this still leaves its calls' time.
     latency_note_seconds: float = 5.0
+    # A noted call time older than this says little about the backend now: estimates use `first_call_seconds`
+    # and the next pump notes its calls at once.
+    latency_fresh_seconds: float = 24 * 3600
     # A pump stops claiming this long before its invocation must have ended, beyond the longest call (the
     # backend timeout): its last calls answer and its slots go back in time.
     end_margin_seconds: float = 10.0

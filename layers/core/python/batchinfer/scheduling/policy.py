@@ -444,6 +444,18 @@ def moving_average(average: float, sample: float, weight: float) -> float:
     return average + weight * (sample - average)
 
 
+def noted_call_seconds(noted: float | None, mean: float, calls: int, weight: float) -> float:
+    """The model's call time to note after `calls` more calls that took `mean` seconds on average: the noted
+    value moved as the moving average would have moved had it taken each call in (`weight` per call), so a
+    short batch teaches almost as much as its calls say, and one slow call among many moves it a little.
+    Nothing noted yet (or too old to count): the calls' mean."""
+    if noted is None:
+        return mean
+    if calls <= 0:
+        return noted
+    return noted + (1 - (1 - weight) ** calls) * (mean - noted)
+
+
 # --- Background walks -------------------------------------------------------------------------------------
 
 _T = TypeVar("_T")

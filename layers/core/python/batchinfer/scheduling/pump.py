@@ -104,7 +104,9 @@ class SlotPump:
         self.outcome: Counter = Counter()
         self.claim_seconds = config.first_claim_seconds  # moving averages: how long a claim and a call take
         self.call_seconds = config.first_call_seconds
-        self.calls_measured = 0  # calls whose duration the average took in since it was last noted on the budget
+        # The calls that answered since their time was last noted on the budget: how many, and their seconds.
+        self.calls_measured = 0
+        self.measured_seconds = 0.0
         self.latency_noted = time.monotonic()
         self.answered = False  # a call has answered here: `call_seconds` is measured, not the first guess
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
@@ -240,6 +242,10 @@ class SlotPump:
             while self.writes:
                 await asyncio.gather(*list(self.writes), return_exceptions=True)
             await self.held.give_back(self.held.slots)
+            try:
+                await self._note_latency(stopping=True)
+            except Exception as problem:  # a figure for estimates: never worth failing the pump
+                log.warning("could not note %s's call time: %r", self.model.id, problem)
             self.claim_pool.shutdown(wait=False)
             self.poll_pool.shutdown(wait=False)
             self.write_pool.shutdown(wait=False)
@@ -328,6 +334,7 @@ class SlotPump:
                              if self.answered else elapsed)
         self.answered = True
         self.calls_measured += 1
+        self.measured_seconds += elapsed
 
     @property
     def busy(self) -> int:
@@ -528,11 +535,30 @@ class SlotPump:
             except Throttled:
                 log.warning("could not read %s's budget now; polling again", self.model.id)
 
-    async def _note_latency(self) -> None:
-        """Now and then, the average call's duration on the budget, where estimates of a batch's end read it."""
-        if self.calls_measured and time.monotonic() - self.latency_noted >= self.config.latency_note_seconds:
-            self.latency_noted, self.calls_measured = time.monotonic(), 0
-            await self._in(self.poll_pool, note_call_seconds, self.svc, self.model, self.call_seconds)
+    def _noted(self) -> float | None:
+        """The call time on the budget as the last poll read it, if fresh enough to count."""
+        item = self.budget_item or {}
+        if item.get("call_seconds") is None:
+            return None
+        age = self.svc.now() - int(item.get("call_seconds_at", 0))
+        return float(item["call_seconds"]) if age <= self.config.latency_fresh_seconds else None
+
+    async def _note_latency(self, stopping: bool = False) -> None:
+        """What the calls that answered here since the last note teach, on the budget, where estimates of a
+        batch's end read it: every few seconds while the pump runs, at once when the budget has no fresh
+        figure, and when the pump stops (a short batch's calls count too)."""
+        if not self.calls_measured:
+            return
+        noted = self._noted()
+        due = time.monotonic() - self.latency_noted >= self.config.latency_note_seconds
+        if not (stopping or due or noted is None):
+            return
+        mean = self.measured_seconds / self.calls_measured
+        seconds = policy.noted_call_seconds(noted, mean, self.calls_measured, self.config.average_weight)
+        self.latency_noted, self.calls_measured, self.measured_seconds = time.monotonic(), 0, 0.0
+        await asyncio.to_thread(note_call_seconds, self.svc, self.model, seconds)
+        if self.budget_item is not None:  # until the next poll reads it back
+            self.budget_item = {**self.budget_item, "call_seconds": seconds, "call_seconds_at": self.svc.now()}
 
     async def _poll_budget(self) -> dict | None:
         """Read the budget; when it has shrunk, stop runners after their current call, this lease's share of

@@ -19,6 +19,7 @@ What the log holds and what it does not:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import time
@@ -26,18 +27,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from ..domain import FINAL_BATCH, BatchStatus
+from anyio import to_thread
+
+from ..domain import FINAL_BATCH, BatchStatus, result_id
 from ..errors import InvalidRequest, quoted
 from ..layout import INDEX_CHUNK, request_key
 from ..records import Batch, BatchItem, Feed, Request
 from ..records.feed import TOKEN_CHARS, entry_number
 from ..runtime import Services
+from .limits import LongPollHold
 from .results import index_entries, iter_results, result_of, start_after
 
 MAX_WAIT_SECONDS = 25  # an API Gateway integration answers within 30 s: a held page ends well before
 POLL_SECONDS = 0.5  # how often a held page looks at the log's head again (one read of one key)
 ENTRIES_PER_READ = 40  # log entries read at a time (up to 25 members each)
 SCAN_CHUNK = 1000  # results read at a time by a filter or the tail
+# Results a page looks at, at most, whatever the batch's size: a filter that matches few of a 50,000-request
+# batch answers a page short (even empty) with `has_more` and the cursor where it stopped, and the next call
+# goes on from there, instead of one call walking the whole batch.
+MAX_SCAN = 2000
 RESULT_STATUSES = ("queued", "running", "completed", "failed", "cancelled", "expired")
 ResultStatus = Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
 Order = Literal["submitted", "finished"]
@@ -124,26 +132,109 @@ def results_view(svc: Services, batch: BatchItem, *, limit: int, after: str | No
     return {**page, "data": [shape(r) for r in page["data"]]}
 
 
+async def results_view_async(svc: Services, load: Callable[[], BatchItem], *, limit: int, after: str | None,
+                             order: str | None, wait: int | None, status: str | None, custom_id: str | None,
+                             shape: Shape = lambda r: r) -> dict | None:
+    """`results_view` for an async server: a page held open (`wait`) waits without a thread, taking one of
+    its account's long polls while it does, its reads each done briefly in the thread pool. `load`: the batch,
+    checked as its caller's (a blocking read)."""
+    batch = await to_thread.run_sync(load)
+    order = check_order(order)
+    if order == "submitted" and wait is not None:
+        raise InvalidRequest("wait applies only with order=finished.", param="wait")
+    if order == "finished":
+        return await finished_page_held(svc, batch, after, limit, wait, status, custom_id, shape)
+    return await to_thread.run_sync(lambda: results_view(svc, batch, limit=limit, after=after, order=order,
+                                                         wait=None, status=status, custom_id=custom_id, shape=shape))
+
+
 # --- Finished order ----------------------------------------------------------------------------------------
 
 def finished_page(svc: Services, batch: BatchItem, after: str | None, limit: int, wait: int | None = None,
                   status: str | None = None, custom_id: str | None = None, shape: Shape = lambda r: r) -> dict:
     """Up to `limit` results after the cursor `after`, in the order they finished. `wait`: seconds to hold
     an empty page until a result finishes (not past the batch's end). `last_id` is the cursor to go on
-    from, given even with an empty page; `has_more` says whether more are there now."""
+    from, given even with an empty page; `has_more` says whether more are there now (or that the page
+    stopped at the most it looks at: `MAX_SCAN`). Blocking: the API serves `finished_page_held`."""
     cursor = decode_cursor(after)
     check_status(status)
     deadline = time.monotonic() + check_wait(wait)
     keep = _matches(status, custom_id)
     while True:
-        current = _current(svc, batch)
-        data, cursor_after, has_more = _read(svc, current, cursor, limit, keep)
-        ended = _ended(current)
-        if data or has_more or ended or time.monotonic() >= deadline:
-            return {"object": "list", "data": [shape(r) for r in data], "first_id": None,
-                    "last_id": encode_cursor(cursor_after), "has_more": has_more, "batch_status": current["status"]}
-        cursor = cursor_after  # passed-over entries stay passed over
+        page, cursor = _look(svc, batch, cursor, limit, keep, shape, time.monotonic() >= deadline)
+        if page is not None:
+            return page
         time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+
+async def finished_page_held(svc: Services, batch: BatchItem, after: str | None, limit: int,
+                             wait: int | None = None, status: str | None = None, custom_id: str | None = None,
+                             shape: Shape = lambda r: r) -> dict:
+    """`finished_page`, waiting with `asyncio.sleep` between looks: a held page holds no thread. Before it
+    waits it takes one of its account's long polls (429 past the limit), given back when it answers."""
+    cursor = decode_cursor(after)
+    check_status(status)
+    deadline = time.monotonic() + check_wait(wait)
+    keep = _matches(status, custom_id)
+    # Read before the first look: whatever is appended after it, the look or a later watch sees.
+    seen = await _watch(svc, batch["id"]) if deadline > time.monotonic() else None
+    page, cursor = await to_thread.run_sync(_look, svc, batch, cursor, limit, keep, shape,
+                                            time.monotonic() >= deadline)
+    if page is not None:
+        return page
+    hold = LongPollHold(svc, batch["account_id"])
+    await to_thread.run_sync(hold.take)
+    try:
+        while True:
+            await asyncio.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            final = time.monotonic() >= deadline
+            now = await _watch(svc, batch["id"])
+            if now == seen and not final:
+                continue  # nothing new in the log, the batch as it was: no need to read the log
+            seen = now
+            page, cursor = await to_thread.run_sync(_look, svc, batch, cursor, limit, keep, shape, final)
+            if page is not None:
+                return page
+    finally:
+        await asyncio.shield(to_thread.run_sync(hold.give_back))
+
+
+# The polls a process holds on one batch share one look at its log's head and status per POLL_SECONDS: a
+# hundred polls of a batch cost its store what one costs. Keyed by event loop too: a future is its loop's.
+_WATCHES: dict[tuple[int, str], tuple[float, asyncio.Future]] = {}
+
+
+async def _watch(svc: Services, batch_id: str) -> tuple:
+    """(the log's head, the batch's status, whether it is being retried), read at most once per POLL_SECONDS
+    per batch in this process however many polls wait on it."""
+    loop = asyncio.get_running_loop()
+    now = time.monotonic()
+    key = (id(loop), batch_id)
+    seen = _WATCHES.get(key)
+    failed = seen is not None and seen[1].done() and (seen[1].cancelled() or seen[1].exception() is not None)
+    if seen is None or failed or now - seen[0] >= POLL_SECONDS:
+        for stale in [k for k, (at, _) in _WATCHES.items() if now - at > 10 * POLL_SECONDS]:
+            del _WATCHES[stale]
+        seen = (now, asyncio.ensure_future(to_thread.run_sync(_head_of, svc, batch_id)))
+        _WATCHES[key] = seen
+    return await asyncio.shield(seen[1])
+
+
+def _head_of(svc: Services, batch_id: str) -> tuple:
+    item = Batch.get(svc.table, batch_id) or {}
+    return Feed.head(svc.table, batch_id), item.get("status"), bool(item.get("retrying"))
+
+
+def _look(svc: Services, batch: BatchItem, cursor: Cursor, limit: int, keep: Callable[[dict], bool], shape: Shape,
+          final: bool) -> tuple[dict | None, Cursor]:
+    """One look at the log: (the page to answer, or None to wait on; the cursor to go on from)."""
+    current = _current(svc, batch)
+    data, cursor_after, has_more = _read(svc, current, cursor, limit, keep)
+    if data or has_more or _ended(current) or final:
+        return ({"object": "list", "data": [shape(r) for r in data], "first_id": None,
+                 "last_id": encode_cursor(cursor_after), "has_more": has_more,
+                 "batch_status": current["status"]}, cursor_after)
+    return None, cursor_after  # passed-over entries stay passed over
 
 
 def _current(svc: Services, batch: BatchItem) -> BatchItem:
@@ -161,7 +252,9 @@ def _read(svc: Services, batch: BatchItem, cursor: Cursor, limit: int, keep: Cal
     data: list[dict] = []
     index = _Index(svc, batch)
     ended = _ended(batch)
-    for result, position in _results(svc, batch, cursor, index, ended):
+    for looked, (result, position) in enumerate(_results(svc, batch, cursor, index, ended)):
+        if looked == MAX_SCAN:  # the most one page looks at: the next page goes on from here
+            return data, cursor, True
         if result is None or not keep(result):
             cursor = position  # passed over: never shown under this cursor's reader
             continue
@@ -244,30 +337,36 @@ def _tail_results(svc: Services, batch: BatchItem, cursor: Cursor, index: _Index
 def filtered_page(svc: Services, batch: BatchItem, after: str | None, limit: int, status: str | None,
                   custom_id: str | None) -> dict:
     """Results in submission order that have `status` and/or `custom_id`, paged as the unfiltered results
-    are (`after`: the last result ID of the page before). `has_more` is exact: the walk looks on for one more
-    match before it answers."""
+    are (`after`: the last result ID of the page before). A page looks at `MAX_SCAN` results at most: when it
+    stops there short of `limit` matches, `has_more` is true and `last_id` names the last result it looked
+    at (a match or not) to go on after. Otherwise `has_more` is exact: the walk looks on for one more match
+    before it answers."""
     check_status(status)
     start = start_after(after)
     keep = _matches(status, custom_id)
-    ranges = [(start, batch["total"])]
+    end = batch["total"]
     if custom_id is not None:  # one request at most: find it in the index, read only it
         index = _index_of(svc, batch, custom_id)
-        ranges = [(index, index + 1)] if index is not None and index >= start else []
+        start, end = (index, index + 1) if index is not None and index >= start else (start, start)
     data: list[dict] = []
     has_more = False
-    for begin, end in ranges:
-        for at in range(begin, end, SCAN_CHUNK):
-            for result in iter_results(svc, batch, at, min(end, at + SCAN_CHUNK)):
-                if not keep(result):
-                    continue
-                if len(data) == limit:
-                    has_more = True
-                    break
-                data.append(result)
-            if has_more:
+    looked_to = None  # the last result looked at, when the page stopped at MAX_SCAN
+    stop = min(end, start + MAX_SCAN)
+    for at in range(start, stop, SCAN_CHUNK):
+        for result in iter_results(svc, batch, at, min(stop, at + SCAN_CHUNK)):
+            if not keep(result):
+                continue
+            if len(data) == limit:
+                has_more = True
                 break
+            data.append(result)
+        if has_more:
+            break
+    if not has_more and stop < end:  # the page looked at all it may: more may match past it
+        has_more, looked_to = True, result_id(stop - 1)
+    last_id = looked_to or (data[-1]["id"] if data else None)
     return {"object": "list", "data": data, "has_more": has_more,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+            "first_id": data[0]["id"] if data else None, "last_id": last_id}
 
 
 def _index_of(svc: Services, batch: BatchItem, custom_id: str) -> int | None:

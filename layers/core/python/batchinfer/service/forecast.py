@@ -27,7 +27,7 @@ from ..scheduling.config import scheduler_config
 from ..spending import output_limit
 from .accounts import Principal
 from .tokenizer import DEFAULT_TOKENIZER, count_body
-from .validation import RejectedRequest, ValidatedBatch, ValidRequest, validate_file_lines
+from .validation import RejectedRequest, ValidatedBatch, ValidRequest, problem_count, validate_file_lines
 
 OBJECT = "batch.estimate"
 ADMISSION_PARAM = "admission"  # a create body's extension field
@@ -36,8 +36,6 @@ ADMISSIONS = ("always", REJECT_IF_LATE)
 # Lanes read per model: the queue ahead past this many batches is counted as far as it was read.
 MAX_LANES = 1000
 BATCH_GET_KEYS = 100  # DynamoDB's most keys in one BatchGetItem
-# A noted latency older than this says little about the backend now: the scheduler's first guess is used.
-LATENCY_FRESH_SECONDS = 24 * 3600
 NEW = object()  # the estimated batch's own lane among the model's
 # What a batch takes beyond its calls. On an idle model, its first claim reaching a worker: the dispatcher's
 # turn, the queue, a worker and its pump starting (~2 s on the local stack: a 16-request batch at L=1 s ends
@@ -95,9 +93,10 @@ def read_queue(svc: Services, model: Model) -> Queue:
     budget = read_budget(svc, model, consistent=False)
     cap = effective_budget(model, budget, svc.settings.interactive_yield_per_request)
     noted = budget.get("call_seconds")
-    fresh = noted is not None and svc.now() - int(budget.get("call_seconds_at", 0)) <= LATENCY_FRESH_SECONDS
+    config = scheduler_config(svc.settings)
+    fresh = noted is not None and svc.now() - int(budget.get("call_seconds_at", 0)) <= config.latency_fresh_seconds
     measured = float(noted) if fresh else None
-    latency = measured if measured else scheduler_config(svc.settings).first_call_seconds
+    latency = measured if measured else config.first_call_seconds
     lanes, _ = Lane.in_turn(t, model.id, None, MAX_LANES)
     batches = _read_many(svc, [batch_key(lane["batch_id"]) for lane in lanes])
     accounts = _read_many(svc, [account_key(a) for a in {lane["account_id"] for lane in lanes}])
@@ -113,6 +112,21 @@ def read_queue(svc: Services, model: Model) -> Queue:
         account = accounts.get(account_key(lane["account_id"])) or {}
         queue.limits[lane["account_id"]] = svc.settings.tier_limits.get(account.get("tier", "free"), 0)
     return queue
+
+
+def coarse_count(count: int) -> int:
+    """A count as another account may see it: rounded down to 0, 1, 2, 5, 10, 20, 50, 100, 200, 500, ...
+    The queue ahead is every account's backlog on a model; shown exactly, successive estimates would tell one
+    tenant how many requests another submitted and when. Its order of magnitude is what a user plans with."""
+    if count <= 0:
+        return 0
+    power = 10 ** (len(str(int(count))) - 1)
+    return max(step * power for step in (1, 2, 5) if step * power <= count)
+
+
+def ahead_text(shown: int) -> str:
+    """A coarse queue ahead in words: "no", or its lower bound ("50+")."""
+    return f"{shown}+" if shown else "no"
 
 
 def _read_many(svc: Services, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
@@ -204,8 +218,8 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
         models.append({
             "model": model_id, "request_count": fig.request_count, "input_tokens": fig.input_tokens,
             "max_output_tokens": fig.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
-            "queue_ahead": queue.ahead, "batch_budget": fig.model.batch_budget, "batch_cap_now": queue.cap,
-            "tier_limit": own_limit, "mean_latency_seconds": queue.measured,
+            "queue_ahead": coarse_count(queue.ahead), "batch_budget": fig.model.batch_budget,
+            "batch_cap_now": queue.cap, "tier_limit": own_limit, "mean_latency_seconds": queue.measured,
             "latency_used_seconds": round(queue.latency, 4),
             "estimated_seconds": None if math.isinf(seconds) else round(seconds, 1)})
     ends = None if math.isinf(longest) else now + math.ceil(longest)
@@ -237,7 +251,8 @@ def file_requests(svc: Services, principal: Principal, endpoint: str, file_id: s
     if problems:
         first = problems[0]
         where = f"line {first['line']}: " if first.get("line") else ""
-        more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
+        count = problem_count(problems)
+        more = f" ({count:,} problems in all)" if count > 1 else ""
         raise InvalidRequest(f"The input file would fail validation{more}: {where}{first['message']}",
                              code=first["code"], param="input_file_id")
     return requests
@@ -263,7 +278,7 @@ def refuse_if_late(answer: dict) -> None:
         late, when = window, "never, at the capacity there is now (a tier limit of 0)"
     else:
         late, when = ends - (now + window), f"in about {ends - now} s (at {ends})"
-    queue = ", ".join(f"{m['model']}: {m['queue_ahead']} requests ahead, {m['batch_cap_now']} slots, "
+    queue = ", ".join(f"{m['model']}: {ahead_text(m['queue_ahead'])} requests ahead, {m['batch_cap_now']} slots, "
                       f"{m['latency_used_seconds']} s a call" for m in answer["models"])
     raise RateLimited(f"This batch would not finish within its completion window of {window} s: it would end {when}, "
                       f"{late} s late ({queue}). It was not created (admission: reject_if_late); submit it later, "

@@ -26,7 +26,7 @@ from ..protocols import Protocol
 from ..records import Account, Batch, BatchItem, Idempotency, Lane
 from ..runtime import Services
 from ..spending import CAP_PARAM, output_bound, parse_cap
-from ..storage.dynamo import ConditionFailed
+from ..storage.dynamo import ConditionFailed, ItemTooLarge
 from .accounts import Principal, quota_used_up
 from .lifecycle import fail_validation
 from .validation import (
@@ -256,6 +256,10 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     except ConditionFailed:
         svc.blobs.delete_prefix(batch_prefix(batch_id))
         raise
+    except ItemTooLarge:  # not expected: what a create stores of its input is bounded (metadata, webhook_url)
+        svc.blobs.delete_prefix(batch_prefix(batch_id))
+        raise InvalidRequest("The batch's fields (metadata, webhook_url and the like) are too large to store; send "
+                             "shorter ones.") from None
     return item
 
 

@@ -29,8 +29,9 @@ from ..layout import REQUEST_PREFIX, batch_prefix, export_object, file_prefix
 from ..ledger import Settlement, settle
 from ..records import Account, Batch, BatchItem, File, Idempotency, Lane, Request
 from ..runtime import Services
-from ..storage.dynamo import ConditionFailed
+from ..storage.dynamo import ConditionFailed, ItemTooLarge
 from . import finalize, webhooks
+from .validation import bounded_problems
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,9 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None,
     if stop is not None and batch.get("open", 0) > 0:
         _close_waiting(svc, batch, stop, deadline)
         batch = Batch.get(svc.table, batch_id)
-        if batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
+        # Another settler (a worker whose last work of the batch is done, another sweeper) may have ended it
+        # meanwhile: an ended batch is not ended again (its never-started requests would count twice).
+        if _ended_or_moved(batch) or batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
             return batch
     now = svc.now()
     # What the batch leaves behind is written first, resumably (service.finalize): its output and error
@@ -143,6 +146,8 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None,
             sets["export_object"] = export_object(batch_id)
         if batch.get("input_file_id"):
             sets["output_file_id"], sets["error_file_id"] = writing["output"]["file"], writing["error"]["file"]
+    if _ended_or_moved(batch):  # ended, deleted or retried since the first read (see above)
+        return batch
     never_started = undispatched_count(batch)
     if batch.get("retry_count") and (never_started or int(batch.get("unstarted", 0))):
         sets["unstarted_by"] = _unstarted_by_stop(svc, batch, stop, never_started)
@@ -169,6 +174,12 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None,
         return Batch.get(svc.table, batch_id)  # someone else settled it, or it changed: the fresh read says which
     webhooks.announce(svc, event)
     return Batch.get(svc.table, batch_id)
+
+
+def _ended_or_moved(batch: BatchItem | None) -> bool:
+    """Whether a batch read again while settling is no longer one this settle may end: gone, ended, being
+    deleted, or being retried."""
+    return batch is None or batch["status"] in FINAL_BATCH or bool(batch.get("deleting")) or bool(batch.get("retrying"))
 
 
 def _unstarted_by_stop(svc: Services, batch: BatchItem, stop: Stop | None, never_started: int) -> dict[str, int]:
@@ -228,24 +239,38 @@ def fail_batch(svc: Services, batch_id: str, error: dict, deadline: float | None
     return settle_batch(svc, batch_id, deadline, failing=error)
 
 
+# What a failed file batch lists when its problems could not be stored with it (never expected: they are
+# bounded, validation.ProblemList): the batch still ends, with this, rather than staying `validating`.
+PROBLEMS_NOT_STORED = {"code": "invalid_file", "param": None, "line": None,
+                       "message": "The input file is invalid; its problems are too large to list. Check each line "
+                                  "holds exactly custom_id, method, url and body, with short values."}
+
+
 def fail_validation(svc: Services, batch: BatchItem, problems: list[dict]) -> bool:
-    """A file batch whose input is invalid: failed at once, nothing run, every problem in `errors`.
-    False if it had been validated, stopped or ended meanwhile."""
-    now = svc.now()
-    ops = [Batch.finalize(svc.table, batch, BatchStatus.FAILED, None, now,
-                          retention_ends=now + svc.settings.batch_retention_seconds, never_started_failed=0,
-                          export=None, sets={"errors": {"object": "list", "data": problems}}),
-           Account.release_unfinished(svc.table, batch["account_id"], 0)]
-    if batch.get("idempotency_key"):
-        ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
-                                              now + svc.settings.idempotency_retention_seconds))
-    event = _announcing(svc, batch, BatchStatus.FAILED, ops)
-    try:
-        svc.table.transact(ops)
-    except ConditionFailed:
-        return False
-    webhooks.announce(svc, event)
-    return True
+    """A file batch whose input is invalid: failed at once, nothing run, its problems in `errors` (bounded in
+    count and size, the rest summarized). False if it had been validated, stopped or ended meanwhile."""
+    listed = bounded_problems(problems)
+    for data in (listed, [PROBLEMS_NOT_STORED]):
+        now = svc.now()
+        ops = [Batch.finalize(svc.table, batch, BatchStatus.FAILED, None, now,
+                              retention_ends=now + svc.settings.batch_retention_seconds, never_started_failed=0,
+                              export=None, sets={"errors": {"object": "list", "data": data}}),
+               Account.release_unfinished(svc.table, batch["account_id"], 0)]
+        if batch.get("idempotency_key"):
+            ops.append(Idempotency.remember_until(svc.table, batch["account_id"], batch["idempotency_key"],
+                                                  now + svc.settings.idempotency_retention_seconds))
+        event = _announcing(svc, batch, BatchStatus.FAILED, ops)
+        try:
+            svc.table.transact(ops)
+        except ConditionFailed:
+            return False
+        except ItemTooLarge:
+            log.error("batch %s: its %d validation problems would not fit in its item; failed with a summary",
+                      batch["id"], len(listed))
+            continue
+        webhooks.announce(svc, event)
+        return True
+    return False
 
 
 def _prepare_writers(svc: Services, batch: BatchItem, now: int, with_files: bool) -> BatchItem | None:

@@ -23,8 +23,9 @@ the batch ends again, under new ids.
 
 from __future__ import annotations
 
+import json
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from ..domain import (
@@ -37,8 +38,8 @@ from ..domain import (
     unstarted_error,
     unstarted_stop,
 )
-from ..errors import Conflict, InvalidRequest, NotFound, RateLimited
-from ..layout import REQUEST_PREFIX, export_object, file_prefix
+from ..errors import Conflict, InvalidRequest, NotFound, RateLimited, quoted
+from ..layout import REQUEST_PREFIX, export_object, file_prefix, retry_filter_object
 from ..records import Account, Batch, BatchItem, Budget, File, Idempotency, Lane, Request, RequestItem
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
@@ -58,6 +59,13 @@ CANCELLED_CODE = "batch_cancelled"  # what a request its batch's cancel left uns
 ENDING_ROOM_SECONDS = 3600
 
 RETRIED_STATES = (RequestState.FAILED.value, RequestState.UNSTARTED.value)
+MAX_CUSTOM_ID_CHARS = 512  # what a custom_id may be: a longer one names no request
+MAX_ERROR_CODE_CHARS = 128  # an error code a filter names (the codes results show are a few words)
+# A filter whose JSON is larger than this is not stored in the batch item (DynamoDB: 400 KB an item; 50,000
+# custom ids of 512 characters are 25 MB): it is written to S3 once, and the walk holds its key.
+INLINE_FILTER_BYTES = 4 * 1024
+_FILTERS_KEPT = 16  # filters read from S3 that a process keeps (a walk reads its filter at every step)
+_filters: OrderedDict[str, RetryFilter] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -139,12 +147,16 @@ def retry(svc: Services, principal: Principal, batch: BatchItem, wanted: RetryFi
     lanes_back = (never > 0 and never_stop is not None and wanted.custom_ids is None
                   and wanted.takes(None, *never_ran_shown(never_stop)))
     nothing = f"No request of batch '{batch['id']}' that did not succeed matches {described}."
+    # With nothing left to retry at all, a filter given is named too: the caller sees both why it took nothing.
+    narrowed = f"No request of batch '{batch['id']}' matches {described}: " if _first_param(wanted) else ""
     if batch["total"] - batch.get("rejected", 0) <= 0:
-        raise InvalidRequest(f"Batch '{batch['id']}' holds no request that could run: nothing to retry.",
-                             code="nothing_to_retry")
+        raise InvalidRequest(narrowed + f"{'it' if narrowed else 'Batch ' + repr(batch['id'])} holds no request that "
+                             "could run, so nothing is left to retry.", code="nothing_to_retry",
+                             param=_first_param(wanted))
     if batch["total"] - batch.get("completed", 0) - batch.get("rejected", 0) <= 0:
-        raise InvalidRequest(f"Every request of batch '{batch['id']}' that could run succeeded: nothing to retry.",
-                             code="nothing_to_retry")
+        raise InvalidRequest(narrowed + f"{'every' if narrowed else 'Every'} request of batch '{batch['id']}' that "
+                             "could run succeeded, so nothing is left to retry.", code="nothing_to_retry",
+                             param=_first_param(wanted))
     if not lanes_back and _any_item_taken(svc, batch, wanted, time.monotonic() + SCAN_SECONDS) is False:
         raise InvalidRequest(nothing, code="nothing_to_retry", param=_first_param(wanted))
     uncount = {}
@@ -152,7 +164,7 @@ def retry(svc: Services, principal: Principal, batch: BatchItem, wanted: RetryFi
         assert never_stop is not None
         uncount = {"unstarted": never, "failed": never if counts_as_failed_unstarted(never_stop) else 0}
     lanes = sorted(m for m, lane in batch["lanes"].items() if lane["next"] < lane["total"]) if lanes_back else []
-    walk = {"n": int(batch.get("retry_count", 0)) + 1, "filter": wanted.stored(), "lanes": lanes,
+    walk = {"n": int(batch.get("retry_count", 0)) + 1, **_stored_filter(svc, batch, wanted), "lanes": lanes,
             "old_files": sorted(set((batch.get("result_file_ids") or {}).values())),
             "old_export": bool(batch.get("export_object"))}
     ops = [Account.reserve_unfinished(t, batch["account_id"], batch["total"], s.max_unfinished_batches,
@@ -229,12 +241,50 @@ class _Replayed(Exception):
         self.batch = batch
 
 
+def _stored_filter(svc: Services, batch: BatchItem, wanted: RetryFilter) -> dict:
+    """The walk's filter as the batch item holds it: itself when small, else the key of its S3 copy (a key of
+    its own for each call: two racing retries never share one, and the loser's copy goes with the batch)."""
+    stored = wanted.stored()
+    text = json.dumps(stored, separators=(",", ":")).encode()
+    if len(text) <= INLINE_FILTER_BYTES:
+        return {"filter": stored}
+    key = retry_filter_object(batch["id"], new_token())
+    svc.blobs.put(key, text, "application/json")
+    return {"filter_object": key}
+
+
+def walk_filter(svc: Services, walk: dict) -> RetryFilter:
+    """The filter of a retry walk: from the batch item, or from S3 (read once per process and kept)."""
+    key = walk.get("filter_object")
+    if key is None:
+        return RetryFilter.of(walk["filter"])
+    if key in _filters:
+        _filters.move_to_end(key)
+        return _filters[key]
+    data = svc.blobs.get(key)
+    if data is None:  # the batch is being deleted: its walk takes nothing more
+        return RetryFilter(custom_ids=frozenset())
+    found = RetryFilter.of(json.loads(data))
+    _filters[key] = found
+    while len(_filters) > _FILTERS_KEPT:
+        _filters.popitem(last=False)
+    return found
+
+
 def filter_of(wanted: dict, statuses: dict[str, str]) -> RetryFilter:
     """The filter a retry call's body gives (custom_ids, error_codes, statuses; each None or absent for no
-    narrowing). `statuses`: each status as the caller's API names it -> as results show it."""
+    narrowing). `statuses`: each status as the caller's API names it -> as results show it. An entry no
+    request could match because of its length (a custom_id past 512 characters) is a 400 naming it."""
     for status in wanted.get("statuses") or ():
         if status not in statuses:
-            raise InvalidRequest(f"statuses: '{status}' is not one of {', '.join(statuses)}.", param="statuses")
+            raise InvalidRequest(f"statuses: {quoted(status)} is not one of {', '.join(statuses)}.",
+                                 param="statuses")
+    for name, limit, what in (("custom_ids", MAX_CUSTOM_ID_CHARS, "a custom_id"),
+                              ("error_codes", MAX_ERROR_CODE_CHARS, "an error code")):
+        for i, value in enumerate(wanted.get(name) or ()):
+            if not 1 <= len(value) <= limit:
+                raise InvalidRequest(f"{name}[{i}]: {what} has 1 to {limit} characters; this one has {len(value):,} "
+                                     f"({quoted(value)}).", param=name)
 
     def given(name: str) -> frozenset[str] | None:
         return frozenset(wanted[name]) if wanted.get(name) is not None else None
@@ -244,10 +294,22 @@ def filter_of(wanted: dict, statuses: dict[str, str]) -> RetryFilter:
                        if wanted.get("statuses") is not None else None)
 
 
+FILTER_VALUES_NAMED = 5  # values of one filter field a message lists (each clipped); the rest are counted
+
+
 def described(wanted: dict) -> str:
-    """A retry call's filter in the caller's words, for the 400 that says it takes nothing."""
+    """A retry call's filter in the caller's words, for the 400 that says it takes nothing: short, whatever
+    the filter's size (the first few values of each field, clipped, and how many more)."""
     given = {k: v for k, v in wanted.items() if v is not None}
-    return ("the filter " + ", ".join(f"{k}={v}" for k, v in sorted(given.items()))) if given else "the retry"
+
+    def field(values: object) -> str:
+        if not isinstance(values, list):
+            return quoted(values)
+        shown = ", ".join(quoted(v) for v in values[:FILTER_VALUES_NAMED])
+        more = f", and {len(values) - FILTER_VALUES_NAMED:,} more" if len(values) > FILTER_VALUES_NAMED else ""
+        return f"[{shown}{more}]"
+
+    return ("the filter " + ", ".join(f"{k}={field(v)}" for k, v in sorted(given.items()))) if given else "the retry"
 
 
 def _first_param(wanted: RetryFilter) -> str | None:
@@ -296,7 +358,7 @@ def _step(svc: Services, batch: BatchItem) -> BatchItem | None:
     items, more = t.query("pk = :pk AND sk > :after", {":pk": batch["pk"], ":after": cursor or REQUEST_PREFIX},
                           limit=READ_PAGE, consistent=True)
     items = [i for i in items if i["sk"].startswith(REQUEST_PREFIX)]
-    wanted = RetryFilter.of(walk["filter"])
+    wanted = walk_filter(svc, walk)
     now = svc.now()
     ops, counters, waiting = [], Counter(), Counter()
     last = cursor

@@ -42,8 +42,8 @@ class ValidatedBatch:
 
 
 def _fault(i: int, custom_id: object, message: str) -> ApiError:
-    who = f"requests[{i}] (custom_id '{custom_id}')" if isinstance(custom_id, str) else f"requests[{i}]"
-    return InvalidRequest(f"{who}: {message}", param=f"requests[{i}]")
+    who = f"requests[{i}] (custom_id {quoted(custom_id)})" if isinstance(custom_id, str) else f"requests[{i}]"
+    return InvalidRequest(clipped(f"{who}: {message}", 2 * MAX_PROBLEM_CHARS), param=f"requests[{i}]")
 
 
 # JSON lets a string spell half of a UTF-16 surrogate pair on its own ("\ud800"), and Python's json reads
@@ -110,10 +110,10 @@ def validate_metadata(metadata: object) -> dict | None:
     if len(metadata) > 16:
         raise InvalidRequest("metadata may hold at most 16 key-value pairs.", param="metadata")
     for key, value in metadata.items():
+        if len(key) > 64:
+            raise InvalidRequest(f"metadata key {quoted(key)} is longer than 64 characters.", param="metadata")
         if not isinstance(value, str):
             raise InvalidRequest(f"metadata['{key}'] must be a string.", param="metadata")
-        if len(key) > 64:
-            raise InvalidRequest(f"metadata key '{key[:64]}...' is longer than 64 characters.", param="metadata")
         if len(value) > 512:
             raise InvalidRequest(f"metadata['{key}'] is longer than 512 characters.", param="metadata")
     return metadata
@@ -184,7 +184,7 @@ def _check_body(endpoint: str, body: dict) -> str | None:
                 return f"{field} is not allowed in a batched Responses request"
         for i, tool in enumerate(body.get("tools") or []):
             if isinstance(tool, dict) and tool.get("type") not in ("function", "custom"):
-                return (f"tools[{i}]: the hosted tool '{tool.get('type')}' is not allowed in a batched Responses "
+                return (f"tools[{i}]: the hosted tool {quoted(tool.get('type'))} is not allowed in a batched Responses "
                         "request (only function tools: a batch runs each request on its own)")
         for where, part in _input_parts(body.get("input")):
             if part.get("type") == "input_file" or part.get("file_id"):
@@ -218,7 +218,7 @@ def endpoint_problem(endpoints: tuple[str, ...], url: object, name: str = "url")
     """What is wrong with an endpoint (a request's `url`, a file batch's `endpoint`), or None."""
     if url in endpoints:
         return None
-    return f"{name} '{url}' is not supported: " + (
+    return f"{name} {quoted(url)} is not supported: " + (
         "/v1/chat/completions is the only endpoint batches serve" if len(endpoints) == 1
         else "batches serve " + ", ".join(endpoints))
 
@@ -233,17 +233,18 @@ def check_request(svc: Services, account: dict, req: object, endpoint: str | Non
     if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 512:
         raise Problem("invalid_custom_id", "custom_id must be a string of 1-512 characters")
     if custom_id in seen:
-        raise Problem("duplicate_custom_id", f"custom_id '{custom_id}' is used more than once")
+        raise Problem("duplicate_custom_id", f"custom_id {quoted(custom_id)} is used more than once")
     seen.add(custom_id)
     method = req.get("method", "POST")
     if method != "POST":
-        raise Problem("invalid_method", f"method must be POST, not '{method}'")
+        raise Problem("invalid_method", f"method must be POST, not {quoted(method)}")
     url = req.get("url", CHAT)
     problem = endpoint_problem(allowed_endpoints(svc), url)
     if problem:
         raise Problem("url_mismatch" if endpoint else "invalid_url", problem)
     if endpoint is not None and url != endpoint:
-        raise Problem("url_mismatch", f"every request of a batch must use the same url ('{endpoint}'), not '{url}'")
+        raise Problem("url_mismatch", f"every request of a batch must use the same url ('{endpoint}'), not "
+                                      f"{quoted(url)}")
     body = req.get("body")
     if not isinstance(body, dict):
         raise Problem("invalid_body", "body must be an object")
@@ -258,9 +259,10 @@ def check_request(svc: Services, account: dict, req: object, endpoint: str | Non
     if model is None or not may_use_model(account, model.id):
         raise Problem("model_not_found", f"Model {quoted(name)} not found")
     if model.auto:
-        raise Problem("model_not_found", f"Model '{name}' is an auto model; auto models cannot be used in a batch")
+        raise Problem("model_not_found", f"Model {quoted(name)} is an auto model; auto models cannot be used in a "
+                                         "batch")
     if model.backend is None or url not in model.endpoints:
-        raise Problem("unsupported_endpoint", f"Model '{name}' does not serve {url}")
+        raise Problem("unsupported_endpoint", f"Model {quoted(name)} does not serve {url}")
     problem = _check_body(url, body) or backend_refusal(model, url, body)  # the types, then what its backend carries
     if problem:
         raise Problem("invalid_body", problem)
@@ -292,22 +294,88 @@ def validate_inline_batch(svc: Services, account: dict, payload: object) -> Vali
     return ValidatedBatch(endpoint=endpoint or CHAT, requests=valid, metadata=metadata)
 
 
-MAX_REPORTED_PROBLEMS = 100  # errors.data of a refused file lists this many; the last one says how many more
+# What a refused file's `errors.data` holds, stored in the batch item (DynamoDB: 400 KB an item), whatever the
+# file holds: at most this many problems, the last one saying how many more; each message at most
+# MAX_PROBLEM_CHARS (a value it quotes is clipped further, errors.QUOTED_CHARS); all of them at most
+# MAX_PROBLEMS_BYTES as JSON.
+MAX_REPORTED_PROBLEMS = 100
+MAX_PROBLEM_CHARS = 512
+MAX_PROBLEMS_BYTES = 32 * 1024
+MORE_PROBLEMS = "more_errors"  # the code of the last entry when it counts the problems not listed
+KEYS_NAMED = 5  # unexpected keys of a line its problem names (each clipped); the rest are counted
+
+
+def _keys_named(keys: list[str]) -> str:
+    """Keys a message lists: the first KEYS_NAMED, each quoted and clipped, and how many more."""
+    named = ", ".join(quoted(k) for k in keys[:KEYS_NAMED])
+    return named + (f" and {len(keys) - KEYS_NAMED:,} more" if len(keys) > KEYS_NAMED else "")
+
+
+class ProblemList:
+    """The problems of a file, bounded as they are found: a file of 50,000 bad lines, each quoting megabytes,
+    keeps at most MAX_REPORTED_PROBLEMS short entries (in memory and in the batch item) and a count of the
+    rest, summarized in the last entry ("...and 4,812 more problems.")."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict] = []
+        self.bytes = 0
+        self.more = 0
+
+    def add(self, line: int | None, code: str, message: str, param: str | None = None) -> None:
+        entry = {"code": clipped(code), "message": clipped(message, MAX_PROBLEM_CHARS),
+                 "param": clipped(param) if param is not None else None, "line": line}
+        size = len(json.dumps(entry))
+        # Room is kept for the summary, which replaces what does not fit.
+        if len(self.entries) < MAX_REPORTED_PROBLEMS - 1 and self.bytes + size <= MAX_PROBLEMS_BYTES - 256:
+            self.entries.append(entry)
+            self.bytes += size
+        else:
+            self.more += 1
+
+    def __bool__(self) -> bool:
+        return bool(self.entries) or self.more > 0
+
+    def data(self) -> list[dict]:
+        """The entries to store: the problems kept, and a last one counting those left out."""
+        if not self.more:
+            return list(self.entries)
+        return [*self.entries, {"code": MORE_PROBLEMS, "message": f"...and {self.more:,} more problems.",
+                                "param": None, "line": None}]
+
+
+def problem_count(problems: list[dict]) -> int:
+    """How many problems a bounded list stands for: those it lists and those its summary counts."""
+    if problems and problems[-1].get("code") == MORE_PROBLEMS and problems[-1].get("line") is None:
+        more = re.search(r"and ([\d,]+) more", str(problems[-1].get("message")))
+        return len(problems) - 1 + (int(more.group(1).replace(",", "")) if more else 1)
+    return len(problems)
+
+
+def bounded_problems(problems: list[dict]) -> list[dict]:
+    """Problems from anywhere (`{code, message, param, line}`), bounded as a ProblemList bounds them (a list
+    already within the bounds, such as a ProblemList's, is kept as it is, its summary and all)."""
+    if len(problems) <= MAX_REPORTED_PROBLEMS and len(json.dumps(problems)) <= MAX_PROBLEMS_BYTES and all(
+            len(str(p.get("message"))) <= MAX_PROBLEM_CHARS + 3 for p in problems):
+        return problems
+    found = ProblemList()
+    for problem in problems:
+        found.add(problem.get("line"), str(problem.get("code")), str(problem.get("message")), problem.get("param"))
+    return found.data()
 
 
 def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
                         ) -> tuple[list[ValidRequest], list[dict]]:
-    """Every line of an input file: (the requests, []) when all are valid, else ([], every problem found,
-    each {code, message, param, line}, up to MAX_REPORTED_PROBLEMS). One model for the whole file."""
+    """Every line of an input file: (the requests, []) when all are valid, else ([], the problems found, each
+    {code, message, param, line}, bounded as ProblemList bounds them). One model for the whole file."""
     s = svc.settings
-    problems: list[dict] = []
+    problems = ProblemList()
     valid: list[ValidRequest] = []
     seen: set[str] = set()
     model_id: str | None = None
     lines = 0
 
     def report(line: int, code: str, message: str) -> None:
-        problems.append({"code": code, "message": message, "param": None, "line": line})
+        problems.add(line, code, message)
 
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
@@ -336,7 +404,7 @@ def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
             missing = sorted({"custom_id", "method", "url", "body"} - set(entry))
             report(number, "invalid_request", "Each line must hold exactly custom_id, method, url and body"
                    + (f"; missing {', '.join(missing)}" if missing else "")
-                   + (f"; unexpected {', '.join(extra)}" if extra else "") + ".")
+                   + (f"; unexpected {_keys_named(extra)}" if extra else "") + ".")
             continue
         try:
             request = check_request(svc, account, entry, endpoint, seen)
@@ -347,7 +415,7 @@ def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
             model_id = request.model_id
         elif request.model_id != model_id:
             report(number, "model_mismatch", f"Every line of a file must use the same model: this one uses "
-                                             f"'{entry['body']['model']}', earlier lines '{model_id}'.")
+                                             f"{quoted(entry['body']['model'])}, earlier lines '{model_id}'.")
             continue
         valid.append(request)
     if lines == 0:
@@ -356,9 +424,5 @@ def validate_file_lines(svc: Services, account: dict, endpoint: str, data: bytes
         report(0, "too_many_tasks", f"The file holds {lines} requests; at most {s.max_requests_per_batch} are "
                                     "allowed. Split it into several files.")
     if problems:
-        if len(problems) > MAX_REPORTED_PROBLEMS:
-            more = len(problems) - MAX_REPORTED_PROBLEMS + 1
-            problems = problems[:MAX_REPORTED_PROBLEMS - 1] + [{
-                "code": "more_errors", "message": f"...and {more} more problems.", "param": None, "line": None}]
-        return [], problems
+        return [], problems.data()
     return valid, []

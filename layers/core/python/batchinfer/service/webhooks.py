@@ -33,7 +33,7 @@ from standardwebhooks.webhooks import Webhook as Signer
 from .. import protocols
 from ..addresses import UrlRefused, WebhookTarget, check_url
 from ..domain import EVENT_IDS, BatchStatus, new_event_id
-from ..errors import Conflict, InvalidRequest, NotFound, quoted
+from ..errors import Conflict, InvalidRequest, NotFound, clipped, quoted
 from ..layout import due_lateness
 from ..observability import Bulkhead
 from ..providers.webhook import post_event
@@ -44,6 +44,7 @@ from ..storage.dynamo import ConditionFailed
 from .accounts import Principal
 
 log = logging.getLogger(__name__)
+ATTEMPT_ERROR_CHARS = 512  # what an attempt's record keeps of why it failed
 
 DISABLED = "Batch webhooks are not enabled."
 NO_WEBHOOK = "No batch webhook is set."
@@ -281,7 +282,9 @@ def deliver(svc: Services, message: dict) -> str:
         outcome = post_event(target, body.encode(), {"webhook-id": event["id"], "webhook-timestamp": str(int(began)),
                                                      "webhook-signature": signatures}, timeout)
         status_code, error = outcome.status_code, outcome.error
-    attempt = {"at": now, "url": url, "status_code": status_code, "error": error,
+    # Kept in the event's record, one per attempt: short whatever the refusal or the receiver said.
+    attempt = {"at": now, "url": url, "status_code": status_code,
+               "error": clipped(error, ATTEMPT_ERROR_CHARS) if error is not None else None,
                "duration_ms": int((time.time() - began) * 1000)}
     made = event["attempt_count"] + 1
     if error is None:

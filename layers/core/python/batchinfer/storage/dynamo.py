@@ -28,6 +28,22 @@ class Throttled(Exception):
     """DynamoDB refused the write for capacity; the caller may try again later."""
 
 
+class ItemTooLarge(Exception):
+    """DynamoDB refused the write because an item would pass its 400 KB limit: nothing was written, and the
+    same write would be refused again. Not a lost condition: whoever wrote it must write less."""
+
+
+ITEM_LIMIT_BYTES = 400 * 1024  # DynamoDB's limit on one item (attribute names and values)
+
+
+def _says_too_large(message: str | None) -> bool:
+    """DynamoDB's words for an item over its limit: "Item size has exceeded the maximum allowed size" (PutItem,
+    a transaction's cancellation reason), "Item size to update has exceeded ..." (UpdateItem); read loosely,
+    as its wording is not part of the API."""
+    text = (message or "").lower()
+    return "item size" in text and "exceed" in text
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
@@ -86,11 +102,18 @@ def _count(name: str) -> None:
 
 def _raise(error: ClientError) -> None:
     code = error.response.get("Error", {}).get("Code", "")
+    if code == "ValidationException" and _says_too_large(error.response.get("Error", {}).get("Message")):
+        raise ItemTooLarge(str(error)) from error
     if code == "ConditionalCheckFailedException":
         _count(METRIC_CONDITIONAL_CHECK_FAILURES)
         raise ConditionFailed(str(error)) from error
     if code == "TransactionCanceledException":
-        reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
+        cancelled = error.response.get("CancellationReasons", [])
+        if any(r.get("Code") == "ValidationError" and _says_too_large(r.get("Message")) for r in cancelled):
+            raise ItemTooLarge(str(error)) from error
+        reasons = [r.get("Code") for r in cancelled]
+        if any(r == "ValidationError" for r in reasons):
+            raise error  # a write DynamoDB cannot make as asked (a number out of range): a fault, not a race
         if any(r == "ConditionalCheckFailed" for r in reasons):
             _count(METRIC_CONDITIONAL_CHECK_FAILURES)
             raise ConditionFailed(str(error)) from error
@@ -186,6 +209,26 @@ class Table:
         answer = self._write("update_item", TableName=self.name, Key=self.key(pk, sk), **extra,
                              **_expressions(expression, condition, names, vals))
         return deserialize(answer["Attributes"]) if return_new else None
+
+    def update_unless(self, pk: str, sk: str, expression: str, condition: str, vals: dict | None = None,
+                      names: dict | None = None) -> tuple[dict | None, dict | None]:
+        """An update whose condition failing is an expected answer (a limit reached, a guess about the item
+        that was wrong), not a lost race: (the updated attributes, None) when it was written, (None, the item
+        as it was) when the condition failed, in one call. Not counted as a conditional-check failure."""
+        def call() -> dict:
+            try:
+                return self.client.update_item(
+                    TableName=self.name, Key=self.key(pk, sk), ReturnValues="UPDATED_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD", **_expressions(expression, condition, names, vals))
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                    return {"old": error.response.get("Item") or {}}
+                _raise(error)
+
+        answer = _retrying(call)
+        if "old" in answer:
+            return None, deserialize(answer["old"])
+        return deserialize(answer.get("Attributes", {})), None
 
     def delete(self, pk: str, sk: str, condition: str | None = None, vals: dict | None = None,
                return_old: bool = False) -> dict | None:

@@ -805,7 +805,8 @@
     let hasMore;
     if (view.api === "openai") {
       $("results-note").textContent = "In submission order; the status filter is the API's (?status=, an " +
-        "extension): each page holds only results with that status.";
+        "extension): each page holds only results with that status; on a large batch a page may stop short " +
+        "of its size (Next goes on).";
       let page;
       try {
         page = await api(`v1/batches/${encodeURIComponent(view.id)}/results`,

@@ -73,20 +73,22 @@ def retrieve(batch_id: str, who: Principal = Depends(caller), svc: Services = De
 
 @router.get("/{batch_id}/results", response_model=None, summary="Results in submission order, finished or not",
             description=feed.RESULTS_HELP, responses=error_responses(OPENAI), openapi_extra=RESULTS_PAGE)
-def results(batch_id: str, limit: int = Query(100, description="1-1000"), after: str | None = None,
-            order: feed.Order | None = Query(None, description=feed.ORDER_HELP),
-            wait: int | None = Query(None, ge=0, le=feed.MAX_WAIT_SECONDS, description=feed.WAIT_HELP),
-            status: feed.ResultStatus | None = Query(None, description=feed.STATUS_HELP),
-            custom_id: str | None = Query(None, description=feed.CUSTOM_ID_HELP),
-            who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> Response:
+async def results(batch_id: str, limit: int = Query(100, description="1-1000"), after: str | None = None,
+                  order: feed.Order | None = Query(None, description=feed.ORDER_HELP),
+                  wait: int | None = Query(None, ge=0, le=feed.MAX_WAIT_SECONDS, description=feed.WAIT_HELP),
+                  status: feed.ResultStatus | None = Query(None, description=feed.STATUS_HELP),
+                  custom_id: str | None = Query(None, description=feed.CUSTOM_ID_HELP),
+                  who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> Response:
+    # Async: a page held open (`wait`) waits without holding a server thread; every read runs in the pool.
     # Written here, not by FastAPI's encoder: each response body goes out as the text the backend sent.
     page = None
     if order is not None or wait is not None or status is not None or custom_id is not None:  # the extensions
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000.", param="limit")
-        page = feed.results_view(svc, batches.owned_batch(svc, who, batch_id), limit=limit, after=after,
-                                 order=order, wait=wait, status=status, custom_id=custom_id)
-    page = page or batches.results_page(svc, who, batch_id, limit, after)
+        page = await feed.results_view_async(svc, lambda: batches.owned_batch(svc, who, batch_id), limit=limit,
+                                             after=after, order=order, wait=wait, status=status,
+                                             custom_id=custom_id)
+    page = page or await run_in_threadpool(batches.results_page, svc, who, batch_id, limit, after)
     return Response(to_json(page, ensure_ascii=False), media_type="application/json")
 
 

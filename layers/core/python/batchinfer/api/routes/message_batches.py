@@ -115,7 +115,7 @@ def _add_routes(prefix: str) -> None:
                 description="With `order=finished` (an extension beyond the Anthropic API, docs/api.md): a JSON "
                             "page of results in the order they finished, while the batch runs too.",
                 openapi_extra=_extra(FINISHED_MESSAGE_RESULTS))
-    def message_batch_results(batch_id: str, who: Principal = Depends(caller),
+    async def message_batch_results(batch_id: str, who: Principal = Depends(caller),
                               version: str = Depends(anthropic_version), svc: Services = Depends(services_of),
                               order: feed.Order | None = Query(None, description=feed.ORDER_HELP),
                               after: str | None = Query(None, description="With order=finished: a page's last_id"),
@@ -124,13 +124,14 @@ def _add_routes(prefix: str) -> None:
                                                        description=feed.WAIT_HELP),
                               ) -> StreamingResponse | RedirectResponse | Response:
         if order is not None or wait is not None:  # the finished-order extension: a JSON page, while it runs too
-            page = message_batches.finished_results(svc, who, batch_id, order, after, limit, wait)
+            page = await message_batches.finished_results(svc, who, batch_id, order, after, limit, wait)
             if page is not None:
                 return Response(to_json(page, ensure_ascii=False), media_type="application/json")
-        location = message_batches.results_location(svc, who, batch_id)
+        location = await run_in_threadpool(message_batches.results_location, svc, who, batch_id)
         if location:  # large results: a short-lived presigned S3 URL (the SDK follows the redirect)
             return RedirectResponse(location, status_code=302)
-        return StreamingResponse(message_batches.results_lines(svc, who, batch_id), media_type="application/x-jsonl")
+        lines = await run_in_threadpool(message_batches.results_lines, svc, who, batch_id)
+        return StreamingResponse(lines, media_type="application/x-jsonl")
 
     @router.post(base + "/{batch_id}/pause", summary="Pause (an extension): no request starts, running ones finish",
                  responses=error_responses(ANTHROPIC, 409), openapi_extra=_extra(MESSAGE_BATCH))

@@ -34,4 +34,5 @@ PROTOCOL = Protocol(
     error_body=shapes.error_body,
     error_model=shapes.AnthropicError,
     base_path="/anthropic",
+    rate_headers=shapes.rate_headers,
 )

@@ -14,11 +14,14 @@ What differs from the OpenAI-shaped batches:
   appears only then; results and delete answer 400 before.
 """
 
+
 from __future__ import annotations
 
 import datetime as dt
 import re
 from collections.abc import Iterator
+
+from anyio import to_thread
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
@@ -31,7 +34,14 @@ from ...runtime import Services
 from ...service import analytics, batch_usage, feed, forecast, intake, lifecycle, pausing, priority, results, retry
 from ...service.accounts import Principal, may_use_model
 from ...service.listing import collect_owned
-from ...service.validation import RejectedRequest, ValidatedBatch, ValidRequest, non_finite_at, non_finite_fault
+from ...service.validation import (
+    MAX_PROBLEM_CHARS,
+    RejectedRequest,
+    ValidatedBatch,
+    ValidRequest,
+    non_finite_at,
+    non_finite_fault,
+)
 from ...spending import parse_cap
 from . import PROTOCOL
 
@@ -118,7 +128,7 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
         raise InvalidRequest("The body must be a JSON object with a 'requests' array.")
     extra = sorted(set(payload) - {"requests", "max_cost_usd", "priority"})  # the last two: extensions
     if extra:
-        raise InvalidRequest(f"{extra[0]}: Extra inputs are not permitted.", param=extra[0])
+        raise InvalidRequest(f"{clipped(extra[0])}: Extra inputs are not permitted.", param=clipped(extra[0]))
     requests = payload.get("requests")
     if not isinstance(requests, list) or not requests:
         raise InvalidRequest("requests: must be a non-empty array of {custom_id, params}.", param="requests")
@@ -132,10 +142,11 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
         if not isinstance(req, dict):
             raise InvalidRequest(f"{where}: must be an object {{custom_id, params}}.", param=where)
         custom_id = req.get("custom_id")
-        named = f"{where} (custom_id '{custom_id}')" if isinstance(custom_id, str) else where
+        named = f"{where} (custom_id {quoted(custom_id)})" if isinstance(custom_id, str) else where
         extra = sorted(set(req) - {"custom_id", "params"})
         if extra:
-            raise InvalidRequest(f"{named}.{extra[0]}: Extra inputs are not permitted.", param=f"{where}.{extra[0]}")
+            raise InvalidRequest(f"{named}.{clipped(extra[0])}: Extra inputs are not permitted.",
+                                 param=f"{where}.{clipped(extra[0])}")
         if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
             raise InvalidRequest(f"{named}.custom_id: must be 1-64 letters, digits, '_' or '-'.",
                                  param=f"{where}.custom_id")
@@ -151,7 +162,11 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
 
 
 class ParamsError(Exception):
+    """Why one request cannot run: its result, stored with the batch's requests, so its message is clipped
+    whatever the request held."""
+
     def __init__(self, message: str, kind: str = "invalid_request_error", code: str = "invalid_request") -> None:
+        message = clipped(message, MAX_PROBLEM_CHARS)
         super().__init__(message)
         self.error = {"code": code, "type": kind, "message": message}
 
@@ -170,7 +185,8 @@ def params_model(svc: Services, account: dict, params: object, version: str) -> 
         raise ParamsError("params: must be an object (a Messages API request body).")
     unknown = sorted(set(params) - VERSIONS[version])
     if unknown:
-        raise ParamsError(f"{unknown[0]}: not a parameter of the Messages API at anthropic-version {version}.")
+        raise ParamsError(f"{clipped(unknown[0])}: not a parameter of the Messages API at anthropic-version "
+                          f"{version}.")
     at = non_finite_at(params)
     if at is not None:
         raise ParamsError(non_finite_fault(at))
@@ -201,7 +217,7 @@ def params_model(svc: Services, account: dict, params: object, version: str) -> 
             raise ParamsError("metadata: must be an object.")
         extra = sorted(set(metadata) - {"user_id"})
         if extra:
-            raise ParamsError(f"metadata.{extra[0]}: Extra inputs are not permitted.")
+            raise ParamsError(f"metadata.{clipped(extra[0])}: Extra inputs are not permitted.")
     refused = refused_everywhere(params)
     if refused:
         raise ParamsError(refused)
@@ -353,20 +369,21 @@ def results_lines(svc: Services, principal: Principal, batch_id: str) -> Iterato
     return results.export_stream(svc, _ended_batch(svc, principal, batch_id, "results can be read"))
 
 
-def finished_results(svc: Services, principal: Principal, batch_id: str, order: str, after: str | None, limit: int,
-                     wait: int | None) -> dict | None:
+async def finished_results(svc: Services, principal: Principal, batch_id: str, order: str, after: str | None,
+                           limit: int, wait: int | None) -> dict | None:
     """With `order=finished` (an extension beyond the Anthropic API): a JSON page of results lines in the order
     they finished, while the batch runs too; `batch_status` is its processing_status. None for the plain
-    results (order=submitted)."""
+    results (order=submitted). A page held open (`wait`) waits without holding a thread."""
     if not 1 <= limit <= 1000:
         raise InvalidRequest("limit: must be between 1 and 1000.", param="limit")
-    item = owned(svc, principal, batch_id)
-    page = feed.results_view(svc, item, limit=limit, after=after, order=order, wait=wait, status=None,
-                             custom_id=None, shape=PROTOCOL.export_line)
+    page = await feed.results_view_async(svc, lambda: owned(svc, principal, batch_id), limit=limit, after=after,
+                                         order=order, wait=wait, status=None, custom_id=None,
+                                         shape=PROTOCOL.export_line)
     if page is None:
         return None
-    now = Batch.get(svc.table, batch_id) or item
-    return {**page, "batch_status": message_batch_object(now, "")["processing_status"]}
+    now = await to_thread.run_sync(Batch.get, svc.table, batch_id)
+    return {**page, "batch_status": message_batch_object(now or owned(svc, principal, batch_id), "")[
+        "processing_status"]}
 
 
 # --- Cancel and delete -------------------------------------------------------------------------------

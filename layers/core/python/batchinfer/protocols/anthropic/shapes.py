@@ -3,6 +3,8 @@ error types an errored result names, and Anthropic's error envelope. Plain dicts
 
 from __future__ import annotations
 
+import datetime as dt
+
 from pydantic import BaseModel
 
 from ...errors import ApiError
@@ -78,3 +80,12 @@ class AnthropicError(BaseModel):
 
 def error_body(error: ApiError) -> dict:
     return {"type": "error", "error": {"type": error.type, "message": error.message}}
+
+
+def rate_headers(limit: int, remaining: int, reset_seconds: float) -> dict[str, str]:
+    """Anthropic's request rate headers: the bucket's size, what it holds now, and when it is full again
+    (RFC 3339)."""
+    reset = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=reset_seconds)
+    return {"anthropic-ratelimit-requests-limit": str(limit),
+            "anthropic-ratelimit-requests-remaining": str(remaining),
+            "anthropic-ratelimit-requests-reset": reset.isoformat(timespec="seconds").replace("+00:00", "Z")}
