@@ -39,7 +39,9 @@ class Ticks:
     """A fake time.monotonic for the modules that watch a deadline: every look advances it by one."""
 
     def __init__(self) -> None:
-        self.value = 1000.0
+        # Far below any real time.monotonic(): a deadline the handler takes from the real clock lies ahead of
+        # the fake one on any machine, however recently it booted.
+        self.value = -1e6
 
     def monotonic(self) -> float:
         self.value += 1
@@ -276,7 +278,8 @@ def test_a_cut_off_export_resumes_its_upload_and_an_abandoned_one_is_aborted(api
     _, key = new_key(svc)
     bid = api.created(key, [chat_request(f"e-{i:02d}", f"export {i}") for i in range(12)])["id"]
     real_settle = lifecycle.settle_batch
-    monkeypatch.setattr(sweep, "settle_batch", lambda svc, batch_id, deadline=None: real_settle(svc, batch_id, -1.0))
+    monkeypatch.setattr(sweep, "settle_batch",  # a deadline the next look at the clock has passed
+                        lambda svc, batch_id, deadline=None: real_settle(svc, batch_id, ticks.value))
     for _ in range(40):  # every request runs; the sweeper has no time to write the export
         step(svc)
         if svc.table.get(*batch_key(bid))["completed"] == 12:
