@@ -329,7 +329,8 @@ def test_pause_and_resume_of_either_kind_of_batch(stack, fresh_env, tmp_path, sl
     assert line == f"batchctl: 409 Batch '{batch_id}' has ended (completed): it cannot be paused."
 
     params = {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "paused"}]}
-    message_id = message_batch(stack, [{"custom_id": f"m{i}", "params": params} for i in range(20)])
+    # Five waves of the model's budget: some still unstarted when the pause lands, however slowly batchctl starts.
+    message_id = message_batch(stack, [{"custom_id": f"m{i}", "params": params} for i in range(80)])
     assert ok(batchctl(stack["dir"], fresh_env, "pause", message_id)).stdout.split() == [
         message_id, "in_progress", "paused"]
     assert ok(batchctl(stack["dir"], fresh_env, "resume", message_id)).stdout.split() == [message_id, "in_progress"]
@@ -391,7 +392,8 @@ def test_submit_with_a_priority_and_change_it_while_it_runs(stack, fresh_env, tm
                           "--inline-max-bytes", "100")).stdout.strip()
     assert json.loads(ok(batchctl(stack["dir"], fresh_env, "status", file_id, "--json")).stdout)["priority"] == "low"
     params = {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "slow"}]}
-    message_id = message_batch(stack, [{"custom_id": f"m{i}", "params": params} for i in range(20)])
+    # Five waves of the model's budget: some still unstarted when the pause lands, however slowly batchctl starts.
+    message_id = message_batch(stack, [{"custom_id": f"m{i}", "params": params} for i in range(80)])
     changed = json.loads(ok(batchctl(stack["dir"], fresh_env, "priority", message_id, "high", "--json")).stdout)
     assert changed["id"] == message_id and changed["priority"] == "high"
 
