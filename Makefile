@@ -1,5 +1,8 @@
 # The two commands a new user needs: `make run` (the service locally) and `make test` (the whole suite).
-PYTHON ?= python3.11
+# Lambda runs the functions on Python 3.12 (infra/functions.py), and so does everything here: the service's venv, the
+# SDK venvs and the whole suite. PYTHON is python3.12 on the PATH, or else pyenv's 3.12.
+PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { command -v "$$p"; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 # The official SDKs at older majors for the e2e tests (not the service): the previous major of both
@@ -10,15 +13,10 @@ SDK_OPENAI1 := .venv-sdk-openai1
 # llama-cpp-python's, built from source (CPU only, no BLAS) in a venv of its own.
 REAL_BACKEND := .venv-real-backend
 REAL_BACKEND_CMAKE_ARGS ?= -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-# Lambda runs the functions on Python 3.12 (infra/functions.py): the unit, integration and fault suites run on it too,
-# in a venv of its own. PYTHON312 is found on the PATH, or among pyenv's versions.
-PY312 := .venv-py312
-PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
-	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { command -v "$$p"; break; }; done)
 export PYTHONPATH := $(CURDIR)/layers/core/python:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: venv venv-py312 sdk-previous sdk-openai1 real-backend browser run test test-py312 test-real-backend lint synth \
+.PHONY: venv sdk-previous sdk-openai1 real-backend browser run test test-real-backend lint synth \
 	layers bench clean
 
 # The venv takes the layer lock's versions as constraints, so its indirect packages (starlette, botocore, ...)
@@ -26,7 +24,7 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 LOCK_CONSTRAINTS := build/layers/lock-constraints.txt
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt requirements-layer.lock
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
+	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.12, Lambda's runtime); set PYTHON=..."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==25.3
 	$(BIN)/python -m infra.layers --constraints $(LOCK_CONSTRAINTS)
@@ -35,19 +33,8 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt requirements-layer.lock
 
 venv: $(BIN)/.installed
 
-# The same pins and lock constraints on Lambda's Python (the lock is resolved for cp312, so every version fits).
-$(PY312)/bin/.installed: requirements.txt requirements-dev.txt requirements-layer.lock
-	@test -n "$(PYTHON312)" || { echo "need Python 3.12 (Lambda's runtime) for the 3.12 run; set PYTHON312=..."; exit 1; }
-	test -x $(PY312)/bin/python || $(PYTHON312) -m venv $(PY312)
-	$(PY312)/bin/python -m pip install --quiet --upgrade pip==25.3
-	$(PY312)/bin/python -m infra.layers --constraints $(LOCK_CONSTRAINTS)
-	$(PY312)/bin/python -m pip install --quiet -r requirements-dev.txt -c $(LOCK_CONSTRAINTS)
-	touch $@
-
-venv-py312: $(PY312)/bin/.installed
-
 .venv-sdk-%/bin/.installed: requirements-sdk-%.txt
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
+	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.12, Lambda's runtime); set PYTHON=..."; exit 1; }
 	test -x .venv-sdk-$*/bin/python || $(PYTHON) -m venv .venv-sdk-$*
 	.venv-sdk-$*/bin/python -m pip install --quiet --upgrade pip==25.3
 	.venv-sdk-$*/bin/python -m pip install --quiet -r requirements-sdk-$*.txt
@@ -58,7 +45,7 @@ sdk-openai1: $(SDK_OPENAI1)/bin/.installed
 
 # About 8 minutes on 2 cores the first time (llama.cpp is compiled); pip caches the wheel for the next venv.
 $(REAL_BACKEND)/bin/.installed: requirements-real-backend.txt
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11); set PYTHON=..."; exit 1; }
+	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.12, Lambda's runtime); set PYTHON=..."; exit 1; }
 	test -x $(REAL_BACKEND)/bin/python || $(PYTHON) -m venv $(REAL_BACKEND)
 	$(REAL_BACKEND)/bin/python -m pip install --quiet --upgrade pip==25.3
 	CMAKE_ARGS="$(REAL_BACKEND_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
@@ -81,14 +68,12 @@ browser:
 # (Not --dist loadgroup: pytest-xdist 3.8 no longer applies xdist_group marks under pytest 9.2.)
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+# The 30 slowest tests and fixtures at the end of the output: where the suite's time goes.
+PYTEST_DURATIONS = --durations=30
 
-test: venv venv-py312 sdk-previous sdk-openai1 browser  ## lint, every test on 3.11, then unit, integration and faults on 3.12
+test: venv sdk-previous sdk-openai1 browser  ## lint, then every test once, on Python 3.12 (Lambda's runtime)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
-	$(MAKE) --no-print-directory test-py312
-
-test-py312: venv-py312  ## the unit, integration and fault suites on Python 3.12, the Lambda runtime's version
-	$(PY312)/bin/python -m pytest tests/unit tests/integration tests/faults -p no:cacheprovider $(PYTEST_PARALLEL)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_DURATIONS)
 
 # Opt-in: the service against a real inference server (llama-cpp-python running a tiny model made at test time).
 test-real-backend: venv real-backend  ## the batch flows end to end on a real OpenAI-compatible server
@@ -107,4 +92,4 @@ bench: venv  ## the benchmarks against the local stack
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) $(PY312) $(SDK_PREV) $(SDK_OPENAI1) $(REAL_BACKEND) cdk.out build .local .pytest_cache
+	rm -rf $(VENV) $(SDK_PREV) $(SDK_OPENAI1) $(REAL_BACKEND) cdk.out build .local .pytest_cache

@@ -8,13 +8,13 @@ always adds the `service` dimension, so a metric the worker emits with `model` i
 metrics (RequestsCompleted, BackendErrors) carry `model`, in an EMF blob of their own; everything else a
 function emits, the storage layer's counts included, is {service: batchinfer-<fn>}
 (batchinfer.observability.metrics_with).
+
+The metrics themselves are built in infra.metrics, the dashboard in infra.dashboard.
 """
 
 from __future__ import annotations
 
-import re
-
-from aws_cdk import Aws, Duration
+from aws_cdk import Aws
 from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
@@ -26,190 +26,48 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from batchinfer.catalog import (
-    METRIC_API_LATENCY,
-    METRIC_BACKEND_ERRORS,
     METRIC_BACKGROUND_ITEM_FAILURES,
     METRIC_CONDITIONAL_CHECK_FAILURES,
-    METRIC_REQUESTS_COMPLETED,
-    METRIC_SWEEP_LAG,
     METRIC_TRANSACTION_CONFLICTS,
-    METRIC_WEBHOOK_ATTEMPTS_FAILED,
     METRIC_WEBHOOK_DELIVERIES_FAILED,
-    WORKER_METRICS_SERVICE,
-    function_service_name,
 )
 from infra.api import HttpApiFront
 from infra.config import InfraConfig
-from infra.functions import SPECS, WORKER, ServiceFunctions
-from infra.queues import MAX_RECEIVE_COUNT, ModelQueue, ModelQueues
+from infra.dashboard import stage_dashboard
+from infra.functions import WORKER, ServiceFunctions
+from infra.metrics import (
+    API_5XX_RATE_ALARM,
+    API_LATENCY_P99_ALARM,
+    BACKEND_ERROR_RATE_ALARM_PERCENT,
+    BACKGROUND_ITEM_FAILURES_ALARM,
+    CONDITIONAL_CHECK_FAILURES_ALARM,
+    FIVE_MINUTES,
+    QUEUE_AGE_ALARM_SECONDS,
+    SWEEP_LAG_ALARM_SECONDS,
+    TABLE_OPERATIONS,
+    TRANSACTION_CONFLICTS_ALARM,
+    WORKER_DURATION_ALARM_SHARE,
+    api_latency_metric,
+    backend_error_rate,
+    storage_total,
+    sweep_lag_metric,
+    throttle_events,
+    webhooks_metric,
+)
+from infra.queues import MAX_RECEIVE_COUNT, ModelQueues
 from infra.storage import GLOBAL_INDEXES, Storage
 from infra.webhooks import WebhookDelivery
 
-# EMF metrics the worker emits per model (see the contract in docs/operations.md).
-BACKEND_METRICS_SERVICE = WORKER_METRICS_SERVICE
-# EMF metrics the webhooks function emits (attempts without a 2xx, events given up on).
-WEBHOOKS_METRICS_SERVICE = function_service_name("webhooks")
-
-# EMF metrics the api function emits (ApiLatency, per request but long polls).
-API_METRICS_SERVICE = function_service_name("api")
-
-# EMF metrics the sweeper emits (SweepLagSeconds, once per run).
-SWEEPER_METRICS_SERVICE = function_service_name("sweeper")
-
-# EMF metrics the storage layer emits from every function ({service: batchinfer-<fn>}): transactions
-# DynamoDB cancelled for a conflict (METRIC_TRANSACTION_CONFLICTS, retried), and conditional writes that lost
-# (METRIC_CONDITIONAL_CHECK_FAILURES, an answer, often expected).
-STORAGE_METRICS_SERVICES = tuple(function_service_name(spec.name) for spec in SPECS)
-# Per 5 minutes over all functions, for 15 minutes: starting points, to tune once a baseline is known
-# (leases and claims lose conditions by design; a storm of them means contention or a loop).
-TRANSACTION_CONFLICTS_ALARM = 50
-CONDITIONAL_CHECK_FAILURES_ALARM = 500
-# Items of a background loop (a batch's sweep step, a lease's recovery, a webhook relay or delivery, a model's
-# claim) that raised, over every function: any in 2 of 3 five-minute periods. A broken item raises at every
-# run (the sweeper runs every minute), so it alarms within 10 minutes; a one-off does not page.
-BACKGROUND_ITEM_FAILURES_ALARM = 0
-# The worker's p99 duration past this share of its timeout: the next slow backend makes it time out.
-WORKER_DURATION_ALARM_SHARE = 0.8
-# The sweeper runs every minute, so what it finds due is normally at most about a minute late; 10 minutes late
-# in every 5 minutes for 15 minutes means it has fallen behind (or stopped finishing its runs).
-SWEEP_LAG_ALARM_SECONDS = 10 * 60
-# The operations the storage layer calls (batchinfer.storage.dynamo.Table): SystemErrors is per operation.
-TABLE_OPERATIONS = (
-    dynamodb.Operation.GET_ITEM,
-    dynamodb.Operation.BATCH_GET_ITEM,
-    dynamodb.Operation.PUT_ITEM,
-    dynamodb.Operation.UPDATE_ITEM,
-    dynamodb.Operation.DELETE_ITEM,
-    dynamodb.Operation.QUERY,
-    dynamodb.Operation.BATCH_WRITE_ITEM,
-    dynamodb.Operation.TRANSACT_WRITE_ITEMS,
-)
 # Budget notifications: actual spend past 80% of the month's budget, forecast past 100%.
 BUDGET_ACTUAL_PERCENT = 80
 BUDGET_FORECAST_PERCENT = 100
 # The cost allocation tag a stage's resources carry (stack.py) and the stage-scoped budget filters on.
 COST_TAG = "batchinfer-stage"
 
-QUEUE_AGE_ALARM_SECONDS = 15 * 60
-BACKEND_ERROR_RATE_ALARM_PERCENT = 10
-API_5XX_RATE_ALARM = 0.05
-API_LATENCY_P99_ALARM = Duration.seconds(10)
 
-FIVE_MINUTES = Duration.minutes(5)
-ONE_MINUTE = Duration.minutes(1)
 GT = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
 LT = cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD
 NOT_BREACHING = cloudwatch.TreatMissingData.NOT_BREACHING
-
-
-def model_metric(
-    namespace: str, model_id: str, metric_name: str, period: Duration = ONE_MINUTE
-) -> cloudwatch.Metric:
-    """An EMF metric the worker emits for one model (Sum per period)."""
-    return cloudwatch.Metric(
-        namespace=namespace,
-        metric_name=metric_name,
-        dimensions_map={"service": BACKEND_METRICS_SERVICE, "model": model_id},
-        statistic=cloudwatch.Stats.SUM,
-        period=period,
-        label=f"{model_id} {metric_name}",
-    )
-
-
-def function_metric(namespace: str, metric_name: str, service: str, period: Duration = ONE_MINUTE,
-                    statistic: str = cloudwatch.Stats.SUM, label: str | None = None) -> cloudwatch.Metric:
-    """An EMF metric one function emits under its own `service` dimension (Sum per period unless told)."""
-    return cloudwatch.Metric(namespace=namespace, metric_name=metric_name, dimensions_map={"service": service},
-                             statistic=statistic, period=period, label=label)
-
-
-def webhooks_metric(namespace: str, metric_name: str, period: Duration = ONE_MINUTE) -> cloudwatch.Metric:
-    """An EMF metric the webhooks function emits (Sum per period)."""
-    return function_metric(namespace, metric_name, WEBHOOKS_METRICS_SERVICE, period)
-
-
-def api_latency_metric(namespace: str, statistic: str, period: Duration = FIVE_MINUTES,
-                       label: str | None = None) -> cloudwatch.Metric:
-    """The api function's own latency per request (ms), long polls (results pages held with `wait`) left out."""
-    return function_metric(namespace, METRIC_API_LATENCY, API_METRICS_SERVICE, period, statistic, label)
-
-
-def sweep_lag_metric(namespace: str, period: Duration = FIVE_MINUTES) -> cloudwatch.Metric:
-    """How late the sweeper found its most overdue item (Maximum of its runs per period)."""
-    return function_metric(namespace, METRIC_SWEEP_LAG, SWEEPER_METRICS_SERVICE, period, cloudwatch.Stats.MAXIMUM)
-
-
-def storage_metric(
-    namespace: str, metric_name: str, service: str, period: Duration = ONE_MINUTE
-) -> cloudwatch.Metric:
-    """An EMF metric the storage layer emits in one function (Sum per period)."""
-    return function_metric(namespace, metric_name, service, period, label=service.removeprefix("batchinfer-"))
-
-
-def storage_total(namespace: str, metric_name: str, period: Duration = FIVE_MINUTES) -> cloudwatch.MathExpression:
-    """An EMF metric every function may emit under its own `service` (the storage layer's counts, the
-    background loops' BackgroundItemFailures), summed over every function; no data counts as 0."""
-    using = {
-        f"m_{service.removeprefix('batchinfer-')}": storage_metric(namespace, metric_name, service, period)
-        for service in STORAGE_METRICS_SERVICES
-    }
-    return cloudwatch.MathExpression(
-        expression=" + ".join(f"FILL({key}, 0)" for key in using),
-        using_metrics=using,
-        period=period,
-        label=f"{metric_name} (all functions)",
-    )
-
-
-def dynamodb_metric(
-    table: dynamodb.ITable, metric_name: str, index: str | None = None, period: Duration = ONE_MINUTE
-) -> cloudwatch.Metric:
-    """An AWS/DynamoDB metric of the table, or of one of its GSIs (Sum per period)."""
-    dimensions = {"TableName": table.table_name}
-    if index:
-        dimensions["GlobalSecondaryIndexName"] = index
-    return cloudwatch.Metric(
-        namespace="AWS/DynamoDB",
-        metric_name=metric_name,
-        dimensions_map=dimensions,
-        statistic=cloudwatch.Stats.SUM,
-        period=period,
-        label=f"{index or 'table'} {metric_name}",
-    )
-
-
-def throttle_events(
-    table: dynamodb.ITable, index: str | None = None, period: Duration = FIVE_MINUTES
-) -> cloudwatch.MathExpression:
-    """Read + write throttle events of the table or of one GSI (a throttled GSI also holds back the table's
-    writes)."""
-    return cloudwatch.MathExpression(
-        expression="FILL(r, 0) + FILL(w, 0)",
-        using_metrics={
-            "r": dynamodb_metric(table, "ReadThrottleEvents", index, period),
-            "w": dynamodb_metric(table, "WriteThrottleEvents", index, period),
-        },
-        period=period,
-        label=f"{index or 'table'} throttle events",
-    )
-
-
-def backend_error_rate(
-    namespace: str, model_id: str, period: Duration = FIVE_MINUTES
-) -> cloudwatch.MathExpression:
-    """Upstream error rate in percent: BackendErrors / (BackendErrors + RequestsCompleted)."""
-    # Metric ids must be unique within one graph that shows several models.
-    key = re.sub(r"[^a-z0-9_]", "_", model_id.lower())
-    errors, completed = f"errors_{key}", f"completed_{key}"
-    return cloudwatch.MathExpression(
-        expression=f"IF(({errors} + {completed}) > 0, 100 * {errors} / ({errors} + {completed}), 0)",
-        using_metrics={
-            errors: model_metric(namespace, model_id, METRIC_BACKEND_ERRORS, period),
-            completed: model_metric(namespace, model_id, METRIC_REQUESTS_COMPLETED, period),
-        },
-        period=period,
-        label=f"{model_id} backend error %",
-    )
 
 
 class Monitoring(Construct):
@@ -265,7 +123,19 @@ class Monitoring(Construct):
         self._api_alarms(api)
         self._table_alarms(storage.table)
         self._schedule_alarms(schedule_group)
-        self.dashboard = self._dashboard(config, functions, queues, webhooks, api, storage, schedule_group)
+        self.dashboard = stage_dashboard(
+            self,
+            prefix=self._prefix,
+            namespace=self._namespace,
+            alarms=self.alarms,
+            config=config,
+            functions=functions,
+            queues=queues,
+            webhooks=webhooks,
+            api=api,
+            storage=storage,
+            schedule_group=schedule_group,
+        )
         self.budget = self._budget(config) if config.monthly_budget_usd else None
 
     # -- alarms ---------------------------------------------------------------------------------------
@@ -533,272 +403,3 @@ class Monitoring(Construct):
         )
 
     # -- dashboard ------------------------------------------------------------------------------------
-
-    def _dashboard(
-        self,
-        config: InfraConfig,
-        functions: ServiceFunctions,
-        queues: ModelQueues,
-        webhooks: WebhookDelivery,
-        api: HttpApiFront,
-        storage: Storage,
-        schedule_group: scheduler.IScheduleGroup,
-    ) -> cloudwatch.Dashboard:
-        dashboard = cloudwatch.Dashboard(
-            self, "Dashboard", dashboard_name=self._prefix, default_interval=Duration.hours(3)
-        )
-        http = api.http_api
-        fns = functions.functions
-        dashboard.add_widgets(
-            cloudwatch.TextWidget(
-                markdown=f"# batchinfer `{config.stage}`\nAPI, functions, throughput and per-model queues. "
-                "Alarms go to the stage's SNS alarm topic.",
-                width=24,
-                height=2,
-            )
-        )
-        dashboard.add_widgets(
-            cloudwatch.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=24, height=4)
-        )
-        dashboard.add_widgets(
-            _graph("API requests", [http.metric_count(period=ONE_MINUTE, statistic=cloudwatch.Stats.SUM)]),
-            _graph(
-                "API 4xx / 5xx",
-                [
-                    http.metric_client_error(period=ONE_MINUTE, statistic=cloudwatch.Stats.SUM),
-                    http.metric_server_error(period=ONE_MINUTE, statistic=cloudwatch.Stats.SUM),
-                ],
-            ),
-            _graph(
-                "API latency (ms)",
-                [
-                    http.metric_latency(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(50)),
-                    http.metric_latency(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)),
-                    http.metric_integration_latency(
-                        period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)
-                    ),
-                    api_latency_metric(self._namespace, cloudwatch.Stats.percentile(99), ONE_MINUTE,
-                                       label="api function p99, long polls left out"),
-                ],
-            ),
-        )
-        dashboard.add_widgets(
-            _graph(
-                "Function errors", [_labelled(f.metric_errors(period=ONE_MINUTE), n) for n, f in fns.items()]
-            ),
-            _graph(
-                "Function throttles",
-                [_labelled(f.metric_throttles(period=ONE_MINUTE), n) for n, f in fns.items()],
-            ),
-            _graph(
-                "Function duration p99 (ms)",
-                [
-                    _labelled(
-                        f.metric_duration(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)), n
-                    )
-                    for n, f in fns.items()
-                ],
-            ),
-            _graph(
-                "Worker concurrency",
-                [
-                    cloudwatch.Metric(
-                        namespace="AWS/Lambda",
-                        metric_name="ConcurrentExecutions",
-                        dimensions_map={"FunctionName": functions.worker.function_name},
-                        statistic=cloudwatch.Stats.MAXIMUM,
-                        period=ONE_MINUTE,
-                        label="worker",
-                    )
-                ],
-            ),
-        )
-        timeout_ms = WORKER.timeout.to_milliseconds()
-        dashboard.add_widgets(
-            _graph(
-                "Worker duration vs timeout (ms)",
-                [
-                    functions.worker.metric_duration(period=ONE_MINUTE, statistic=cloudwatch.Stats.percentile(99)),
-                    functions.worker.metric_duration(period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM),
-                ],
-                width=8,
-                horizontal=[
-                    cloudwatch.HorizontalAnnotation(value=WORKER_DURATION_ALARM_SHARE * timeout_ms, label="alarm"),
-                    cloudwatch.HorizontalAnnotation(value=timeout_ms, label="timeout"),
-                ],
-            ),
-            _graph(
-                "Scheduler ticks",
-                [
-                    schedule_group.metric_attempts(period=ONE_MINUTE, label="attempts"),
-                    schedule_group.metric_dropped(period=ONE_MINUTE, label="dropped"),
-                    schedule_group.metric_target_errors(period=ONE_MINUTE, label="target errors"),
-                ],
-                width=8,
-            ),
-            _graph(
-                "Sweeper lag: most overdue item (s)",
-                [_labelled(sweep_lag_metric(self._namespace, ONE_MINUTE), "most overdue item (s)")],
-                width=8,
-                horizontal=[cloudwatch.HorizontalAnnotation(value=SWEEP_LAG_ALARM_SECONDS, label="alarm")],
-            ),
-        )
-        dashboard.add_widgets(
-            _graph(
-                "Transaction conflicts / min",
-                [storage_metric(self._namespace, METRIC_TRANSACTION_CONFLICTS, s) for s in STORAGE_METRICS_SERVICES],
-                width=12,
-                stacked=True,
-            ),
-            _graph(
-                "Conditional-check failures / min",
-                [
-                    storage_metric(self._namespace, METRIC_CONDITIONAL_CHECK_FAILURES, s)
-                    for s in STORAGE_METRICS_SERVICES
-                ],
-                width=12,
-                stacked=True,
-            ),
-        )
-        dashboard.add_widgets(
-            _graph(
-                "Background items that raised / min (passed over)",
-                [
-                    storage_metric(self._namespace, METRIC_BACKGROUND_ITEM_FAILURES, s)
-                    for s in STORAGE_METRICS_SERVICES
-                ],
-                width=24,
-                stacked=True,
-            ),
-        )
-        table = storage.table
-        dashboard.add_widgets(
-            _graph(
-                "DynamoDB throttle events (table, GSIs)",
-                [
-                    dynamodb_metric(table, name, index)
-                    for index in (None, *GLOBAL_INDEXES)
-                    for name in ("ReadThrottleEvents", "WriteThrottleEvents")
-                ],
-                width=12,
-            ),
-            _graph(
-                "DynamoDB system errors",
-                [table.metric_system_errors_for_operations(operations=list(TABLE_OPERATIONS), period=ONE_MINUTE)],
-                width=6,
-            ),
-            _graph(
-                "DynamoDB consumed capacity",
-                [
-                    table.metric_consumed_read_capacity_units(period=ONE_MINUTE, statistic=cloudwatch.Stats.SUM),
-                    table.metric_consumed_write_capacity_units(period=ONE_MINUTE, statistic=cloudwatch.Stats.SUM),
-                ],
-                width=6,
-            ),
-        )
-        ns = self._namespace
-        model_ids = list(queues.by_model)
-        dashboard.add_widgets(
-            _graph(
-                "Batch requests completed / min",
-                [model_metric(ns, m, METRIC_REQUESTS_COMPLETED) for m in model_ids],
-                width=8,
-                stacked=True,
-            ),
-            _graph(
-                "Backend errors / min", [model_metric(ns, m, METRIC_BACKEND_ERRORS) for m in model_ids], width=8
-            ),
-            _graph("Backend error rate (%)", [backend_error_rate(ns, m) for m in model_ids], width=8),
-        )
-        for entry in queues.by_model.values():
-            dashboard.add_widgets(*_queue_widgets(entry))
-        dashboard.add_widgets(*_webhook_widgets(ns, webhooks))
-        return dashboard
-
-
-def _queue_widgets(entry: ModelQueue) -> list[cloudwatch.IWidget]:
-    model_id, queue, dlq = entry.model.model_id, entry.queue, entry.dlq
-    return [
-        _graph(
-            f"{model_id}: queue depth",
-            [
-                queue.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, label="waiting"),
-                queue.metric_approximate_number_of_messages_not_visible(period=ONE_MINUTE, label="in flight"),
-            ],
-            width=8,
-        ),
-        _graph(
-            f"{model_id}: oldest message age (s)",
-            [
-                queue.metric_approximate_age_of_oldest_message(
-                    period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
-                )
-            ],
-            width=8,
-            horizontal=[cloudwatch.HorizontalAnnotation(value=QUEUE_AGE_ALARM_SECONDS, label="alarm")],
-        ),
-        _graph(
-            f"{model_id}: DLQ depth",
-            [
-                dlq.metric_approximate_number_of_messages_visible(
-                    period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
-                )
-            ],
-            width=8,
-        ),
-    ]
-
-
-def _webhook_widgets(namespace: str, webhooks: WebhookDelivery) -> list[cloudwatch.IWidget]:
-    queue, dlq = webhooks.queue, webhooks.dlq
-    return [
-        _graph(
-            "Webhooks: attempts / deliveries failed",
-            [
-                webhooks_metric(namespace, METRIC_WEBHOOK_ATTEMPTS_FAILED),
-                webhooks_metric(namespace, METRIC_WEBHOOK_DELIVERIES_FAILED),
-            ],
-            width=8,
-        ),
-        _graph(
-            "Webhooks: delivery queue depth",
-            [
-                queue.metric_approximate_number_of_messages_visible(period=ONE_MINUTE, label="due"),
-                # Retries wait as delayed messages.
-                queue.metric_approximate_number_of_messages_delayed(period=ONE_MINUTE, label="retries waiting"),
-                queue.metric_approximate_number_of_messages_not_visible(period=ONE_MINUTE, label="in flight"),
-            ],
-            width=8,
-        ),
-        _graph(
-            "Webhooks: DLQ depth",
-            [
-                dlq.metric_approximate_number_of_messages_visible(
-                    period=ONE_MINUTE, statistic=cloudwatch.Stats.MAXIMUM
-                )
-            ],
-            width=8,
-        ),
-    ]
-
-
-def _labelled(metric: cloudwatch.Metric, label: str) -> cloudwatch.Metric:
-    return metric.with_(label=label, statistic=metric.statistic)
-
-
-def _graph(
-    title: str,
-    metrics: list[cloudwatch.IMetric],
-    *,
-    width: int = 6,
-    stacked: bool = False,
-    horizontal: list[cloudwatch.HorizontalAnnotation] | None = None,
-) -> cloudwatch.GraphWidget:
-    return cloudwatch.GraphWidget(
-        title=title,
-        left=metrics,
-        width=width,
-        height=6,
-        stacked=stacked,
-        left_annotations=horizontal or None,
-    )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SDK_MAJORS
-from tests.e2e.conftest import local_stack, run_sdk_script
+from tests.e2e.conftest import SdkRuns, local_stack
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).with_name("sdk_scripts") / "results_feed.py"
@@ -20,9 +20,17 @@ def stack(tmp_path_factory):
         yield running
 
 
+@pytest.fixture(scope="module")
+def runs(stack, sdk_python, tmp_path_factory):
+    """The script under every SDK major at once, each as its own user."""
+    started = SdkRuns(stack, sdk_python, SCRIPT, SDK_MAJORS, tmp_path_factory.mktemp("sdk"))
+    yield started
+    started.close()
+
+
 @pytest.mark.parametrize("major", SDK_MAJORS)
-def test_results_as_they_finish_with_the_official_sdks(stack, sdk_python, major, tmp_path):
-    out = run_sdk_script(stack, sdk_python(major), SCRIPT, tmp_path)
+def test_results_as_they_finish_with_the_official_sdks(runs, major):
+    out = runs.result(major)
 
     feed = out["openai_feed"]
     assert feed["custom_ids"] == sorted([f"r{i}" for i in range(5)] + ["bad"])  # each once
