@@ -7,7 +7,7 @@ import time
 from batchinfer.runtime import Services, build_services
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
 from batchinfer.settings import Settings
 from batchinfer.storage import bootstrap
 from batchinfer.storage.aws import client, clients_for

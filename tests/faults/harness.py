@@ -16,9 +16,9 @@ from batchinfer.layout import (
     model_budget_key,
 )
 from batchinfer.ledger import queue_message
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
+from batchinfer.service.running import run_request
 from local.lambda_runtime import invoke, sqs_event
 from tests.invariants import stored_requests
 
@@ -182,7 +182,7 @@ def with_backend_url(svc, model_id: str, base_url: str) -> None:
 
 def submit_file(svc, who, requests: list[dict]) -> str:
     """A batch from an uploaded file of these requests (as the OpenAI SDK creates one)."""
-    from batchinfer.protocols.openai import files
+    from batchinfer.operations.openai import files
 
     data = b"".join(json.dumps({"method": "POST", "url": "/v1/chat/completions", **r}).encode() + b"\n"
                     for r in requests)

@@ -8,11 +8,11 @@ import pytest
 
 from batchinfer import ledger
 from batchinfer.layout import group_key
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import run_request
 from batchinfer.storage.dynamo import ConditionFailed
 from tests.faults.harness import (
     GLM,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from batchinfer.layout import model_budget_key
 from batchinfer.scheduling import pump as pump_module
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import run_request
 from tests.faults.harness import (
     configure,
     get_batch,

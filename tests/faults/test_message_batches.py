@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.running import run_request
 from tests.faults.harness import (
     GLM,
     QWEN,
@@ -33,7 +33,7 @@ def message_entry(custom_id: str, content: str, model: str = GLM, **params) -> d
 
 
 def submit_messages(svc, who, entries: list[dict], version: str = "2026-10-21") -> str:
-    from batchinfer.protocols.anthropic import message_batches
+    from batchinfer.operations.anthropic import message_batches
 
     configure(svc, message_batches_enabled=True)
     item, created = message_batches.create(svc, who, json.dumps({"requests": entries}).encode(), None, version)
@@ -89,7 +89,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
 
 
 def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
-    from batchinfer.protocols.anthropic import message_batches
+    from batchinfer.operations.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 3})
@@ -118,7 +118,7 @@ def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
 
 
 def test_message_batch_window_closing_expires_unstarted_requests(svc, sim_control):
-    from batchinfer.protocols.anthropic import message_batches
+    from batchinfer.operations.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 2})

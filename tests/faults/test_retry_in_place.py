@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 
 from batchinfer.domain import Attempt, RequestState
-from batchinfer.protocols.openai import batches
-from batchinfer.records.feed import Feed
+from batchinfer.operations.openai import batches
+from batchinfer.records.finished_order import Feed
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import lifecycle, retry, run_request
+from batchinfer.service import lifecycle
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.running import run_request
+from batchinfer.service.steering import retry
 from local.lambda_runtime import invoke
 from tests.faults.harness import (
     GLM,

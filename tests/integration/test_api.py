@@ -12,7 +12,7 @@ from batchinfer.api.app import create_app
 from batchinfer.layout import batch_key, hash_api_key
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
 from local.lambda_runtime import invoke, sqs_event
 from tests.helpers import chat_request, new_key
 from tests.integration.apigw import Reply

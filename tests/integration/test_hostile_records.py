@@ -16,8 +16,8 @@ from moto.dynamodb.models.dynamo_type import DynamoType
 
 from batchinfer.errors import QUOTED_CHARS
 from batchinfer.layout import batch_key
-from batchinfer.service.sweep import sweep_once
-from batchinfer.service.validation import MAX_PROBLEM_CHARS, MAX_PROBLEMS_BYTES, MAX_REPORTED_PROBLEMS
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.creating.validation import MAX_PROBLEM_CHARS, MAX_PROBLEMS_BYTES, MAX_REPORTED_PROBLEMS
 from local.moto_patches import item_size
 from tests.helpers import new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, req, settings

@@ -14,8 +14,9 @@ from batchinfer.domain import next_utc_midnight, utc_day
 from batchinfer.layout import model_budget_key
 from batchinfer.records import InteractiveLease, Usage
 from batchinfer.scheduling.capacity import budget_shards, effective_budget, read_budget
-from batchinfer.service import accounts, interactive
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service import accounts
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import interactive
 from tests.helpers import new_key
 from tests.integration.test_api import (
     AS_SENT,

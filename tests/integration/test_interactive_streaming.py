@@ -16,8 +16,8 @@ import pytest
 from batchinfer.cli import admin
 from batchinfer.domain import utc_day
 from batchinfer.providers import http
-from batchinfer.service import interactive
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.running import interactive
 from local.servers import free_port
 from tests.faults.harness import with_backend_url
 from tests.helpers import new_key

@@ -11,8 +11,8 @@ from batchinfer import ledger
 from batchinfer.layout import batch_key
 from batchinfer.records import Batch
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.running import run_request
 from tests.helpers import chat_request, new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, settings, sim_requests, step
 from tests.integration.test_files import create_from, jsonl, line, upload

@@ -11,8 +11,8 @@ import itertools
 from batchinfer.layout import batch_key, retry_due
 from batchinfer.records import Request
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import pausing as pausing_module
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.steering import pausing as pausing_module
 from local.lambda_runtime import invoke
 from tests.helpers import chat_request, new_key
 from tests.integration.test_api import finish, ok, settings, step

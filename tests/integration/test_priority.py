@@ -80,7 +80,7 @@ def test_a_batch_from_a_file_keeps_its_priority_through_validation(api, svc):
     assert ok(api("POST", f"/v1/batches/{created['id']}/priority", key,
                   json_body={"priority": "high"}))["priority"] == "high"
     from batchinfer.records import Batch
-    from batchinfer.service.intake import validate_file_batch
+    from batchinfer.service.creating.intake import validate_file_batch
     assert validate_file_batch(svc, Batch.get(svc.table, created["id"])) == "validated"
     assert lane_priorities(svc) == {created["id"]: "high"}
     assert finish(svc, created["id"])["status"] == "completed"

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from batchinfer.layout import batch_key
-from batchinfer.records.feed import entry_number
+from batchinfer.records.finished_order import entry_number
 from tests.helpers import new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, req, settings, step
 from tests.integration.test_message_batches import (

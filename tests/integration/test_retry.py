@@ -8,8 +8,8 @@ import json
 import pytest
 
 from batchinfer.layout import batch_key
-from batchinfer.service import retry as retry_module
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.steering import retry as retry_module
 from local.lambda_runtime import invoke
 from tests.helpers import new_key
 from tests.integration.test_api import _tick, anthropic_error, error, finish, ok, req, settings, sim_requests, step

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from batchinfer.layout import batch_key
-from batchinfer.service import retry as retry_module
+from batchinfer.service.steering import retry as retry_module
 from tests.helpers import new_key
 from tests.integration.test_api import anthropic_error, error, finish, ok, req, settings, sim_requests
 from tests.integration.test_hostile_records import ANTHROPIC, MESSAGE_BATCH_PATHS, assert_records_bounded

@@ -138,7 +138,7 @@ def test_a_large_batch_files_its_never_dispatched_requests_over_several_calls(ap
     """Naming never-dispatched requests first gives each of them a request item, a page at a time: a call that
     runs out of time (CALL_SECONDS; none here) answers 409 `batch_busy` and the next one goes on, each page
     once; the retry is made by the call that finishes."""
-    from batchinfer.service import never_dispatched
+    from batchinfer.service.steering import never_dispatched
     monkeypatch.setattr(never_dispatched, "FILE_PAGE", 4)
     monkeypatch.setattr(never_dispatched, "CALL_SECONDS", 0.0)
     _, key = new_key(svc)

@@ -210,7 +210,7 @@ def test_the_settle_that_leaves_the_cap_unreachable_stops_the_batch_without_the_
                                                                                        monkeypatch):
     """What runs settles and the next request's worst case no longer fits beside what was spent: the batch
     ends `cancelled` with `max_cost_reached` from the dispatcher's and workers' own steps, no sweeper pass."""
-    from batchinfer.service import sweep
+    from batchinfer.service.background import sweep
 
     monkeypatch.setattr(sweep, "sweep_once", lambda *a, **k: pytest.fail("the sweeper ran"))
     account, key = new_key(svc)

@@ -14,8 +14,8 @@ from batchinfer import ledger
 from batchinfer.layout import batch_key, group_key
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.accounts import Principal
-from batchinfer.service.run_request import process_group
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running.run_request import process_group
 from tests.helpers import chat_request, new_key
 from tests.integration.test_api import _tick, finish, ok, sim_requests
 from tests.invariants import assert_ledger_consistent

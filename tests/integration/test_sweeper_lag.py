@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from batchinfer.records import WebhookEvent
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service.sweep import Overdue, sweep_once
+from batchinfer.service.background.sweep import Overdue, sweep_once
 from tests.helpers import chat_request, new_key
 from tests.integration.test_api import settings
 

@@ -16,8 +16,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from batchinfer.layout import batch_key
 from batchinfer.records import WebhookEvent
-from batchinfer.service import webhooks
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background import webhooks
+from batchinfer.service.background.sweep import sweep_once
 from local.lambda_runtime import invoke, sqs_event
 from tests.helpers import new_key
 from tests.integration.test_api import _tick, error, finish, ok, req, settings

@@ -29,10 +29,10 @@ from .accounts import Account, ApiKey, Usage, key_account_and_usage
 from .batches import Batch, Idempotency, Lane
 from .capacity import Budget, InteractiveLease, SlotLease, group_shards, lease_shards, shards_map
 from .expressions import Op, due_in
-from .feed import Feed, finished_members, transact_counted
 from .files import File, Upload
+from .finished_order import Feed, finished_members, transact_counted
+from .items import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .limits import LongPolls, RequestRate
-from .shapes import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .webhooks import Webhook, WebhookEvent
 from .work import Group, Request
 
