@@ -18,8 +18,7 @@ from batchinfer.domain import utc_day
 from batchinfer.layout import model_budget_key
 from batchinfer.records import Usage
 from batchinfer.runtime import use_services
-from tests.helpers import make_services, new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, req, sim_requests
+from tests.helpers import anthropic_error, error, finish, make_services, new_key, ok, req, sim_requests
 from tests.integration.test_message_batches import V1, Messages
 
 CLAUDE = "claude-bedrock"  # the default catalog's Bedrock model

@@ -29,8 +29,7 @@ from batchinfer.service.accounts import authenticate
 from batchinfer.service.background import finalize, sweep, webhooks
 from batchinfer.service.background.sweep import sweep_once
 from local.lambda_runtime import FakeContext, load_handler
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import error, finish, ok, s3_keys, settings, step, tiny
+from tests.helpers import chat_request, error, finish, new_key, ok, s3_keys, settings, step_by_record, tiny
 
 GLM = "glm-5.3-flash"
 NOTHING_DONE = {"recovered": 0, "settled": 0, "expired": 0, "purged": 0, "webhook_events_resent": 0}
@@ -282,7 +281,7 @@ def test_a_cut_off_export_resumes_its_upload_and_an_abandoned_one_is_aborted(api
     monkeypatch.setattr(sweep, "settle_batch",  # a deadline the next look at the clock has passed
                         lambda svc, batch_id, deadline=None: real_settle(svc, batch_id, ticks.value))
     for _ in range(40):  # every request runs; the sweeper has no time to write the export
-        step(svc)
+        step_by_record(svc)
         if svc.table.get(*batch_key(bid))["completed"] == 12:
             break
     assert svc.table.get(*batch_key(bid))["status"] == "in_progress"

@@ -16,8 +16,7 @@ from batchinfer.runtime import use_services
 from batchinfer.service.accounts import spent_today
 from batchinfer.service.creating.forecast import END_SECONDS, IDLE_START_SECONDS, coarse_count, read_queue
 from batchinfer.service.creating.tokenizer import count_text, encoding
-from tests.helpers import chat_request, make_services, new_key
-from tests.integration.test_api import error, finish, ok, settings
+from tests.helpers import chat_request, error, finish, make_services, new_key, ok, settings
 from tests.integration.test_files import jsonl, line, upload
 from tests.integration.test_message_batches import V1, V2, Messages, entry
 

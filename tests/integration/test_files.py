@@ -9,18 +9,18 @@ import json
 import pytest
 
 from batchinfer.layout import batch_key
-from tests.helpers import new_key
-from tests.integration.test_api import (
+from tests.helpers import (
     AS_SENT,
     CONTEXT_OVERFLOW,
     SIM_REJECTED,
     check_as_sent,
     error,
     finish,
+    new_key,
     ok,
     settings,
     sim_requests,
-    step,
+    step_by_record,
 )
 
 BOUNDARY = "672e0c9c1d2ba60237426016355a8290"
@@ -374,7 +374,7 @@ def test_a_writer_out_of_time_keeps_what_it_read_and_the_next_run_goes_on(api, s
     monkeypatch.setattr("batchinfer.service.background.sweep.settle_batch",
                         lambda svc, batch_id, deadline=None: real_settle(svc, batch_id, deadline=-1.0))
     for _ in range(40):
-        step(svc)
+        step_by_record(svc)
         if svc.table.get(*batch_key(batch_id))["status"] == "finalizing":
             break
     assert svc.table.get(*batch_key(batch_id))["status"] == "finalizing"

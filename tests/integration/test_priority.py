@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from batchinfer.layout import model_budget_key
 from batchinfer.records import Lane
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, settings, tiny
+from tests.helpers import anthropic_error, error, finish, new_key, ok, settings, tiny
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import V1, Messages, entry
 

@@ -10,8 +10,7 @@ import pytest
 
 from batchinfer.layout import batch_key
 from batchinfer.records.finished_order import entry_number
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, req, settings, step
+from tests.helpers import anthropic_error, error, finish, new_key, ok, req, settings, step_by_record
 from tests.integration.test_message_batches import (
     Messages,
     catalog_file,  # noqa: F401  (a fixture)
@@ -45,7 +44,7 @@ def test_finished_results_come_once_each_in_the_order_they_finished_while_the_ba
 
     seen, cursor = read_all(api, key, batch["id"], empty["last_id"])
     assert seen == []
-    step(svc)  # a first round: the batch's requests run and are counted
+    step_by_record(svc)  # a first round: the batch's requests run and are counted
     during, cursor = read_all(api, key, batch["id"], cursor)
     assert during and all(r["status"] == "completed" and r["response"]["status_code"] == 200 for r in during)
     finish(svc, batch["id"])

@@ -12,8 +12,7 @@ import pytest
 from batchinfer.layout import batch_key
 from batchinfer.runtime import use_services
 from batchinfer.service.accounts import Principal
-from tests.helpers import chat_request, make_services, new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, sim_requests
+from tests.helpers import anthropic_error, chat_request, error, finish, make_services, new_key, ok, sim_requests
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import Messages, entry
 from tests.invariants import assert_ledger_consistent
