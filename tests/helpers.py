@@ -4,6 +4,7 @@ assert of an answer (`ok`, the two error envelopes)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from batchinfer.layout import batch_key
 from batchinfer.runtime import Services, build_services
@@ -59,12 +60,13 @@ def step(svc: Services, dispatcher: Dispatcher | None = None, handler: bool = Tr
     return moved
 
 
-def drive(svc: Services, batch_id: str, timeout: float = 30.0, clock_step: float = 0.0) -> dict:
-    """Run the pipeline until the batch reaches a final status."""
+def drive(svc: Services, batch_id: str, timeout: float = 30.0, clock_step: float = 0.0,
+          step_once: Callable[[Services, Dispatcher], object] = step) -> dict:
+    """Run the pipeline until the batch reaches a final status, a round (`step_once`) at a time."""
     dispatcher = Dispatcher(svc)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        step(svc, dispatcher)
+        step_once(svc, dispatcher)
         batch = svc.table.get(*batch_key(batch_id))
         if batch is None or batch["status"] in ("completed", "failed", "expired", "cancelled"):
             return batch
@@ -160,15 +162,8 @@ def step_by_record(svc, dispatcher: Dispatcher | None = None) -> None:
 
 
 def finish(svc, batch_id: str, timeout: float = 20.0) -> dict:
-    """Run the pipeline until the batch reaches a final status (`drive`, one record at a time)."""
-    dispatcher = Dispatcher(svc)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        step_by_record(svc, dispatcher)
-        batch = svc.table.get(*batch_key(batch_id))
-        if batch is None or batch["status"] in ("completed", "failed", "expired", "cancelled"):
-            return batch
-    raise AssertionError(f"batch {batch_id} did not finish in {timeout} s")
+    """Run the pipeline until the batch reaches a final status, one record at a time (`step_by_record`)."""
+    return drive(svc, batch_id, timeout, step_once=step_by_record)
 
 
 def no_batches(api, key: str) -> bool:

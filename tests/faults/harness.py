@@ -246,3 +246,19 @@ def run_pump(svc, slots: int, seconds: float = 30.0) -> Counter:
     """One worker invocation's pump on GLM, as process_and_pull runs it after its message."""
     deadline = time.monotonic() + seconds
     return asyncio.run(run_request.slot_pump(svc, svc.catalog.get(GLM), deadline).run(slots))
+
+
+def worker_dies_after_answer(monkeypatch, custom_id: str) -> list[str]:
+    """The worker process dies once, right after the backend answered `custom_id` and before its outcome is
+    written. The list it returns gets the state the outcome would have been written with."""
+    real_record = run_request.record_position
+    died: list[str] = []
+
+    def dying_record(svc_, item):
+        if item["custom_id"] == custom_id and not died:
+            died.append(item["state"])
+            raise RuntimeError("worker process died")  # the backend answered; the outcome is never written
+        return real_record(svc_, item)
+
+    monkeypatch.setattr(run_request, "record_position", dying_record)
+    return died

@@ -23,6 +23,7 @@ from tests.faults.harness import (
     sim_config,
     sim_stats,
     submit,
+    worker_dies_after_answer,
 )
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent
@@ -67,16 +68,7 @@ def test_a_worker_dying_after_bedrock_answered_is_recovered_by_its_lease(svc, si
     requests = [chat_request("dies", "the worker dies after this answer", model=CLAUDE),
                 chat_request("fine", "all good", model=CLAUDE)]
     batch_id = submit(svc, who, requests)
-    real_record = run_request.record_position
-    died = []
-
-    def dying_record(svc_, item):
-        if item["custom_id"] == "dies" and not died:
-            died.append(item["state"])
-            raise RuntimeError("worker process died")  # Bedrock answered; the outcome is never written
-        return real_record(svc_, item)
-
-    monkeypatch.setattr(run_request, "record_position", dying_record)
+    died = worker_dies_after_answer(monkeypatch, "dies")
     assert Dispatcher(svc).pass_once() == 2
     messages = receive(svc, CLAUDE)
     report = run_messages(svc, CLAUDE, messages)

@@ -6,7 +6,6 @@ import json
 
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.running import run_request
 from tests.faults.harness import (
     GLM,
     QWEN,
@@ -20,6 +19,7 @@ from tests.faults.harness import (
     sim_config,
     sim_stats,
     start_one_running,
+    worker_dies_after_answer,
 )
 from tests.helpers import new_key
 from tests.invariants import assert_ledger_consistent, stored_requests
@@ -66,16 +66,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
     entries = [message_entry("dies", "the worker dies after this answer"), message_entry("bad", "x", model="nope"),
                message_entry("fine", "all good")]
     batch_id = submit_messages(svc, who, entries, version="2023-06-01")
-    real_record = run_request.record_position
-    died = []
-
-    def dying_record(svc_, item):
-        if item["custom_id"] == "dies" and not died:
-            died.append(item["state"])
-            raise RuntimeError("worker process died")
-        return real_record(svc_, item)
-
-    monkeypatch.setattr(run_request, "record_position", dying_record)
+    died = worker_dies_after_answer(monkeypatch, "dies")
     assert Dispatcher(svc).pass_once() == 2  # the rejected request joins no lane
     report = run_messages(svc, GLM, receive(svc, GLM))
     assert died == ["completed"] and report["failed"]
