@@ -4,10 +4,11 @@ assert of an answer (`ok`, the two error envelopes)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from batchinfer.layout import batch_key
-from batchinfer.runtime import Services, build_services
+from batchinfer.runtime import Services, build_services, use_services
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts
 from batchinfer.service.background.sweep import sweep_once
@@ -37,6 +38,18 @@ def make_services(sim_url: str, **overrides) -> Services:
     settings = settings.model_copy(update={"model_queues": urls, "webhook_queue_url": webhook_queue})
     return build_services(settings, env)
 
+
+
+@contextmanager
+def services_in_use(previous: Services, sim_url: str, name: str, **overrides) -> Iterator[Services]:
+    """Services on the same moto with a table and bucket of their own (`batchinfer-<name>`) and these settings:
+    the ones the API handler uses until the block ends, then `previous` again."""
+    services = make_services(sim_url, table_name=f"batchinfer-{name}", bucket_name=f"batchinfer-{name}", **overrides)
+    use_services(services)
+    try:
+        yield services
+    finally:
+        use_services(previous)
 
 def new_key(svc: Services, tier: str = "pro", **kwargs) -> tuple[dict, str]:
     account = accounts.create_account(svc, tier=tier, batch_access=kwargs.pop("batch_access", True), **kwargs)

@@ -12,7 +12,6 @@ import yaml
 
 from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.layout import batch_key
-from batchinfer.runtime import use_services
 from tests.helpers import (
     AS_SENT,
     CONTEXT_OVERFLOW,
@@ -20,9 +19,9 @@ from tests.helpers import (
     check_as_sent,
     error,
     finish,
-    make_services,
     new_key,
     ok,
+    services_in_use,
     settings,
     sim_requests,
     step_by_record,
@@ -49,11 +48,9 @@ def catalog_file(tmp_path: Path, sim) -> Path:
 @pytest.fixture
 def svc(svc, sim, catalog_file):
     """The suite's services on the same moto, with the catalog above and Message Batches on."""
-    services = make_services(sim.url, table_name="batchinfer-msg", bucket_name="batchinfer-msg",
-                             models_file=str(catalog_file), message_batches_enabled=True)
-    use_services(services)
-    yield services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "msg", models_file=str(catalog_file),
+                         message_batches_enabled=True) as services:
+        yield services
 
 
 def params(content: str = "Hello", model: str = GLM, **extra) -> dict:

@@ -11,7 +11,19 @@ from batchinfer.layout import batch_key
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.steering import retry as retry_module
 from local.lambda_runtime import invoke
-from tests.helpers import anthropic_error, error, finish, new_key, ok, req, settings, sim_requests, step_by_record, tick
+from tests.helpers import (
+    anthropic_error,
+    error,
+    finish,
+    new_key,
+    ok,
+    req,
+    services_in_use,
+    settings,
+    sim_requests,
+    step_by_record,
+    tick,
+)
 from tests.integration.test_files import content, create_from, jsonl, line, upload
 from tests.integration.test_message_batches import (
     Messages,
@@ -240,14 +252,10 @@ def test_the_completion_webhook_fires_again_with_a_new_event(api, svc, receiver)
 
 @pytest.fixture
 def messages(api, svc, sim, catalog_file):  # noqa: F811
-    from batchinfer.runtime import use_services
-    from tests.helpers import make_services
-    services = make_services(sim.url, table_name="batchinfer-msg", bucket_name="batchinfer-msg",
-                             models_file=str(catalog_file), message_batches_enabled=True, max_attempts=1)
-    use_services(services)
-    _, key = new_key(services)
-    yield Messages(api, key), services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "msg", models_file=str(catalog_file), message_batches_enabled=True,
+                         max_attempts=1) as services:
+        _, key = new_key(services)
+        yield Messages(api, key), services
 
 
 def test_a_message_batch_is_retried_in_place(messages, svc):

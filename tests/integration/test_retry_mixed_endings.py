@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from batchinfer.service.accounts import authenticate
-from tests.helpers import error, finish, new_key, ok, req, settings, step_by_record, tick
+from tests.helpers import error, finish, new_key, ok, req, services_in_use, settings, step_by_record, tick
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import (
     Messages,
@@ -22,14 +22,10 @@ IDS = ["flaky"] + [f"n-{i}" for i in range(30)]
 
 @pytest.fixture
 def messages(api, svc, sim, catalog_file):  # noqa: F811
-    from batchinfer.runtime import use_services
-    from tests.helpers import make_services
-    services = make_services(sim.url, table_name="batchinfer-mixed", bucket_name="batchinfer-mixed",
-                             models_file=str(catalog_file), message_batches_enabled=True, max_attempts=1)
-    use_services(services)
-    _, key = new_key(services, tier="free")  # 8 requests in flight at most: one round runs 8 of them
-    yield Messages(api, key), services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "mixed", models_file=str(catalog_file), message_batches_enabled=True,
+                         max_attempts=1) as services:
+        _, key = new_key(services, tier="free")  # 8 requests in flight at most: one round runs 8 of them
+        yield Messages(api, key), services
 
 
 def cancelled_with_one_failed(client: Messages, services) -> tuple[dict, list[str]]:

@@ -10,9 +10,17 @@ import json
 import pytest
 
 from batchinfer.layout import batch_key
-from batchinfer.runtime import use_services
 from batchinfer.service.accounts import Principal
-from tests.helpers import anthropic_error, chat_request, error, finish, make_services, new_key, ok, sim_requests
+from tests.helpers import (
+    anthropic_error,
+    chat_request,
+    error,
+    finish,
+    new_key,
+    ok,
+    services_in_use,
+    sim_requests,
+)
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import Messages, entry
 from tests.invariants import assert_ledger_consistent
@@ -23,11 +31,8 @@ GLM = "glm-5.3-flash"
 @pytest.fixture
 def svc(svc, sim):
     """The suite's services on the same moto, with Message Batches and file batches on."""
-    services = make_services(sim.url, table_name="batchinfer-cap", bucket_name="batchinfer-cap",
-                             message_batches_enabled=True, file_batches_enabled=True)
-    use_services(services)
-    yield services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "cap", message_batches_enabled=True, file_batches_enabled=True) as services:
+        yield services
 
 
 def capped_requests(n: int, max_tokens: int = 5) -> list[dict]:
