@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from time import time_ns
 
 from ... import protocols
 from ...jsontext import to_json
@@ -143,7 +144,7 @@ def register_result_file(svc: Services, *, file_id: str, account_id: str, batch_
     """The record of a batch's output or error file, once its bytes are written. A run that writes it again
     writes the same record. Raises ConditionFailed once the batch is being deleted."""
     item = File.new(file_id=file_id, account_id=account_id, filename=filename, purpose=RESULT, size=size,
-                    sha256=sha256, now=svc.now(), expires_at=expires_at, owner_created_us=time.time_ns() // 1000,
+                    sha256=sha256, now=svc.now(), expires_at=expires_at, owner_created_us=time_ns() // 1000,
                     batch_id=batch_id)
     svc.table.transact(File.register_result(svc.table, item))
     return item
