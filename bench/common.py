@@ -22,7 +22,7 @@ from batchinfer.domain import RequestState  # noqa: E402
 from batchinfer.layout import batch_key, lane_key, request_key  # noqa: E402
 from batchinfer.records import Budget  # noqa: E402
 from batchinfer.scheduling.capacity import budget_shards  # noqa: E402
-from batchinfer.service import results  # noqa: E402
+from batchinfer.service.reading import results
 from batchinfer.settings import Settings  # noqa: E402
 from batchinfer.storage.dynamo import serialize  # noqa: E402
 from local.run import start  # noqa: E402

@@ -23,7 +23,7 @@ import time
 import tracemalloc
 
 from batchinfer.layout import batch_key
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.service.accounts import authenticate
 from bench.calls import LABEL, recording
 from bench.common import chat, command_line, create, local_stack, median, real_results, seed_results, wait

@@ -35,7 +35,8 @@ from contextlib import contextmanager
 from urllib3 import encode_multipart_formdata
 
 from batchinfer.layout import batch_key
-from batchinfer.service import finalize, intake, sweep
+from batchinfer.service.background import finalize, sweep
+from batchinfer.service.creating import intake
 from batchinfer.settings import Settings
 from bench.calls import LABEL, by_operation, describe, recording
 from bench.common import MODEL, chat, command_line, local_stack, median, real_results, seed_results, wait

@@ -16,7 +16,7 @@ import json
 import time
 import tracemalloc
 
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.service.accounts import authenticate
 from bench.calls import LABEL, by_operation, describe, recording
 from bench.common import chat, command_line, local_stack, median

@@ -22,14 +22,15 @@ from batchinfer.domain import (
     unstarted_stop,
 )
 from batchinfer.layout import account_key, batch_key, file_key, file_object, requests_object, retry_due
+from batchinfer.operations.anthropic import message_batches
+from batchinfer.operations.openai import batches
 from batchinfer.protocols import anthropic, of_batch
-from batchinfer.protocols.anthropic import message_batches, shapes
-from batchinfer.protocols.openai import batches
+from batchinfer.protocols.anthropic import shapes
 from batchinfer.records import Budget
 from batchinfer.runtime import Services
 from batchinfer.scheduling import capacity
-from batchinfer.service import results as results_module
 from batchinfer.service.accounts import Principal
+from batchinfer.service.reading import results as results_module
 
 FINAL_RESULT = {"completed", "failed", "cancelled", "expired"}
 # What a never-run request reads as, by final batch status.

@@ -6,7 +6,7 @@ from batchinfer.catalog import METRIC_REQUESTS_DISPATCHED
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service.spending_cap import stop_if_reached
+from batchinfer.service.steering.spending_cap import stop_if_reached
 
 # A pass that starts just before the loop ends must finish (and the metrics flush) inside the invocation.
 STOP_BEFORE_TIMEOUT_SECONDS = 10

@@ -7,7 +7,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from batchinfer.catalog import METRIC_SWEEP_LAG
 from batchinfer.observability import logger, metrics, tracer
 from batchinfer.runtime import services
-from batchinfer.service.sweep import Overdue, sweep_once
+from batchinfer.service.background.sweep import Overdue, sweep_once
 
 STOP_BEFORE_TIMEOUT_SECONDS = 15
 

@@ -13,7 +13,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from batchinfer.catalog import METRIC_WEBHOOK_ATTEMPTS_FAILED, METRIC_WEBHOOK_DELIVERIES_FAILED
 from batchinfer.observability import item_failed, logger, metrics, tracer
 from batchinfer.runtime import services
-from batchinfer.service.webhooks import deliver
+from batchinfer.service.background.webhooks import deliver
 
 processor = AsyncBatchProcessor(event_type=EventType.SQS)
 # One thread per record of a call (the event source's batch size): the default pool has cpu + 4 threads, and a

@@ -9,7 +9,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from batchinfer.catalog import METRIC_BACKEND_ERRORS, METRIC_REQUESTS_COMPLETED
 from batchinfer.observability import item_failed, logger, metrics, metrics_with, tracer
 from batchinfer.runtime import services
-from batchinfer.service.run_request import process_and_pull
+from batchinfer.service.running.run_request import process_and_pull
 
 processor = AsyncBatchProcessor(event_type=EventType.SQS)
 _seconds_left = {"value": 60.0}  # set per invocation from the Lambda context

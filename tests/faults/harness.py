@@ -16,9 +16,9 @@ from batchinfer.layout import (
     model_budget_key,
 )
 from batchinfer.ledger import queue_message
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
+from batchinfer.service.running import run_request
 from local.lambda_runtime import invoke, sqs_event
 from tests.invariants import stored_requests
 
@@ -182,7 +182,7 @@ def with_backend_url(svc, model_id: str, base_url: str) -> None:
 
 def submit_file(svc, who, requests: list[dict]) -> str:
     """A batch from an uploaded file of these requests (as the OpenAI SDK creates one)."""
-    from batchinfer.protocols.openai import files
+    from batchinfer.operations.openai import files
 
     data = b"".join(json.dumps({"method": "POST", "url": "/v1/chat/completions", **r}).encode() + b"\n"
                     for r in requests)
@@ -246,3 +246,19 @@ def run_pump(svc, slots: int, seconds: float = 30.0) -> Counter:
     """One worker invocation's pump on GLM, as process_and_pull runs it after its message."""
     deadline = time.monotonic() + seconds
     return asyncio.run(run_request.slot_pump(svc, svc.catalog.get(GLM), deadline).run(slots))
+
+
+def worker_dies_after_answer(monkeypatch, custom_id: str) -> list[str]:
+    """The worker process dies once, right after the backend answered `custom_id` and before its outcome is
+    written. The list it returns gets the state the outcome would have been written with."""
+    real_record = run_request.record_position
+    died: list[str] = []
+
+    def dying_record(svc_, item):
+        if item["custom_id"] == custom_id and not died:
+            died.append(item["state"])
+            raise RuntimeError("worker process died")  # the backend answered; the outcome is never written
+        return real_record(svc_, item)
+
+    monkeypatch.setattr(run_request, "record_position", dying_record)
+    return died

@@ -8,11 +8,10 @@ import pytest
 
 from batchinfer import ledger
 from batchinfer.layout import group_key
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
 from batchinfer.storage.dynamo import ConditionFailed
 from tests.faults.harness import (
     GLM,
@@ -24,6 +23,7 @@ from tests.faults.harness import (
     run_queued,
     sim_stats,
     submit,
+    worker_dies_after_answer,
 )
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent
@@ -37,16 +37,7 @@ def test_a_worker_dying_mid_group_counts_each_attempt_once(svc, sim_control, mon
                 chat_request("bad", "[[sim:400]] rejected")]
     batch_id = submit(svc, who, requests)
 
-    real_record = run_request.record_position
-    died = []
-
-    def dying_record(svc_, item):
-        if item["custom_id"] == "dies" and not died:
-            died.append(item["state"])
-            raise RuntimeError("worker process died")  # the backend answered; the outcome is never written
-        return real_record(svc_, item)
-
-    monkeypatch.setattr(run_request, "record_position", dying_record)
+    died = worker_dies_after_answer(monkeypatch, "dies")
     assert Dispatcher(svc).pass_once() == 3
     messages = receive(svc, GLM)
     assert len(messages) == 1  # all three in one group

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.providers import openai_compat
 from batchinfer.service.accounts import authenticate
 from local.servers import free_port

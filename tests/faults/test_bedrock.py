@@ -7,9 +7,9 @@ from __future__ import annotations
 from batchinfer.layout import model_budget_key
 from batchinfer.scheduling import pump as pump_module
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import run_request
 from tests.faults.harness import (
     configure,
     get_batch,
@@ -23,6 +23,7 @@ from tests.faults.harness import (
     sim_config,
     sim_stats,
     submit,
+    worker_dies_after_answer,
 )
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent
@@ -67,16 +68,7 @@ def test_a_worker_dying_after_bedrock_answered_is_recovered_by_its_lease(svc, si
     requests = [chat_request("dies", "the worker dies after this answer", model=CLAUDE),
                 chat_request("fine", "all good", model=CLAUDE)]
     batch_id = submit(svc, who, requests)
-    real_record = run_request.record_position
-    died = []
-
-    def dying_record(svc_, item):
-        if item["custom_id"] == "dies" and not died:
-            died.append(item["state"])
-            raise RuntimeError("worker process died")  # Bedrock answered; the outcome is never written
-        return real_record(svc_, item)
-
-    monkeypatch.setattr(run_request, "record_position", dying_record)
+    died = worker_dies_after_answer(monkeypatch, "dies")
     assert Dispatcher(svc).pass_once() == 2
     messages = receive(svc, CLAUDE)
     report = run_messages(svc, CLAUDE, messages)

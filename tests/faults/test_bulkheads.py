@@ -11,13 +11,14 @@ import logging
 import pytest
 
 from batchinfer.observability import Bulkhead
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.records import WebhookEvent
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.scheduling.policy import walk_order
-from batchinfer.service import finalize, spending_cap, sweep, webhooks
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background import finalize, sweep, webhooks
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.steering import spending_cap
 from local.lambda_runtime import invoke, sqs_event
 from tests.faults.harness import (
     GLM,
@@ -345,7 +346,7 @@ def test_a_bulkhead_lets_a_non_exception_through():
 
 def test_a_message_batch_whose_sweep_keeps_raising_ends_with_its_requests_accounted_for(svc, sim_control,
                                                                                       monkeypatch):
-    from batchinfer.protocols.anthropic import message_batches
+    from batchinfer.operations.anthropic import message_batches
     from tests.faults.test_message_batches import message_entry, submit_messages
 
     configure(svc, sweep_failures_to_fail=3, lease_seconds=3600)

@@ -12,7 +12,7 @@ from batchinfer.records import Budget
 from batchinfer.scheduling import pump as slot_pump
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.forecast import read_queue, seconds_to_finish
+from batchinfer.service.creating.forecast import read_queue, seconds_to_finish
 from tests.faults.harness import GLM, configure, pump, set_budgets, sim_config, submit
 from tests.helpers import chat_request, new_key
 

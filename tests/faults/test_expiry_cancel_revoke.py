@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import accounts, lifecycle, run_request
+from batchinfer.service import accounts, lifecycle
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import run_request
 from tests.faults.harness import (
     GLM,
     account_counters,

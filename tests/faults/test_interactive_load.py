@@ -10,8 +10,8 @@ from batchinfer.catalog import Catalog
 from batchinfer.scheduling import pump as slot_pump
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.running import run_request
 from tests.faults.harness import (
     GLM,
     budget_in_flight,

@@ -8,11 +8,11 @@ from batchinfer.layout import (
     LEASE_PARTITIONS,
     batch_key,
 )
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import run_request
 from local.lambda_runtime import invoke, sqs_event
 from tests.faults.harness import (
     GLM,
@@ -27,6 +27,7 @@ from tests.faults.harness import (
     run_queued,
     sim_stats,
     submit,
+    worker_dies_after_answer,
 )
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, stored_requests
@@ -103,16 +104,7 @@ def test_worker_dying_before_recording_is_recovered_by_lease(svc, sim_control, m
     requests = [chat_request("dies", "the worker dies after this answer"), chat_request("fine", "all good")]
     batch_id = submit(svc, who, requests)
 
-    real_record = run_request.record_position
-    died = []
-
-    def dying_record(svc_, item):
-        if item["custom_id"] == "dies" and not died:
-            died.append(item["state"])
-            raise RuntimeError("worker process died")  # the backend answered; the outcome is never written
-        return real_record(svc_, item)
-
-    monkeypatch.setattr(run_request, "record_position", dying_record)
+    died = worker_dies_after_answer(monkeypatch, "dies")
     assert Dispatcher(svc).pass_once() == 2
     messages = receive(svc, GLM)
     assert len(messages) == 1  # both requests in one group

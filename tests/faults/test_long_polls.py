@@ -12,9 +12,9 @@ import pytest
 
 from batchinfer.errors import RateLimited
 from batchinfer.layout import long_polls_key
-from batchinfer.protocols.openai import batches
-from batchinfer.service import feed
+from batchinfer.operations.openai import batches
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.reading import finished_order
 from tests.faults.harness import configure, get_batch, pump, submit
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent
@@ -36,7 +36,8 @@ def test_a_hundred_long_polls_of_one_account_leave_another_accounts_batch_on_tim
     loop = asyncio.new_event_loop()
 
     async def hold_all() -> list[dict]:
-        return await asyncio.gather(*(feed.finished_page_held(svc, batch, None, 10, wait=WAIT) for _ in range(POLLS)))
+        return await asyncio.gather(*(finished_order.finished_page_held(svc, batch, None, 10, wait=WAIT)
+                                      for _ in range(POLLS)))
 
     polls = threading.Thread(target=lambda: pages.extend(loop.run_until_complete(hold_all())), daemon=True)
     polls.start()
@@ -47,7 +48,7 @@ def test_a_hundred_long_polls_of_one_account_leave_another_accounts_batch_on_tim
         time.sleep(0.05)
 
     with pytest.raises(RateLimited) as refused:  # one more than the account may hold
-        asyncio.run(feed.finished_page_held(svc, batch, None, 10, wait=WAIT))
+        asyncio.run(finished_order.finished_page_held(svc, batch, None, 10, wait=WAIT))
     assert refused.value.retry_after and refused.value.code == "too_many_long_polls"
 
     theirs = submit(svc, other, [chat_request(f"o-{i}", f"question {i}") for i in range(6)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
 from tests.faults.harness import (
     GLM,
@@ -20,6 +19,7 @@ from tests.faults.harness import (
     sim_config,
     sim_stats,
     start_one_running,
+    worker_dies_after_answer,
 )
 from tests.helpers import new_key
 from tests.invariants import assert_ledger_consistent, stored_requests
@@ -33,7 +33,7 @@ def message_entry(custom_id: str, content: str, model: str = GLM, **params) -> d
 
 
 def submit_messages(svc, who, entries: list[dict], version: str = "2026-10-21") -> str:
-    from batchinfer.protocols.anthropic import message_batches
+    from batchinfer.operations.anthropic import message_batches
 
     configure(svc, message_batches_enabled=True)
     item, created = message_batches.create(svc, who, json.dumps({"requests": entries}).encode(), None, version)
@@ -66,16 +66,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
     entries = [message_entry("dies", "the worker dies after this answer"), message_entry("bad", "x", model="nope"),
                message_entry("fine", "all good")]
     batch_id = submit_messages(svc, who, entries, version="2023-06-01")
-    real_record = run_request.record_position
-    died = []
-
-    def dying_record(svc_, item):
-        if item["custom_id"] == "dies" and not died:
-            died.append(item["state"])
-            raise RuntimeError("worker process died")
-        return real_record(svc_, item)
-
-    monkeypatch.setattr(run_request, "record_position", dying_record)
+    died = worker_dies_after_answer(monkeypatch, "dies")
     assert Dispatcher(svc).pass_once() == 2  # the rejected request joins no lane
     report = run_messages(svc, GLM, receive(svc, GLM))
     assert died == ["completed"] and report["failed"]
@@ -89,7 +80,7 @@ def test_worker_dying_holding_a_message_batch_group_is_recovered(svc, sim_contro
 
 
 def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
-    from batchinfer.protocols.anthropic import message_batches
+    from batchinfer.operations.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 3})
@@ -118,7 +109,7 @@ def test_message_batch_cancelled_while_queued_and_running(svc, sim_control):
 
 
 def test_message_batch_window_closing_expires_unstarted_requests(svc, sim_control):
-    from batchinfer.protocols.anthropic import message_batches
+    from batchinfer.operations.anthropic import message_batches
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 2})

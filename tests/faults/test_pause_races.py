@@ -17,9 +17,10 @@ from batchinfer.scheduling import dispatcher as claim_pass
 from batchinfer.scheduling import lanes
 from batchinfer.scheduling import pump as slot_pumps
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import pausing, run_request
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import run_request
+from batchinfer.service.steering import pausing
 from tests.faults.harness import (
     GLM,
     budget_in_flight,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-from batchinfer.protocols.openai import batches, files
+from batchinfer.operations.openai import batches, files
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.validation import MAX_PROBLEM_CHARS, MAX_REPORTED_PROBLEMS
+from batchinfer.service.creating.validation import MAX_PROBLEM_CHARS, MAX_REPORTED_PROBLEMS
 from local.lambda_runtime import invoke
 from tests.faults.harness import GLM, account_counters, configure, get_batch, pump, submit, submit_file
 from tests.helpers import chat_request, new_key

@@ -19,8 +19,8 @@ from batchinfer.scheduling import lanes
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import lifecycle
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.run_request import process, process_and_pull
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running.run_request import process, process_and_pull
 from batchinfer.storage.dynamo import ConditionFailed
 from tests.faults.harness import (
     GLM,

@@ -8,13 +8,13 @@ import threading
 import time
 
 from batchinfer.layout import batch_key
-from batchinfer.protocols.openai import batches
-from batchinfer.records import Feed, feed
-from batchinfer.records.feed import entry_number
+from batchinfer.operations.openai import batches
+from batchinfer.records import Feed, finished_order
+from batchinfer.records.finished_order import entry_number
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import feed as feed_service
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.reading import finished_order as feed_service
+from batchinfer.service.running import run_request
 from tests.faults.harness import (
     GLM,
     configure,
@@ -84,7 +84,7 @@ def test_closes_racing_for_the_next_number_each_get_one_and_a_reader_sees_every_
             same_head.wait()  # two writers hold the same head before either commits
         return value
 
-    monkeypatch.setattr(feed.Feed, "head", staticmethod(head))
+    monkeypatch.setattr(finished_order.Feed, "head", staticmethod(head))
     reader = Reader(svc, batch_id)
     # Six invocations at once, each in its own execution environment as on Lambda.
     threads = [threading.Thread(target=run_messages, args=(svc, GLM, [m], f"worker-{i}"))
@@ -128,7 +128,7 @@ def test_a_writer_held_up_for_minutes_after_reading_the_head_appends_after_what_
             release.wait(10)  # read the head, then stall before the commit
         return value
 
-    monkeypatch.setattr(feed.Feed, "head", staticmethod(head))
+    monkeypatch.setattr(finished_order.Feed, "head", staticmethod(head))
     slow = threading.Thread(target=run_messages, args=(svc, GLM, slow_message, "worker-slow"))
     slow.start()
     assert held.wait(10)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from batchinfer.errors import ApiError
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
 from tests.faults.harness import configure, get_batch, pump, submit
 from tests.helpers import chat_request, new_key
 from tests.invariants import stored_requests

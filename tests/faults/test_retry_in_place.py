@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 
 from batchinfer.domain import Attempt, RequestState
-from batchinfer.protocols.openai import batches
-from batchinfer.records.feed import Feed
+from batchinfer.operations.openai import batches
+from batchinfer.records.finished_order import Feed
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import lifecycle, retry, run_request
+from batchinfer.service import lifecycle
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.running import run_request
+from batchinfer.service.steering import retry
 from local.lambda_runtime import invoke
 from tests.faults.harness import (
     GLM,
@@ -29,6 +31,7 @@ from tests.faults.harness import (
     sim_stats,
     slot_leases,
     submit,
+    worker_dies_after_answer,
 )
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, budget_of
@@ -92,16 +95,7 @@ def test_a_worker_dying_holding_a_group_of_a_retried_lane_is_recovered(svc, sim_
     batch, _ = batches.retry_batch(svc, who, batch_id, {"statuses": ["expired"]}, None)
     assert batch["request_counts"] == {"total": 5, "completed": 0, "failed": 0}
 
-    real_record = run_request.record_position
-    died = []
-
-    def dying_record(svc_, item):
-        if item["custom_id"] == "r-2" and not died:
-            died.append(item["state"])
-            raise RuntimeError("worker process died")
-        return real_record(svc_, item)
-
-    monkeypatch.setattr(run_request, "record_position", dying_record)
+    died = worker_dies_after_answer(monkeypatch, "r-2")
     from batchinfer.scheduling.dispatcher import Dispatcher
     assert Dispatcher(svc).pass_once() == 5  # the lane is back at its cursor: one group of five
     run_messages(svc, GLM, receive(svc, GLM))

@@ -18,9 +18,10 @@ from batchinfer.scheduling.capacity import Draws, read_budget
 from batchinfer.scheduling.claimed_work import GroupRun, Member
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import accounts, run_request
+from batchinfer.service import accounts
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import run_request
 from tests.faults.harness import (
     GLM,
     budget_in_flight,
@@ -374,7 +375,7 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
 
 
 def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_control, monkeypatch):
-    from batchinfer.service.sweep import _recover_group
+    from batchinfer.service.background.sweep import _recover_group
 
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 2})

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background.sweep import sweep_once
 from tests.faults.harness import (
     GLM,
     QWEN,

@@ -11,8 +11,7 @@ from batchinfer.layout import long_polls_key
 from batchinfer.runtime import build_services
 from batchinfer.service import limits
 from batchinfer.service.limits import LongPollHold, take_request
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, ok, req, settings
+from tests.helpers import anthropic_error, error, new_key, ok, req, settings
 from tests.integration.test_message_batches import (
     Messages,
     catalog_file,  # noqa: F401  (a fixture)

@@ -10,8 +10,7 @@ import math
 from batchinfer.records import Request
 from batchinfer.records.analytics import RELATIVE_ERROR
 from batchinfer.scheduling.dispatcher import Dispatcher
-from tests.helpers import new_key
-from tests.integration.test_api import _tick, finish, ok, req, settings, step
+from tests.helpers import finish, new_key, ok, req, settings, step_by_record, tick
 from tests.integration.test_message_batches import Messages, entry
 from tests.integration.test_pause import MODEL, pause, run_dispatched
 from tests.integration.test_retry import FLAKY, retry
@@ -43,8 +42,8 @@ def test_a_batch_with_known_latencies_and_failures_shows_its_counts_errors_and_p
         "retries": 0, "errors_by_code": {}}
     settings(svc, max_attempts=3)  # the always-failing request: three attempts, then failed
     for _ in range(6):
-        step(svc)
-        _tick(svc, 2)  # the retries' backoff passes
+        step_by_record(svc)
+        tick(svc, 2)  # the retries' backoff passes
     final = finish(svc, batch["id"], timeout=60)
     assert (final["completed"], final["failed"]) == (17, 3)
 
@@ -96,7 +95,7 @@ def test_a_retry_in_place_keeps_adding_and_its_time_ended_is_not_running_time(ap
     assert (first["attempts"], first["retries"], first["errors_by_code"]) == (2, 0, {"upstream_error": 1})
     assert first["requests_per_minute"] == round(2 * 60 / first["running_seconds"], 2)
 
-    _tick(svc, 3600)  # an hour ended, then retried in place
+    tick(svc, 3600)  # an hour ended, then retried in place
     ok(retry(api, key, batch["id"]))
     finish(svc, batch["id"])
     again = ok(api("GET", f"/v1/batches/{batch['id']}", key))["analytics"]
@@ -111,7 +110,7 @@ def test_a_pause_is_not_running_time(api, svc, sim_control):
     batch = api.created(key, [req(f"r-{i}") for i in range(3)])
     run_dispatched(svc, Dispatcher(svc).claim(svc.catalog.get(MODEL), limit=1))  # the first request runs
     ok(pause(api, key, batch["id"]))
-    _tick(svc, 600)
+    tick(svc, 600)
     ok(pause(api, key, batch["id"], "resume"))
     final = finish(svc, batch["id"])
     shown = ok(api("GET", f"/v1/batches/{batch['id']}", key))["analytics"]

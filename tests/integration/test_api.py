@@ -5,17 +5,32 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 from batchinfer import ledger
 from batchinfer.api.app import create_app
 from batchinfer.layout import batch_key, hash_api_key
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts
-from batchinfer.service.sweep import sweep_once
-from local.lambda_runtime import invoke, sqs_event
-from tests.helpers import chat_request, new_key
-from tests.integration.apigw import Reply
+from batchinfer.service.background.sweep import sweep_once
+from tests.helpers import (
+    AS_SENT,
+    CONTEXT_OVERFLOW,
+    SIM_REJECTED,
+    anthropic_error,
+    check_as_sent,
+    error,
+    finish,
+    new_key,
+    no_batches,
+    ok,
+    req,
+    s3_keys,
+    settings,
+    sim_requests,
+    step_by_record,
+    tick,
+    tiny,
+)
 
 # The batch object of the spec's "Create a batch" example: every field a user may rely on.
 SPEC_BATCH_FIELDS = {
@@ -28,113 +43,6 @@ SPEC_BATCH_FIELDS = {
     "analytics",  # an extension: how the batch ran (rates, latencies, attempts, errors by code)
 }
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
-_UNSET = object()
-
-
-def ok(reply: Reply, status: int = 200) -> dict:
-    assert reply.status == status, f"{reply.status}: {reply.text}"
-    assert reply.content_type.startswith("application/json"), reply.headers
-    return reply.json()
-
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 410: "gone_error",
-               413: "request_too_large", 429: "rate_limit_error"}
-
-
-def error(reply: Reply, status: int, *contains: str, message: str | None = None, code: object = _UNSET,
-          param: object = _UNSET) -> dict:
-    """Assert the OpenAI error envelope, exactly, and return its `error` object."""
-    assert reply.status == status, f"expected {status}, got {reply.status}: {reply.text}"
-    assert reply.content_type.startswith("application/json"), reply.headers
-    body = reply.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}, err
-    assert isinstance(err["message"], str) and err["message"], err
-    assert err["type"] == ERROR_TYPES[status], err
-    if message is not None:
-        assert err["message"] == message, err
-    for part in contains:
-        assert part in err["message"], (part, err)
-    if code is not _UNSET:
-        assert err["code"] == code, err
-    if param is not _UNSET:
-        assert err["param"] == param, err
-    return err
-
-
-def anthropic_error(reply: Reply, status: int, kind: str, *contains: str) -> dict:
-    assert reply.status == status, f"expected {status}, got {reply.status}: {reply.text}"
-    body = reply.json()
-    assert set(body) == {"type", "error"} and body["type"] == "error", body
-    assert set(body["error"]) == {"type", "message"} and body["error"]["type"] == kind, body
-    for part in contains:
-        assert part in body["error"]["message"], (part, body)
-    return body["error"]
-
-
-def req(custom_id: str, content: str = "Hello", **kwargs) -> dict:
-    return chat_request(custom_id, content, **kwargs)
-
-
-def tiny(i: int) -> dict:
-    return {"custom_id": str(i), "body": {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "x"}]}}
-
-
-def settings(svc, **update) -> None:
-    svc.settings = svc.settings.model_copy(update=update)
-
-
-def sim_requests(sim_control) -> int:
-    return sim_control.get("/_sim/stats").json()["total_requests"]
-
-
-def step(svc, dispatcher: Dispatcher | None = None) -> None:
-    """One round of the pipeline through the real worker and sweeper handlers: dispatch, run every queued
-    message, sweep. Unlike tests.helpers.step, the worker gets one record per invocation (an event source
-    mapping with batch size 1): the worker runs the records of one invocation concurrently in threads, and
-    in-process moto is not thread-safe (its transact_write_items deep-copies and, on any failure, restores whole
-    tables), which makes multi-record polls flaky here."""
-    (dispatcher or Dispatcher(svc)).pass_once()
-    sqs = svc.queues.sqs
-    for url in svc.queues.urls.values():
-        arn = "arn:aws:sqs:us-east-1:000000000000:" + url.rsplit("/", 1)[-1]
-        while True:
-            got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1,
-                                      AttributeNames=["ApproximateReceiveCount"]).get("Messages", [])
-            if not got:
-                break
-            failures = invoke("worker", sqs_event(arn, got)).get("batchItemFailures", [])
-            assert failures == [], failures
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
-    invoke("sweeper", {})
-
-
-def finish(svc, batch_id: str, timeout: float = 20.0) -> dict:
-    """Run the pipeline until the batch reaches a final status (tests.helpers.drive, one record at a time)."""
-    dispatcher = Dispatcher(svc)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        step(svc, dispatcher)
-        batch = svc.table.get(*batch_key(batch_id))
-        if batch is None or batch["status"] in ("completed", "failed", "expired", "cancelled"):
-            return batch
-    raise AssertionError(f"batch {batch_id} did not finish in {timeout} s")
-
-
-def no_batches(api, key: str) -> bool:
-    return ok(api("GET", "/v1/batches", key))["data"] == []
-
-
-def s3_keys(svc, prefix: str = "batches/") -> list[str]:
-    answer = svc.blobs.s3.list_objects_v2(Bucket=svc.settings.bucket_name, Prefix=prefix)
-    return [o["Key"] for o in answer.get("Contents", [])]
-
-
-def _tick(svc, seconds: int = 1) -> None:
-    base = svc.clock
-    svc.clock = lambda: base() + seconds
 
 
 # --- Authentication ----------------------------------------------------------------------------------
@@ -619,7 +527,7 @@ def test_idempotency_key_is_forgotten_a_day_after_its_batch_ended(api, svc):
     assert ok(api.create(key, [req("a")], idem="nightly"))["id"] == first["id"]
     # Two days later the key is new again. Its record may still exist: DynamoDB's TTL removes expired items
     # only eventually (and moto never does).
-    _tick(svc, 2 * 86400)
+    tick(svc, 2 * 86400)
     second = ok(api.create(key, [req("a")], idem="nightly"))
     assert second["id"] != first["id"] and second["status"] == "validating"
 
@@ -631,7 +539,7 @@ def test_list_newest_first_with_pagination(api, svc):
     ids = []
     for i in range(5):
         ids.append(api.created(key, [req(f"r{i}")])["id"])
-        _tick(svc)
+        tick(svc)
     newest = ids[::-1]
     everything = ok(api("GET", "/v1/batches", key))
     assert everything["object"] == "list"
@@ -745,9 +653,6 @@ def test_results_of_failed_and_large_requests(api, svc):
     assert [(line["response"], line["error"]) for line in lines] == [(r["response"], r["error"]) for r in data]
 
 
-SIM_REJECTED = {"error": {"message": "Request rejected by the simulated backend", "type": "invalid_request_error",
-                          "param": None, "code": "sim_rejected"}}
-CONTEXT_OVERFLOW = "the request exceeds the available context size, try increasing it"
 
 
 def test_a_failed_request_keeps_the_backends_status_request_id_and_error_body(api, svc, sim_control):
@@ -785,7 +690,7 @@ def test_no_request_starts_after_the_completion_window_closed(api, svc, sim_cont
     looks at expires_at; the dispatcher and the worker start requests of a batch whose window has closed."""
     _, key = new_key(svc)
     batch = api.created(key, [req("a"), req("b")])
-    _tick(svc, 86400)  # the completion window closes before any request started
+    tick(svc, 86400)  # the completion window closes before any request started
     finish(svc, batch["id"])  # dispatcher, worker and sweeper, each in its turn
     assert sim_requests(sim_control) == 0
     expired = ok(api("GET", f"/v1/batches/{batch['id']}", key))
@@ -794,19 +699,6 @@ def test_no_request_starts_after_the_completion_window_closed(api, svc, sim_cont
     data = ok(api.results(key, batch["id"]))["data"]
     assert [(r["status"], r["response"], r["error"]["code"]) for r in data] == [("expired", None, "batch_expired")] * 2
     assert ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key)) == expired
-
-
-# Members a backend adds to its answers, numbers spelt as llama-server spells them (`timings.*_per_second`
-# whole floats with their ".0"), an exponent, an integer past 64 bits (and past DynamoDB's 38 digits), nested
-# floats.
-AS_SENT = ('"timings":{"prompt_n":12,"prompt_per_second":12500.0,"predicted_ms":1e-7,'
-           '"big":123456789012345678901234567890123456789012,"nested":{"draft":[0.5,2.0,-0.0,1E+2]}}')
-
-
-def check_as_sent(timings: dict) -> None:
-    assert timings["prompt_per_second"] == 12500.0 and isinstance(timings["prompt_per_second"], float)
-    assert timings["predicted_ms"] == 1e-7 and timings["big"] == 123456789012345678901234567890123456789012
-    assert [type(x) for x in timings["nested"]["draft"]] == [float] * 4
 
 
 def test_results_keep_the_backends_body_as_it_sent_it(api, svc, sim_control):
@@ -878,7 +770,7 @@ def test_cancel_with_nothing_running(api, svc, sim_control):
     assert [json.loads(line) for line in lines.text.splitlines()] == [
         {"id": "batch_req_1", "custom_id": "a", "response": None, "error": None},
         {"id": "batch_req_2", "custom_id": "b", "response": None, "error": None}]
-    step(svc)  # nothing runs afterwards
+    step_by_record(svc)  # nothing runs afterwards
     assert sim_requests(sim_control) == 0
     assert ok(api("GET", f"/v1/batches/{batch['id']}", key)) == cancelled
     assert ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key)) == cancelled  # again: unchanged
@@ -909,7 +801,7 @@ def test_cancel_and_delete_while_a_request_is_running(api, svc):
     item = ledger.position_item(svc, running, running["positions"][0], outcome, attempt=1)
     ledger.record_position(svc, item)
     ledger.close_group(svc, running, [item])
-    step(svc)
+    step_by_record(svc)
     sweep_once(svc)
     final = ok(api("GET", f"/v1/batches/{bid}", key))
     assert final["status"] == "cancelled" and final["request_counts"] == {"total": 2, "completed": 1, "failed": 0}
@@ -937,7 +829,7 @@ def test_delete(api, svc, sim_control):
     assert s3_keys(svc, f"batches/{batch['id']}/") == [] and svc.table.get(*batch_key(batch["id"])) is None
     # An unfinished batch can be deleted too; none of its requests runs afterwards.
     assert ok(api("DELETE", f"/v1/batches/{keep['id']}", key))["deleted"] is True
-    step(svc)
+    step_by_record(svc)
     assert sim_requests(sim_control) == calls
     assert no_batches(api, key)
 

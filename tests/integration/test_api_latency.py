@@ -10,8 +10,7 @@ import pytest
 
 from batchinfer.catalog import METRIC_API_LATENCY
 from batchinfer.observability import metrics
-from tests.helpers import new_key
-from tests.integration.test_api import ok, req
+from tests.helpers import new_key, ok, req
 from tests.integration.test_message_batches import (
     Messages,
     catalog_file,  # noqa: F401  (a fixture)

@@ -12,8 +12,7 @@ from batchinfer.catalog import SECRET_PLACEHOLDER
 from batchinfer.storage import secrets
 from batchinfer.storage.aws import client
 from batchinfer.storage.secrets import BackendKeyNotSet, forget_keys, secret_value
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import finish, ok, settings, sim_requests
+from tests.helpers import chat_request, finish, new_key, ok, settings, sim_requests
 
 GLM, QWEN = "glm-5.3-flash", "qwen3.6-35b"
 

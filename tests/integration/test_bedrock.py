@@ -17,9 +17,7 @@ from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.domain import utc_day
 from batchinfer.layout import model_budget_key
 from batchinfer.records import Usage
-from batchinfer.runtime import use_services
-from tests.helpers import make_services, new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, req, sim_requests
+from tests.helpers import anthropic_error, error, finish, new_key, ok, req, services_in_use, sim_requests
 from tests.integration.test_message_batches import V1, Messages
 
 CLAUDE = "claude-bedrock"  # the default catalog's Bedrock model
@@ -46,12 +44,9 @@ def catalog_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def svc(svc, sim, catalog_file):
-    services = make_services(sim.url, table_name="batchinfer-bedrock", bucket_name="batchinfer-bedrock",
-                             models_file=str(catalog_file), message_batches_enabled=True,
-                             embeddings_responses_batches_enabled=True, interactive_streaming_enabled=True)
-    use_services(services)
-    yield services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "bedrock", models_file=str(catalog_file), message_batches_enabled=True,
+                         embeddings_responses_batches_enabled=True, interactive_streaming_enabled=True) as services:
+        yield services
 
 
 def converse_calls(sim_control) -> int:

@@ -23,13 +23,13 @@ from batchinfer.layout import (
     result_object,
     retry_due,
 )
-from batchinfer.protocols.anthropic import message_batches
-from batchinfer.service import finalize, lifecycle, sweep, webhooks
+from batchinfer.operations.anthropic import message_batches
+from batchinfer.service import lifecycle
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background import finalize, sweep, webhooks
+from batchinfer.service.background.sweep import sweep_once
 from local.lambda_runtime import FakeContext, load_handler
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import error, finish, ok, s3_keys, settings, step, tiny
+from tests.helpers import chat_request, error, finish, new_key, ok, s3_keys, settings, step_by_record, tiny
 
 GLM = "glm-5.3-flash"
 NOTHING_DONE = {"recovered": 0, "settled": 0, "expired": 0, "purged": 0, "webhook_events_resent": 0}
@@ -281,7 +281,7 @@ def test_a_cut_off_export_resumes_its_upload_and_an_abandoned_one_is_aborted(api
     monkeypatch.setattr(sweep, "settle_batch",  # a deadline the next look at the clock has passed
                         lambda svc, batch_id, deadline=None: real_settle(svc, batch_id, ticks.value))
     for _ in range(40):  # every request runs; the sweeper has no time to write the export
-        step(svc)
+        step_by_record(svc)
         if svc.table.get(*batch_key(bid))["completed"] == 12:
             break
     assert svc.table.get(*batch_key(bid))["status"] == "in_progress"
@@ -361,7 +361,7 @@ def test_lease_recovery_and_webhook_relays_stop_at_the_deadline_and_the_next_run
 
 def test_a_status_filter_on_a_50000_request_batch_looks_at_a_bounded_number_of_results_per_call(api, svc,
                                                                                                 monkeypatch):
-    from batchinfer.service import feed
+    from batchinfer.service.reading import finished_order
 
     _, key = new_key(svc)
     bid = api.created(key, [tiny(i) for i in range(50_000)])["id"]
@@ -374,37 +374,37 @@ def test_a_status_filter_on_a_50000_request_batch_looks_at_a_bounded_number_of_r
          "token": f"t{i}", "attempt": 1, "state": "failed", "error": {"code": "server_error", "message": "x"}})}}
         for i in failed]})
     looked: list[int] = []
-    real_iter = feed.iter_results
+    real_iter = finished_order.iter_results
 
     def counted(*args, **kwargs):
         for result in real_iter(*args, **kwargs):
             looked[-1] += 1
             yield result
 
-    monkeypatch.setattr(feed, "iter_results", counted)
+    monkeypatch.setattr(finished_order, "iter_results", counted)
     found, after, calls = [], None, 0
     while True:
         calls += 1
         assert calls < 100, "no progress"
         looked.append(0)
         page = ok(api.results(key, bid, status="failed", limit=100, **({"after": after} if after else {})))
-        assert looked[-1] <= feed.MAX_SCAN
+        assert looked[-1] <= finished_order.MAX_SCAN
         found += page["data"]
         if not page["has_more"]:
             break
         after = page["last_id"]
     assert [r["custom_id"] for r in found] == [str(i) for i in failed]
     assert all(r["status"] == "failed" for r in found)
-    assert calls == 50_000 // feed.MAX_SCAN and sum(looked) == 50_000  # each result looked at once
+    assert calls == 50_000 // finished_order.MAX_SCAN and sum(looked) == 50_000  # each result looked at once
 
 
 def test_a_filtered_page_in_finished_order_stops_at_the_most_it_looks_at_and_goes_on(api, svc, monkeypatch):
-    from batchinfer.service import feed
+    from batchinfer.service.reading import finished_order
 
     _, key = new_key(svc)
     bid = api.created(key, [chat_request(f"f-{i}", "x") for i in range(9)])["id"]
     assert finish(svc, bid)["status"] == "completed"
-    monkeypatch.setattr(feed, "MAX_SCAN", 4)
+    monkeypatch.setattr(finished_order, "MAX_SCAN", 4)
     pages, after = [], None
     while True:
         assert len(pages) < 20, "no progress"
@@ -421,7 +421,7 @@ def test_a_filtered_page_in_finished_order_stops_at_the_most_it_looks_at_and_goe
 def test_an_estimate_reads_the_same_bounded_items_whatever_the_batchs_size(api, svc, monkeypatch):
     """What an estimate reads is the model's queue (its budget, at most MAX_LANES lanes and their batches and
     accounts), never anything per request: 10 requests or 5,000, the same items."""
-    from batchinfer.service import forecast
+    from batchinfer.service.creating import forecast
 
     monkeypatch.setattr(forecast, "MAX_LANES", 3)
     for _ in range(5):  # five batches queued on the model ahead, each its own lane

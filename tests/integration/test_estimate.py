@@ -12,12 +12,10 @@ import pytest
 
 from batchinfer.layout import account_key, batch_key
 from batchinfer.records import Budget, Lane
-from batchinfer.runtime import use_services
 from batchinfer.service.accounts import spent_today
-from batchinfer.service.forecast import END_SECONDS, IDLE_START_SECONDS, coarse_count, read_queue
-from batchinfer.service.tokenizer import count_text, encoding
-from tests.helpers import chat_request, make_services, new_key
-from tests.integration.test_api import error, finish, ok, settings
+from batchinfer.service.creating.forecast import END_SECONDS, IDLE_START_SECONDS, coarse_count, read_queue
+from batchinfer.service.creating.tokenizer import count_text, encoding
+from tests.helpers import chat_request, error, finish, new_key, ok, services_in_use, settings
 from tests.integration.test_files import jsonl, line, upload
 from tests.integration.test_message_batches import V1, V2, Messages, entry
 
@@ -28,11 +26,8 @@ ESTIMATE = "/v1/batches/estimate"
 @pytest.fixture
 def svc(svc, sim):
     """The suite's services on the same moto, with Message Batches and file batches on."""
-    services = make_services(sim.url, table_name="batchinfer-estimate", bucket_name="batchinfer-estimate",
-                             message_batches_enabled=True, file_batches_enabled=True)
-    use_services(services)
-    yield services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "estimate", message_batches_enabled=True, file_batches_enabled=True) as services:
+        yield services
 
 
 def stored(svc) -> tuple[int, int]:

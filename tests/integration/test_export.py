@@ -19,9 +19,9 @@ def call_api(method: str, path: str, key: str) -> dict:
 def test_large_export_redirects_to_the_object_written_when_the_batch_ended(svc):
     svc.settings = svc.settings.model_copy(update={"export_redirect_bytes": 500})
     _, key = new_key(svc)
-    from batchinfer.protocols.openai import batches
-    from batchinfer.service import results
+    from batchinfer.operations.openai import batches
     from batchinfer.service.accounts import authenticate
+    from batchinfer.service.reading import results
 
     who = authenticate(svc, key)
     raw = json.dumps({"requests": [chat_request(f"x-{i}", f"export {i}") for i in range(5)]}).encode()
@@ -41,7 +41,7 @@ def test_large_export_redirects_to_the_object_written_when_the_batch_ended(svc):
 
 def test_small_export_is_streamed_by_the_api(svc):
     _, key = new_key(svc)
-    from batchinfer.protocols.openai import batches
+    from batchinfer.operations.openai import batches
     from batchinfer.service.accounts import authenticate
 
     who = authenticate(svc, key)

@@ -12,14 +12,14 @@ import pytest
 from moto import mock_aws
 
 from batchinfer.layout import batch_key, request_sk
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.runtime import use_services
 
 # The scheduler's public entry points, in one place: the dispatcher, and a worker invocation's run of its
 # message (then its pump pulling more work while the budget has room).
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.run_request import process_and_pull
+from batchinfer.service.running.run_request import process_and_pull
 from batchinfer.storage.aws import client
 from tests.fake_provider import BACKEND, KIND, NO_SERVER, FakeBackend, on_fake
 from tests.helpers import chat_request, drive, make_services, new_key

@@ -9,18 +9,18 @@ import json
 import pytest
 
 from batchinfer.layout import batch_key
-from tests.helpers import new_key
-from tests.integration.test_api import (
+from tests.helpers import (
     AS_SENT,
     CONTEXT_OVERFLOW,
     SIM_REJECTED,
     check_as_sent,
     error,
     finish,
+    new_key,
     ok,
     settings,
     sim_requests,
-    step,
+    step_by_record,
 )
 
 BOUNDARY = "672e0c9c1d2ba60237426016355a8290"
@@ -285,7 +285,7 @@ def test_a_file_batch_cancelled_while_validating_runs_nothing(api, svc, sim_cont
 def test_result_files_resume_where_a_killed_writer_stopped(api, svc, monkeypatch):
     """The sweeper dies while writing a result file: the next run resumes the same multipart upload from
     the saved cursor, and the file has exactly the bytes (and the SHA-256 ETag) of the results."""
-    from batchinfer.service import finalize
+    from batchinfer.service.background import finalize
 
     settings(svc, file_batches_enabled=True, result_part_bytes=400)
     monkeypatch.setattr("moto.s3.models.S3_UPLOAD_PART_MIN_SIZE", 1)  # small parts, so that there are several
@@ -361,7 +361,8 @@ def test_deleted_result_files_expired_uploads_and_idempotent_file_batches(api, s
 def test_a_writer_out_of_time_keeps_what_it_read_and_the_next_run_goes_on(api, svc, monkeypatch):
     """Each sweeper run has time for a couple of pages only: lines too few for a part wait in a carry object,
     every run makes progress, and the file still has exactly the results' bytes."""
-    from batchinfer.service import finalize, lifecycle
+    from batchinfer.service import lifecycle
+    from batchinfer.service.background import finalize
 
     settings(svc, file_batches_enabled=True)
     monkeypatch.setattr(finalize, "EXPORT_PAGE", 2)
@@ -370,10 +371,10 @@ def test_a_writer_out_of_time_keeps_what_it_read_and_the_next_run_goes_on(api, s
     batch_id = ok(create_from(api, key, uploaded["id"]))["id"]
     # Run every request, with a sweeper that has no time left for writing: the batch stops at finalizing.
     real_settle = lifecycle.settle_batch
-    monkeypatch.setattr("batchinfer.service.sweep.settle_batch",
+    monkeypatch.setattr("batchinfer.service.background.sweep.settle_batch",
                         lambda svc, batch_id, deadline=None: real_settle(svc, batch_id, deadline=-1.0))
     for _ in range(40):
-        step(svc)
+        step_by_record(svc)
         if svc.table.get(*batch_key(batch_id))["status"] == "finalizing":
             break
     assert svc.table.get(*batch_key(batch_id))["status"] == "finalizing"

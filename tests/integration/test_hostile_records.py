@@ -16,11 +16,10 @@ from moto.dynamodb.models.dynamo_type import DynamoType
 
 from batchinfer.errors import QUOTED_CHARS
 from batchinfer.layout import batch_key
-from batchinfer.service.sweep import sweep_once
-from batchinfer.service.validation import MAX_PROBLEM_CHARS, MAX_PROBLEMS_BYTES, MAX_REPORTED_PROBLEMS
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.creating.validation import MAX_PROBLEM_CHARS, MAX_PROBLEMS_BYTES, MAX_REPORTED_PROBLEMS
 from local.moto_patches import item_size
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, req, settings
+from tests.helpers import anthropic_error, error, finish, new_key, ok, req, settings
 from tests.integration.test_files import create_from, jsonl, line, upload
 
 RECORD_BOUND = 64 * 1024  # what any record input can make is held to, far under DynamoDB's 400 KB

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from batchinfer.errors import QUOTED_CHARS, clipped
-from tests.helpers import new_key
-from tests.integration.test_api import ok, settings
+from tests.helpers import new_key, ok, settings
 from tests.integration.test_message_batches import V1
 from tests.integration.test_uploads import BOUNDARY, part_body
 

@@ -14,20 +14,21 @@ from batchinfer.domain import next_utc_midnight, utc_day
 from batchinfer.layout import model_budget_key
 from batchinfer.records import InteractiveLease, Usage
 from batchinfer.scheduling.capacity import budget_shards, effective_budget, read_budget
-from batchinfer.service import accounts, interactive
-from batchinfer.service.sweep import sweep_once
-from tests.helpers import new_key
-from tests.integration.test_api import (
+from batchinfer.service import accounts
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running import interactive
+from tests.helpers import (
     AS_SENT,
-    _tick,
     check_as_sent,
     error,
     finish,
+    new_key,
     ok,
     req,
     settings,
     sim_requests,
-    step,
+    step_by_record,
+    tick,
 )
 from tests.integration.test_files import content, create_from, jsonl, upload
 from tests.integration.test_message_batches import V1, anthropic_error
@@ -161,7 +162,7 @@ def test_quota_used_up_refuses_interactive_and_new_batches_but_never_reading(api
     error(api.create(key, [req("a")]), 429, code="quota_exceeded")
     assert ok(api("GET", "/v1/batches", key))["data"] == []  # management calls never answer 429 for it
     assert ok(api("GET", "/v1/models", key))["data"]
-    _tick(svc, next_utc_midnight(svc.now()) - svc.now() + 1)  # a new UTC day: the quota renews
+    tick(svc, next_utc_midnight(svc.now()) - svc.now() + 1)  # a new UTC day: the quota renews
     ok(api("POST", "/v1/chat/completions", key, json_body=CHAT))
 
 
@@ -230,7 +231,7 @@ def test_a_crashed_interactive_requests_lease_runs_out_and_gives_the_slot_back(a
     assert budget(svc)["interactive"] == 1  # the process died here: nothing will end it
     sweep_once(svc)
     assert budget(svc)["interactive"] == 1  # not before its lease runs out
-    _tick(svc, 181)
+    tick(svc, 181)
     sweep_once(svc)
     assert budget(svc)["interactive"] == 0
     assert svc.table.get(f"MODEL#{GLM}", "INTERACTIVE#crashed") is None
@@ -315,15 +316,15 @@ def test_a_running_batch_pauses_when_the_quota_is_used_up_and_resumes_when_it_re
     batch = api.created(key, [req("a"), req("b")])
     long = {**CHAT, "messages": [{"role": "user", "content": "word " * 2000}]}  # 2,000 input tokens: $0.0002
     ok(api("POST", "/v1/chat/completions", key, json_body=long))  # the day's quota is used up from here
-    _tick(svc, 2)  # (a new dispatcher takes no batch work in the second after interactive load moved)
+    tick(svc, 2)  # (a new dispatcher takes no batch work in the second after interactive load moved)
     before = sim_requests(sim_control)
     for _ in range(3):
-        step(svc)
+        step_by_record(svc)
     paused = ok(api("GET", f"/v1/batches/{batch['id']}", key))  # reading never answers 429 for the quota
     # Not started: an account with no quota left claims nothing, so its requests wait in their lane.
     assert paused["status"] == "validating" and paused["request_counts"]["completed"] == 0
     assert sim_requests(sim_control) == before  # nothing of it ran
-    _tick(svc, next_utc_midnight(svc.now()) - svc.now() + 1)  # 00:00 UTC: the quota renews
+    tick(svc, next_utc_midnight(svc.now()) - svc.now() + 1)  # 00:00 UTC: the quota renews
     final = finish(svc, batch["id"])
     assert final["status"] == "completed" and final["completed"] == 2
     assert sim_requests(sim_control) == before + 2

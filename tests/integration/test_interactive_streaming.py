@@ -16,12 +16,11 @@ import pytest
 from batchinfer.cli import admin
 from batchinfer.domain import utc_day
 from batchinfer.providers import http
-from batchinfer.service import interactive
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.running import interactive
 from local.servers import free_port
 from tests.faults.harness import with_backend_url
-from tests.helpers import new_key
-from tests.integration.test_api import AS_SENT, anthropic_error, check_as_sent, error, ok, settings
+from tests.helpers import AS_SENT, anthropic_error, check_as_sent, error, new_key, ok, settings
 from tests.integration.test_interactive import CHAT, GLM, budget, spent
 from tests.integration.test_message_batches import CLAUDE, V1, catalog_file, svc  # noqa: F401
 

@@ -12,19 +12,19 @@ import yaml
 
 from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.layout import batch_key
-from batchinfer.runtime import use_services
-from tests.helpers import make_services, new_key
-from tests.integration.test_api import (
+from tests.helpers import (
     AS_SENT,
     CONTEXT_OVERFLOW,
     anthropic_error,
     check_as_sent,
     error,
     finish,
+    new_key,
     ok,
+    services_in_use,
     settings,
     sim_requests,
-    step,
+    step_by_record,
 )
 
 V1, V2 = "2023-06-01", "2026-10-21"
@@ -48,11 +48,9 @@ def catalog_file(tmp_path: Path, sim) -> Path:
 @pytest.fixture
 def svc(svc, sim, catalog_file):
     """The suite's services on the same moto, with the catalog above and Message Batches on."""
-    services = make_services(sim.url, table_name="batchinfer-msg", bucket_name="batchinfer-msg",
-                             models_file=str(catalog_file), message_batches_enabled=True)
-    use_services(services)
-    yield services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "msg", models_file=str(catalog_file),
+                         message_batches_enabled=True) as services:
+        yield services
 
 
 def params(content: str = "Hello", model: str = GLM, **extra) -> dict:
@@ -397,7 +395,7 @@ def test_list_pages_with_after_id_and_before_id(messages, svc, api):
 
 
 def test_separate_from_openai_batches_and_other_accounts(messages, svc, api):
-    from tests.integration.test_api import req
+    from tests.helpers import req
 
     msg = messages.created([entry("a")])
     openai_batch = api.created(messages.key, [req("b")])
@@ -436,6 +434,6 @@ def test_large_results_redirect_to_storage(messages, svc):
     settings(svc, export_redirect_bytes=1000)
     batch = messages.created([entry(f"r{i}", "[[sim:big:2000]] hi") for i in range(3)])
     finish(svc, batch["id"])
-    step(svc)
+    step_by_record(svc)
     reply = messages("GET", f"/{batch['id']}/results")
     assert reply.status == 302 and reply.headers["location"].startswith("http"), reply.text

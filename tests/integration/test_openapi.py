@@ -30,8 +30,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from batchinfer.api.app import create_app
-from batchinfer.protocols.anthropic import message_batches
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.anthropic import message_batches
+from batchinfer.operations.openai import batches
 from batchinfer.service.accounts import authenticate
 from tests.helpers import chat_request, drive, new_key
 

@@ -11,10 +11,19 @@ from batchinfer import ledger
 from batchinfer.layout import batch_key
 from batchinfer.records import Batch
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import run_request
 from batchinfer.service.accounts import authenticate
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, settings, sim_requests, step
+from batchinfer.service.running import run_request
+from tests.helpers import (
+    anthropic_error,
+    chat_request,
+    error,
+    finish,
+    new_key,
+    ok,
+    settings,
+    sim_requests,
+    step_by_record,
+)
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.invariants import assert_ledger_consistent, budget_of
 
@@ -43,7 +52,7 @@ def test_a_paused_batch_starts_nothing_until_resumed(api, svc, sim_control):
     assert paused["status"] == batch["status"] and isinstance(paused["paused_at"], int)
     assert batch["paused_at"] is None
     for _ in range(3):
-        step(svc)
+        step_by_record(svc)
     assert sim_requests(sim_control) == 0
     shown = ok(api("GET", f"/v1/batches/{batch['id']}", key))
     assert shown["paused_at"] == paused["paused_at"] and shown["status"] == batch["status"]
@@ -84,7 +93,7 @@ def test_dispatched_requests_go_back_to_wait_holding_no_slot_and_running_ones_fi
     # While paused, its waiting requests are not due: dispatchers pass it by.
     for _ in range(2):
         assert Dispatcher(svc).claim(model) == []
-        step(svc)
+        step_by_record(svc)
     assert sim_requests(sim_control) == 0
     shown = ok(api("GET", f"/v1/batches/{batch['id']}", key))
     assert shown["status"] == "in_progress" and shown["request_counts"]["completed"] == 1
@@ -172,7 +181,7 @@ def test_a_file_batch_paused_while_validating_gets_its_lanes_when_resumed(api, s
     paused = ok(pause(api, key, created["id"]))
     assert paused["status"] == "validating" and paused["paused_at"]
     for _ in range(3):
-        step(svc)  # validated by the sweeper, but not dispatched
+        step_by_record(svc)  # validated by the sweeper, but not dispatched
     item = svc.table.get(*batch_key(created["id"]))
     assert not item.get("awaiting_validation") and item["total"] == 3 and sim_requests(sim_control) == 0
     ok(pause(api, key, created["id"], "resume"))
@@ -201,7 +210,7 @@ def test_a_message_batch_pauses_and_resumes_under_both_base_urls(api, svc, sim_c
     assert abs(at.timestamp() - svc.now()) < 5
     assert ok(call("POST", f"/{batch['id']}/pause")) == paused
     for _ in range(2):
-        step(svc)
+        step_by_record(svc)
     assert sim_requests(sim_control) == 0
     # An OpenAI-shaped batch reads as not found here, and a Message Batch on /v1/batches.
     inline = api.created(key, [chat_request("x", "Hello")])

@@ -11,11 +11,10 @@ import itertools
 from batchinfer.layout import batch_key, retry_due
 from batchinfer.records import Request
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service import pausing as pausing_module
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.steering import pausing as pausing_module
 from local.lambda_runtime import invoke
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import finish, ok, settings, step
+from tests.helpers import chat_request, finish, new_key, ok, settings, step_by_record
 from tests.integration.test_pause import MODEL, later, pause, run_dispatched
 from tests.invariants import assert_ledger_consistent, budget_of
 
@@ -40,7 +39,7 @@ def flaky_batch(api, svc, key: str, n: int) -> dict:
     before, tag = waiting(svc), next(BATCHES)  # the simulator fails each body's first attempt once
     batch = api.created(key, [chat_request(f"f-{i}", f"[[sim:flaky:1:500]] {tag}-{i}") for i in range(n)]
                         + [chat_request("plain", "Hello")])
-    step(svc)
+    step_by_record(svc)
     assert waiting(svc) == before + n
     return batch
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from batchinfer.layout import model_budget_key
 from batchinfer.records import Lane
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, settings, tiny
+from tests.helpers import anthropic_error, error, finish, new_key, ok, settings, tiny
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import V1, Messages, entry
 
@@ -80,7 +79,7 @@ def test_a_batch_from_a_file_keeps_its_priority_through_validation(api, svc):
     assert ok(api("POST", f"/v1/batches/{created['id']}/priority", key,
                   json_body={"priority": "high"}))["priority"] == "high"
     from batchinfer.records import Batch
-    from batchinfer.service.intake import validate_file_batch
+    from batchinfer.service.creating.intake import validate_file_batch
     assert validate_file_batch(svc, Batch.get(svc.table, created["id"])) == "validated"
     assert lane_priorities(svc) == {created["id"]: "high"}
     assert finish(svc, created["id"])["status"] == "completed"

@@ -5,9 +5,9 @@ lanes the scheduler reads carry it) nor refused."""
 from __future__ import annotations
 
 from batchinfer.records import Batch
-from batchinfer.service import intake, pausing, priority
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import finish, ok, settings
+from batchinfer.service.creating import intake
+from batchinfer.service.steering import pausing, priority
+from tests.helpers import chat_request, finish, new_key, ok, settings
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_priority import lane_priorities
 

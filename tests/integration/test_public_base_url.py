@@ -7,8 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from batchinfer.settings import Settings
-from tests.helpers import new_key
-from tests.integration.test_api import finish, ok, settings
+from tests.helpers import finish, new_key, ok, settings
 from tests.integration.test_message_batches import V1, Messages, entry
 
 EVENT_HOST = "https://a1b2c3d4e5.execute-api.us-east-1.amazonaws.com"  # the test events' Host

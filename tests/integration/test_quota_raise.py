@@ -8,8 +8,7 @@ from batchinfer.domain import next_utc_midnight
 from batchinfer.layout import batch_key
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts
-from tests.helpers import new_key
-from tests.integration.test_api import _tick, ok, req, sim_requests, step
+from tests.helpers import new_key, ok, req, sim_requests, step_by_record, tick
 
 GLM = "glm-5.3-flash"
 LONG = {"model": GLM, "messages": [{"role": "user", "content": "word " * 2000}]}  # $0.0002 of input
@@ -30,7 +29,7 @@ def _run_queued(svc) -> None:
 def _paused(api, svc, key: str, batch_id: str, sim_control) -> int:
     before = sim_requests(sim_control)
     for _ in range(3):
-        step(svc)
+        step_by_record(svc)
     shown = ok(api("GET", f"/v1/batches/{batch_id}", key))
     # Not started (`validating` while none of its requests was ever claimed), or started and waiting.
     assert shown["status"] in ("validating", "in_progress"), shown
@@ -42,7 +41,7 @@ def _paused(api, svc, key: str, batch_id: str, sim_control) -> int:
 def _finishes_without_waiting_for_midnight(svc, batch_id: str, rounds: int = 6) -> dict:
     midnight = next_utc_midnight(svc.now())
     for _ in range(rounds):
-        step(svc)
+        step_by_record(svc)
         batch = svc.table.get(*batch_key(batch_id))
         if batch["status"] == "completed":
             assert svc.now() < midnight
@@ -60,7 +59,7 @@ def test_a_quota_raise_lets_requests_that_waited_for_midnight_run_at_once(api, s
                                               {":pk": f"BATCH#{batch['id']}", ":r": "REQ#"}, consistent=True)]
     assert waiting and {i["state"] for i in waiting} == {"waiting"}
     assert {int(i["due_at"]) for i in waiting} == {next_utc_midnight(svc.now())}
-    _tick(svc, 2)
+    tick(svc, 2)
     before = _paused(api, svc, key, batch["id"], sim_control)
     accounts.update_account(svc, account["id"], daily_quota_usd=100)  # what `batchctl admin set` calls
     final = _finishes_without_waiting_for_midnight(svc, batch["id"])
@@ -85,7 +84,7 @@ def test_a_quota_still_used_up_after_the_change_keeps_the_batch_paused(api, svc,
     account, key = new_key(svc, daily_quota_usd=1e-4)
     batch = api.created(key, [req("x")])
     ok(api("POST", "/v1/chat/completions", key, json_body=LONG))
-    _tick(svc, 2)
+    tick(svc, 2)
     _paused(api, svc, key, batch["id"], sim_control)
     accounts.update_account(svc, account["id"], daily_quota_usd=1.5e-4)  # raised, still below what was spent
     _paused(api, svc, key, batch["id"], sim_control)

@@ -5,8 +5,7 @@ on every route that takes a request for a backend. Through the real API handler 
 from __future__ import annotations
 
 from batchinfer.errors import QUOTED_CHARS
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, settings, sim_requests
+from tests.helpers import anthropic_error, error, finish, new_key, ok, settings, sim_requests
 from tests.integration.test_files import create_from, jsonl, upload
 from tests.integration.test_message_batches import V1, Messages
 

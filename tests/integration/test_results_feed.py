@@ -9,9 +9,8 @@ import time
 import pytest
 
 from batchinfer.layout import batch_key
-from batchinfer.records.feed import entry_number
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, req, settings, step
+from batchinfer.records.finished_order import entry_number
+from tests.helpers import anthropic_error, error, finish, new_key, ok, req, services_in_use, settings, step_by_record
 from tests.integration.test_message_batches import (
     Messages,
     catalog_file,  # noqa: F401  (a fixture)
@@ -45,7 +44,7 @@ def test_finished_results_come_once_each_in_the_order_they_finished_while_the_ba
 
     seen, cursor = read_all(api, key, batch["id"], empty["last_id"])
     assert seen == []
-    step(svc)  # a first round: the batch's requests run and are counted
+    step_by_record(svc)  # a first round: the batch's requests run and are counted
     during, cursor = read_all(api, key, batch["id"], cursor)
     assert during and all(r["status"] == "completed" and r["response"]["status_code"] == 200 for r in during)
     finish(svc, batch["id"])
@@ -148,14 +147,10 @@ def test_bad_values_are_refused_with_the_parameter_named(api, svc):
 
 @pytest.fixture
 def message_batches(api, svc, sim, catalog_file):  # noqa: F811
-    from batchinfer.runtime import use_services
-    from tests.helpers import make_services
-    services = make_services(sim.url, table_name="batchinfer-feed", bucket_name="batchinfer-feed",
-                             models_file=str(catalog_file), message_batches_enabled=True)
-    use_services(services)
-    _, key = new_key(services)
-    yield key, services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "feed", models_file=str(catalog_file),
+                         message_batches_enabled=True) as services:
+        _, key = new_key(services)
+        yield key, services
 
 
 def test_a_message_batch_pages_its_results_as_they_finish_and_its_jsonl_is_unchanged(api, message_batches):

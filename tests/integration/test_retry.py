@@ -8,11 +8,22 @@ import json
 import pytest
 
 from batchinfer.layout import batch_key
-from batchinfer.service import retry as retry_module
 from batchinfer.service.accounts import authenticate
+from batchinfer.service.steering import retry as retry_module
 from local.lambda_runtime import invoke
-from tests.helpers import new_key
-from tests.integration.test_api import _tick, anthropic_error, error, finish, ok, req, settings, sim_requests, step
+from tests.helpers import (
+    anthropic_error,
+    error,
+    finish,
+    new_key,
+    ok,
+    req,
+    services_in_use,
+    settings,
+    sim_requests,
+    step_by_record,
+    tick,
+)
 from tests.integration.test_files import content, create_from, jsonl, line, upload
 from tests.integration.test_message_batches import (
     Messages,
@@ -102,7 +113,7 @@ def test_a_retried_run_is_served_by_one_worker_pulling_the_model_budget(api, svc
     assert again["request_counts"] == {"total": 9, "completed": 1, "failed": 0}
     from batchinfer.scheduling.dispatcher import Dispatcher
     assert Dispatcher(svc).pass_once() == 1  # one message: its worker's pump claims the other seven
-    step(svc)
+    step_by_record(svc)
     during = ok(api("GET", f"/v1/batches/{batch['id']}", key))["request_counts"]
     assert during["total"] == 9 and during["failed"] == 0 and 1 <= during["completed"] <= 9
     final = finish(svc, batch["id"])
@@ -145,7 +156,7 @@ def test_every_success_is_kept_and_nothing_to_retry_is_a_400(api, svc):
 def test_an_expired_batch_runs_its_never_started_requests_again_by_their_lanes(api, svc, sim_control):
     _, key = new_key(svc)
     batch = api.created(key, [req("a"), req("b", model="qwen3.6-35b"), req("c")])
-    _tick(svc, 86400)  # the window closes before anything started
+    tick(svc, 86400)  # the window closes before anything started
     expired = finish(svc, batch["id"])
     assert expired["status"] == "expired" and sim_requests(sim_control) == 0
     # Never-dispatched requests read as expired: a filter for failed ones takes none of them.
@@ -166,7 +177,7 @@ def test_a_retry_that_leaves_never_started_requests_keeps_their_fate(api, svc, s
     settings(svc, max_attempts=1)
     _, key = new_key(svc, tier="free")  # 8 requests in flight at most: one round runs 8 of them
     batch = api.created(key, [req("flaky", FLAKY)] + [req(f"n-{i}") for i in range(30)])
-    step(svc)
+    step_by_record(svc)
     ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key))
     cancelled = finish(svc, batch["id"])
     assert cancelled["status"] == "cancelled"
@@ -241,14 +252,10 @@ def test_the_completion_webhook_fires_again_with_a_new_event(api, svc, receiver)
 
 @pytest.fixture
 def messages(api, svc, sim, catalog_file):  # noqa: F811
-    from batchinfer.runtime import use_services
-    from tests.helpers import make_services
-    services = make_services(sim.url, table_name="batchinfer-msg", bucket_name="batchinfer-msg",
-                             models_file=str(catalog_file), message_batches_enabled=True, max_attempts=1)
-    use_services(services)
-    _, key = new_key(services)
-    yield Messages(api, key), services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "msg", models_file=str(catalog_file), message_batches_enabled=True,
+                         max_attempts=1) as services:
+        _, key = new_key(services)
+        yield Messages(api, key), services
 
 
 def test_a_message_batch_is_retried_in_place(messages, svc):

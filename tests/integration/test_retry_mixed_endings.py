@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from batchinfer.service.accounts import authenticate
-from tests.helpers import new_key
-from tests.integration.test_api import _tick, error, finish, ok, req, settings, step
+from tests.helpers import error, finish, new_key, ok, req, services_in_use, settings, step_by_record, tick
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import (
     Messages,
@@ -23,20 +22,16 @@ IDS = ["flaky"] + [f"n-{i}" for i in range(30)]
 
 @pytest.fixture
 def messages(api, svc, sim, catalog_file):  # noqa: F811
-    from batchinfer.runtime import use_services
-    from tests.helpers import make_services
-    services = make_services(sim.url, table_name="batchinfer-mixed", bucket_name="batchinfer-mixed",
-                             models_file=str(catalog_file), message_batches_enabled=True, max_attempts=1)
-    use_services(services)
-    _, key = new_key(services, tier="free")  # 8 requests in flight at most: one round runs 8 of them
-    yield Messages(api, key), services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "mixed", models_file=str(catalog_file), message_batches_enabled=True,
+                         max_attempts=1) as services:
+        _, key = new_key(services, tier="free")  # 8 requests in flight at most: one round runs 8 of them
+        yield Messages(api, key), services
 
 
 def cancelled_with_one_failed(client: Messages, services) -> tuple[dict, list[str]]:
     """A Message Batch cancelled after one round: `flaky` errored, some never started (canceled)."""
     created = ok(client.create([entry("flaky", FLAKY)] + [entry(c) for c in IDS[1:]]))
-    step(services)
+    step_by_record(services)
     ok(client("POST", f"/{created['id']}/cancel"))
     finish(services, created["id"])
     types = {r["custom_id"]: r["result"]["type"] for r in client.results(created["id"])}
@@ -51,7 +46,7 @@ def test_a_message_batch_cancelled_then_expired_counts_each_request_as_it_ended(
     created, never = cancelled_with_one_failed(client, services)
     again = ok(client("POST", f"/{created['id']}/retry", json_body={"statuses": ["errored"]}))
     assert again["processing_status"] == "in_progress"
-    _tick(services, 86400 + 1)  # the new window closes before the retried request runs
+    tick(services, 86400 + 1)  # the new window closes before the retried request runs
     finish(services, created["id"])
     ended = ok(client("GET", f"/{created['id']}"))
     types = {r["custom_id"]: r["result"]["type"] for r in client.results(created["id"])}
@@ -66,10 +61,10 @@ def cancelled_early(api, svc, key: str, file: bool = False) -> tuple[dict, list[
     if file:
         uploaded = ok(upload(api, key, jsonl(*[line(c) for c in IDS[1:]])))
         batch = ok(create_from(api, key, uploaded["id"]))
-        step(svc)  # validated
+        step_by_record(svc)  # validated
     else:
         batch = api.created(key, [req(c) for c in IDS[1:]])
-    step(svc)
+    step_by_record(svc)
     ok(api("POST", f"/v1/batches/{batch['id']}/cancel", key))
     assert finish(svc, batch["id"])["status"] == "cancelled"
     never = [c for c, r in by_id(api, key, batch["id"]).items() if r["status"] == "cancelled"]
@@ -107,7 +102,7 @@ def test_custom_ids_reach_requests_never_dispatched(api, svc, sim_control, file)
 def test_custom_ids_reach_requests_an_expiry_left_undispatched(api, svc):
     _, key = new_key(svc)
     batch = api.created(key, [req("a"), req("b", model="qwen3.6-35b"), req("c")])
-    _tick(svc, 86400)  # the window closes before anything started
+    tick(svc, 86400)  # the window closes before anything started
     assert finish(svc, batch["id"])["status"] == "expired"
     error(retry(api, key, batch["id"], {"custom_ids": ["b"], "statuses": ["failed"]}), 400, param="custom_ids")
     again = ok(retry(api, key, batch["id"], {"custom_ids": ["b"], "statuses": ["expired"]}))
@@ -138,13 +133,13 @@ def test_a_large_batch_files_its_never_dispatched_requests_over_several_calls(ap
     """Naming never-dispatched requests first gives each of them a request item, a page at a time: a call that
     runs out of time (CALL_SECONDS; none here) answers 409 `batch_busy` and the next one goes on, each page
     once; the retry is made by the call that finishes."""
-    from batchinfer.service import never_dispatched
+    from batchinfer.service.steering import never_dispatched
     monkeypatch.setattr(never_dispatched, "FILE_PAGE", 4)
     monkeypatch.setattr(never_dispatched, "CALL_SECONDS", 0.0)
     _, key = new_key(svc)
     ids = [f"e-{i}" for i in range(10)]
     batch = api.created(key, [req(c) for c in ids])
-    _tick(svc, 86400)
+    tick(svc, 86400)
     assert finish(svc, batch["id"])["status"] == "expired"
     refusals = 0
     while (reply := retry(api, key, batch["id"], {"custom_ids": ["e-9"]})).status == 409:

@@ -1,4 +1,4 @@
-from batchinfer.protocols.openai import batches
+from batchinfer.operations.openai import batches
 from batchinfer.service.accounts import authenticate
 from tests.helpers import chat_request, drive, new_key
 

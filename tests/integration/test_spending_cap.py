@@ -10,10 +10,17 @@ import json
 import pytest
 
 from batchinfer.layout import batch_key
-from batchinfer.runtime import use_services
 from batchinfer.service.accounts import Principal
-from tests.helpers import chat_request, make_services, new_key
-from tests.integration.test_api import anthropic_error, error, finish, ok, sim_requests
+from tests.helpers import (
+    anthropic_error,
+    chat_request,
+    error,
+    finish,
+    new_key,
+    ok,
+    services_in_use,
+    sim_requests,
+)
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import Messages, entry
 from tests.invariants import assert_ledger_consistent
@@ -24,11 +31,8 @@ GLM = "glm-5.3-flash"
 @pytest.fixture
 def svc(svc, sim):
     """The suite's services on the same moto, with Message Batches and file batches on."""
-    services = make_services(sim.url, table_name="batchinfer-cap", bucket_name="batchinfer-cap",
-                             message_batches_enabled=True, file_batches_enabled=True)
-    use_services(services)
-    yield services
-    use_services(svc)
+    with services_in_use(svc, sim.url, "cap", message_batches_enabled=True, file_batches_enabled=True) as services:
+        yield services
 
 
 def capped_requests(n: int, max_tokens: int = 5) -> list[dict]:
@@ -210,7 +214,7 @@ def test_the_settle_that_leaves_the_cap_unreachable_stops_the_batch_without_the_
                                                                                        monkeypatch):
     """What runs settles and the next request's worst case no longer fits beside what was spent: the batch
     ends `cancelled` with `max_cost_reached` from the dispatcher's and workers' own steps, no sweeper pass."""
-    from batchinfer.service import sweep
+    from batchinfer.service.background import sweep
 
     monkeypatch.setattr(sweep, "sweep_once", lambda *a, **k: pytest.fail("the sweeper ran"))
     account, key = new_key(svc)

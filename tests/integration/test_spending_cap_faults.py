@@ -14,10 +14,9 @@ from batchinfer import ledger
 from batchinfer.layout import batch_key, group_key
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.accounts import Principal
-from batchinfer.service.run_request import process_group
-from batchinfer.service.sweep import sweep_once
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import _tick, finish, ok, sim_requests
+from batchinfer.service.background.sweep import sweep_once
+from batchinfer.service.running.run_request import process_group
+from tests.helpers import chat_request, finish, new_key, ok, sim_requests, tick
 from tests.invariants import assert_ledger_consistent
 
 GLM = "glm-5.3-flash"
@@ -86,7 +85,7 @@ def test_attempts_of_unknown_cost_keep_their_worst_case_counted(api, svc, sim_co
     Dispatcher(svc).pass_once()
     _, group = _queued_group(svc, batch["id"])
     ledger.start_group(svc, group)  # started; then its worker dies before any outcome is written
-    _tick(svc, svc.settings.lease_seconds + 1)
+    tick(svc, svc.settings.lease_seconds + 1)
     sweep_once(svc)  # the lease is recovered: both attempts may have reached the backend, cost unknown
     recovered = _batch(svc, batch["id"])
     assert recovered["cost_unknown_attempts"] == 2 and recovered["in_flight"] == 0

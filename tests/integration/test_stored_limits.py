@@ -105,8 +105,7 @@ def test_a_call_costing_exactly_a_ten_millionth_of_a_dollar_is_counted(api, svc,
     """1 token at 0.10 USD per million: 1e-7 USD, which boto3 sends as 1E-7, added in transactions."""
     from batchinfer.domain import utc_day
     from batchinfer.records import Usage
-    from tests.helpers import new_key
-    from tests.integration.test_api import finish, ok, settings
+    from tests.helpers import finish, new_key, ok, settings
 
     settings(svc, embeddings_responses_batches_enabled=True)
     account, key = new_key(svc)

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import new_key
-from tests.integration.test_api import anthropic_error, error, finish, no_batches, ok, s3_keys, settings, sim_requests
+from tests.helpers import anthropic_error, error, finish, new_key, no_batches, ok, s3_keys, settings, sim_requests
 from tests.integration.test_files import create_from, jsonl, upload
 from tests.integration.test_message_batches import V1
 

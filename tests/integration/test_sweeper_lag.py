@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from batchinfer.records import WebhookEvent
 from batchinfer.scheduling.dispatcher import Dispatcher
-from batchinfer.service.sweep import Overdue, sweep_once
-from tests.helpers import chat_request, new_key
-from tests.integration.test_api import settings
+from batchinfer.service.background.sweep import Overdue, sweep_once
+from tests.helpers import chat_request, new_key, settings
 
 GLM = "glm-5.3-flash"
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from batchinfer.domain import utc_day
 from batchinfer.records import Usage
-from tests.helpers import new_key
-from tests.integration.test_api import finish, ok, settings
+from tests.helpers import finish, new_key, ok, settings
 
 GLM = "glm-5.3-flash"
 FIVE_TOKENS = "a b c d e"  # 5 input tokens at 0.10 USD per million: 5e-7 USD, sent as 5E-7

@@ -7,8 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tests.helpers import new_key
-from tests.integration.test_api import error, finish, ok, s3_keys, settings
+from tests.helpers import error, finish, new_key, ok, s3_keys, settings
 from tests.integration.test_files import content, create_from, jsonl, line, upload
 
 BOUNDARY = "0f4b4a7a1c2d3e4f5a6b7c8d9e0f1a2b"

@@ -16,11 +16,10 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from batchinfer.layout import batch_key
 from batchinfer.records import WebhookEvent
-from batchinfer.service import webhooks
-from batchinfer.service.sweep import sweep_once
+from batchinfer.service.background import webhooks
+from batchinfer.service.background.sweep import sweep_once
 from local.lambda_runtime import invoke, sqs_event
-from tests.helpers import new_key
-from tests.integration.test_api import _tick, error, finish, ok, req, settings
+from tests.helpers import error, finish, new_key, ok, req, settings, tick
 from tests.integration.test_files import create_from, jsonl, line, upload
 from tests.integration.test_message_batches import V1, entry
 
@@ -76,7 +75,7 @@ def run_pending(svc, key_events) -> None:
         for e in pending:
             wait = (e["delivery"]["next_attempt_at"] or 0) - svc.now()
             if wait > 0:
-                _tick(svc, wait)
+                tick(svc, wait)
             item = svc.table.get(*e["_key"])
             webhooks.deliver(svc, {"pk": item["pk"], "sk": item["sk"]})
     raise AssertionError("events still pending")
@@ -108,7 +107,7 @@ def test_register_show_change_rotate_and_delete(api, svc, hooks):
     assert verified(call, secret)["type"] == "batch.completed"  # the old secret still verifies, for now
     assert len(call["headers"]["webhook-signature"].split(" ")) == 2
     # A day later only the new secret signs.
-    _tick(svc, 24 * 3600 + 1)
+    tick(svc, 24 * 3600 + 1)
     batch = api.created(key, [req("b")])
     finish(svc, batch["id"])
     deliver_queued(svc)
@@ -268,7 +267,7 @@ def test_every_ending_produces_exactly_one_event(api, svc, hooks, sim_control):
     expired = api.created(key, [req("c")])
     bad = ok(upload(api, key, jsonl(line("x"), "{not json")))
     failed = ok(create_from(api, key, bad["id"]))
-    _tick(svc, 86400 + 1)  # the window of `expired` closes before it started
+    tick(svc, 86400 + 1)  # the window of `expired` closes before it started
     finish(svc, expired["id"])
     finish(svc, failed["id"])
     message_batch = ok(api("POST", "/v1/messages/batches", key, json_body={"requests": [entry("m")]},
@@ -370,7 +369,7 @@ def test_a_receiver_that_recovers_gets_the_event_once_it_answers(api, svc, hooks
     deliver_queued(svc)
     item = WebhookEvent.of_account(svc.table, shown_account(svc, key), 1, None)[0][0]
     for _ in range(2):
-        _tick(svc, svc.table.get(item["pk"], item["sk"])["next_attempt_at"] - svc.now())
+        tick(svc, svc.table.get(item["pk"], item["sk"])["next_attempt_at"] - svc.now())
         webhooks.deliver(svc, {"pk": item["pk"], "sk": item["sk"]})
     [event] = events(api, key)["data"]
     assert event["delivery"]["status"] == "delivered"
@@ -388,7 +387,7 @@ def test_a_lost_queue_message_is_sent_again_by_the_sweeper(api, svc, hooks):
     assert hooks.at("/lost") == []
     sweep_once(svc)
     assert deliver_queued(svc) == 0  # not yet: the message may still be on its way
-    _tick(svc, svc.settings.webhook_relay_seconds + 1)
+    tick(svc, svc.settings.webhook_relay_seconds + 1)
     assert sweep_once(svc)["webhook_events_resent"] == 1
     deliver_queued(svc)
     [call] = hooks.at("/lost")
@@ -420,7 +419,7 @@ def test_nothing_of_a_prompt_or_result_in_any_event_or_log_line(api, svc, hooks,
     finish(svc, batch["id"])
     deliver_queued(svc)
     item = WebhookEvent.of_account(svc.table, shown_account(svc, key), 1, None)[0][0]
-    _tick(svc, item["next_attempt_at"] - svc.now())
+    tick(svc, item["next_attempt_at"] - svc.now())
     webhooks.deliver(svc, {"pk": item["pk"], "sk": item["sk"]})
     assert len(hooks.at("/canary")) == 2
     seen = [c["body"] + json.dumps(c["headers"]) for c in hooks.at("/canary")]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchinfer.records import analytics
-from batchinfer.service.analytics import analytics_of, running_seconds
+from batchinfer.service.reading.analytics import analytics_of, running_seconds
 
 latencies = st.lists(st.floats(min_value=0.0, max_value=900_000.0, allow_nan=False), min_size=1, max_size=300)
 

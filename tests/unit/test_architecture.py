@@ -14,12 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "layers" / "core" / "python"
 PACKAGE = "batchinfer"
 
-# The operations of each batch API protocol: they use storage and the shared service, so they rank with
-# the service. The rest of `batchinfer.protocols` (the registry, each protocol's description and shapes)
-# is pure and sits at the bottom, where layout asks it for a batch id's listing prefix.
-PROTOCOL_OPERATIONS = {"batchinfer.protocols.openai.batches", "batchinfer.protocols.openai.files",
-                       "batchinfer.protocols.openai.uploads", "batchinfer.protocols.anthropic.message_batches"}
-
 # Lower layers first; a module may import its own layer or any below it. A module belongs to the layer of
 # the longest name that is it or a package holding it (so a module named on its own outranks its package).
 LAYERS = [
@@ -31,7 +25,9 @@ LAYERS = [
     {"batchinfer.records", "batchinfer.ledger"},
     # The scheduler decides what runs when; the service hands it what runs one request (never imported up).
     {"batchinfer.scheduling"},
-    {"batchinfer.service", *PROTOCOL_OPERATIONS},
+    {"batchinfer.service"},
+    # Each batch API's operations: its terms over the service's use cases, for the routes.
+    {"batchinfer.operations"},
     {"batchinfer.api", "batchinfer.cli"},
 ]
 
@@ -115,15 +111,51 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_a_module_named_on_its_own_outranks_its_package():
-    assert _layer("batchinfer.protocols") == _layer("batchinfer.protocols.openai.shapes") == 0
-    assert _layer("batchinfer.protocols.openai.batches") == _layer("batchinfer.service.intake")
-    assert all(_layer(m) == _layer("batchinfer.service") for m in PROTOCOL_OPERATIONS)
+def test_the_operations_sit_between_the_service_and_the_routes():
+    service, operations = _layer("batchinfer.service.creating.intake"), _layer("batchinfer.operations.openai.batches")
+    assert service == _layer("batchinfer.service.running.run_request")
+    assert operations == _layer("batchinfer.operations.anthropic.message_batches")
+    assert service < operations < _layer("batchinfer.api.routes.batches")
 
 
-def test_every_protocol_operation_module_exists():
-    """A listed module that was renamed would leave its successor ranked as a pure description."""
-    assert PROTOCOL_OPERATIONS <= set(_graph())
+def test_protocols_hold_descriptions_only():
+    """A protocol's package is its description (ids, shapes, how its results look), pure and at the bottom:
+    its operations, which use storage and the service, are in `operations/`."""
+    graph = _graph()
+    protocol_modules = [m for m in graph if m == "batchinfer.protocols" or m.startswith("batchinfer.protocols.")]
+    assert "batchinfer.protocols.anthropic.shapes" in protocol_modules
+    assert {m: _layer(m) for m in protocol_modules} == dict.fromkeys(protocol_modules, 0)
+
+
+def test_the_service_asks_the_registry_and_never_a_protocols_own_module():
+    """Shared code asks `protocols` (the registry) by a batch's `api` or id; a protocol's own package
+    (`protocols.openai`, `protocols.anthropic`, their shapes) and the operations are not the service's to use."""
+    offenders = [f"{m} imports {i}" for m, imports in _graph().items() if m.startswith("batchinfer.service.")
+                 for i in imports if i.startswith(("batchinfer.protocols.", "batchinfer.operations"))
+                 and i != "batchinfer.protocols.base"]
+    assert offenders == []
+
+
+def test_only_the_routes_use_the_operations():
+    users = {m for m, imports in _graph().items() if not m.startswith("batchinfer.operations")
+             and any(i.startswith("batchinfer.operations") for i in imports)}
+    assert users and all(u.startswith("batchinfer.api.") for u in users), users
+
+
+# The modules the service keeps at its top, shared by its use cases; every other module is in a use case's
+# folder, whose `__init__` says what the use case is and what it may touch.
+SERVICE_SHARED = {"accounts", "account_waiters", "lifecycle", "limits"}
+
+
+def test_the_service_is_its_use_cases():
+    service = ROOT / PACKAGE / "service"
+    assert {p.stem for p in service.glob("*.py")} - {"__init__"} == SERVICE_SHARED
+    folders = sorted(p for p in service.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert [f.name for f in folders] == ["background", "creating", "reading", "running", "steering"]
+    for folder in folders:
+        module = ast.parse((folder / "__init__.py").read_text())
+        assert ast.get_docstring(module), f"{folder.name} says what its use case is"
+        assert not _code_of(folder / "__init__.py"), f"{folder.name}/__init__ holds no code"
 
 
 def test_the_core_package_has_no_import_circle():
@@ -170,7 +202,8 @@ def test_only_storage_touches_boto3_and_only_providers_touch_httpx():
 
 
 def test_the_scheduler_sits_between_the_ledger_and_the_service():
-    assert _layer("batchinfer.ledger") < _layer("batchinfer.scheduling.pump") < _layer("batchinfer.service.run_request")
+    assert (_layer("batchinfer.ledger") < _layer("batchinfer.scheduling.pump")
+            < _layer("batchinfer.service.running.run_request"))
 
 
 def test_the_boto3_allowance_names_an_existing_module_and_nothing_else_in_providers():

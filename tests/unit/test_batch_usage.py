@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from batchinfer.protocols.anthropic.message_batches import message_batch_object
-from batchinfer.protocols.openai.batches import batch_object
-from batchinfer.service.batch_usage import shown_usd
+from batchinfer.operations.anthropic.message_batches import message_batch_object
+from batchinfer.operations.openai.batches import batch_object
+from batchinfer.service.running.batch_usage import shown_usd
 
 
 def _item(cost: float) -> dict:

@@ -7,8 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchinfer.errors import InvalidRequest
-from batchinfer.records.feed import finished_members
-from batchinfer.service.feed import Cursor, check_order, check_status, check_wait, decode_cursor, encode_cursor
+from batchinfer.records.finished_order import finished_members
+from batchinfer.service.reading.finished_order import (
+    Cursor,
+    check_order,
+    check_status,
+    check_wait,
+    decode_cursor,
+    encode_cursor,
+)
 
 counts = st.integers(min_value=0, max_value=10**9)
 

@@ -20,8 +20,11 @@ ROOT = Path(__file__).resolve().parents[2] / "layers" / "core" / "python"
 # the package is shared and must not name a protocol. The API's route modules each serve one protocol,
 # and its schemas hold each protocol's shapes for the OpenAPI document; batchctl is a client of that API.
 # A backend's `kind` is "openai" or "anthropic" too: the catalog, the providers and the translation
-# between the two request formats are about backends.
-OWN_OR_BACKEND = ("batchinfer.protocols", "batchinfer.providers", "batchinfer.catalog", "batchinfer.messages_to_chat",
+# between the two request formats are about backends. The operations are each protocol's own. The check of
+# a Messages request's params is about that request format (its rules go by the `anthropic-version` header),
+# for Message Batches and interactive Messages calls alike.
+OWN_OR_BACKEND = ("batchinfer.protocols", "batchinfer.operations", "batchinfer.providers", "batchinfer.catalog",
+                  "batchinfer.messages_to_chat", "batchinfer.service.creating.message_params",
                   "batchinfer.api.routes", "batchinfer.api.schemas", "batchinfer.cli")
 _HEX = re.compile("[0-9a-f]*")
 
@@ -132,7 +135,8 @@ def test_no_shared_module_names_a_protocol():
     an `anthropic_version` field) or one of its batch ids (`startswith("msgbatch_")`) is the protocol's own
     knowledge, and belongs in its package."""
     modules = _shared_modules()
-    assert {"batchinfer.service.results", "batchinfer.layout", "batchinfer.api.envelopes"} <= dict(modules).keys()
+    assert {"batchinfer.service.reading.results", "batchinfer.layout",
+            "batchinfer.api.envelopes"} <= dict(modules).keys()
     offenders = [f"{name}:{node.lineno} {node.value[:60]!r}"
                  for name, path in modules for node in _naming_a_protocol(ast.parse(path.read_text()))]
     assert offenders == []

@@ -1,10 +1,10 @@
-"""What a retry in place takes among the requests that did not succeed (service.retry.RetryFilter)."""
+"""What a retry in place takes among the requests that did not succeed (service.steering.retry.RetryFilter)."""
 
 import pytest
 
 from batchinfer.domain import RequestState, Stop, unstarted_error
 from batchinfer.errors import InvalidRequest
-from batchinfer.service.retry import RetryFilter, filter_of, never_ran_shown, shown
+from batchinfer.service.steering.retry import RetryFilter, filter_of, never_ran_shown, shown
 
 
 def test_no_filter_takes_every_request_that_did_not_succeed_but_those_at_fault_for_their_input():

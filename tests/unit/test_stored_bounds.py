@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from batchinfer.domain import storable_number
 from batchinfer.errors import InvalidRequest
-from batchinfer.service.retry import described
-from batchinfer.service.validation import (
+from batchinfer.service.creating.validation import (
     MAX_PROBLEM_CHARS,
     MAX_PROBLEMS_BYTES,
     MAX_REPORTED_PROBLEMS,
     ProblemList,
     bounded_problems,
 )
+from batchinfer.service.steering.retry import described
 from batchinfer.spending import parse_cap
 
 
@@ -97,7 +97,7 @@ def test_a_cap_in_range_is_taken(cap):
 
 
 def test_a_bounded_list_says_how_many_problems_it_stands_for():
-    from batchinfer.service.validation import problem_count
+    from batchinfer.service.creating.validation import problem_count
 
     found = ProblemList()
     for n in range(4_911):

@@ -9,39 +9,22 @@ Runs with any SDK major (the anthropic part where the interpreter has anthropic)
 
 import io
 import json
-import os
 import time
 import uuid
 
 import openai
 from openai import OpenAI
 from openai.types import Batch
+from sdk_common import BASE, KEY, MODEL, chat, wait
 
 try:
     import anthropic
 except ImportError:  # the openai-only interpreter
     anthropic = None
 
-BASE, KEY = os.environ["FREEINFERENCE_BASE_URL"], os.environ["FREEINFERENCE_API_KEY"]
-MODEL = "glm-5.3-flash"
 TAG = uuid.uuid4().hex  # the simulator remembers flaky bodies: each run's are its own
 client = OpenAI(base_url=BASE, api_key=KEY)
 out = {"openai": openai.__version__}
-
-
-def chat(custom_id, content):
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": content}]}}
-
-
-def wait(batch_id, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        time.sleep(0.2)
-    raise AssertionError(f"{batch_id} did not end")
 
 
 def analytics(batch):
@@ -55,9 +38,9 @@ lines = [chat("ok", f"Hello {TAG}"), chat("flaky", f"[[sim:flaky:1:500]] {TAG}")
 upload = client.files.create(file=("batch.jsonl", io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode())),
                              purpose="batch")
 created = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
-first = wait(created.id)
+first = wait(client, created.id)
 client.post(f"/batches/{created.id}/retry", cast_to=Batch, body={"error_codes": ["upstream_error"]})
-again = wait(created.id)
+again = wait(client, created.id)
 out["file"] = {"created": analytics(created), "first": analytics(first), "again": analytics(again),
                "in_progress_at": first.in_progress_at, "completed_at": again.completed_at}
 

@@ -13,16 +13,11 @@ import os
 
 import httpx
 import openai
+from sdk_common import MODEL, chat
 
-MODEL = "glm-5.3-flash"
 key = os.environ["FREEINFERENCE_API_KEY"]
 seen = {"openai": openai.__version__}
 sent = []  # every HTTP request the openai client sent: a refusal it retried would show twice
-
-
-def chat(custom_id, content, **body):
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": content}], **body}}
 
 
 client = openai.OpenAI(base_url=os.environ["FREEINFERENCE_BASE_URL"], api_key=key,

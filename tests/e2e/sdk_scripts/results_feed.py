@@ -8,27 +8,20 @@ Runs with any SDK major (the anthropic part where the interpreter has anthropic)
 """
 
 import json
-import os
 import time
 
 import openai
 from openai import OpenAI
 from openai.types import Batch
+from sdk_common import BASE, KEY, MODEL, chat
 
 try:
     import anthropic
 except ImportError:  # the openai-only interpreter
     anthropic = None
 
-BASE, KEY = os.environ["FREEINFERENCE_BASE_URL"], os.environ["FREEINFERENCE_API_KEY"]
-MODEL = "glm-5.3-flash"
 client = OpenAI(base_url=BASE, api_key=KEY)
 out = {"openai": openai.__version__}
-
-
-def chat(custom_id, content):
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": content}]}}
 
 
 def follow(get, limit=2, timeout=60):

@@ -9,13 +9,13 @@ Runs with any SDK major (the anthropic part where the interpreter has anthropic)
 
 import io
 import json
-import os
 import time
 import uuid
 
 import openai
 from openai import OpenAI
 from openai.types import Batch
+from sdk_common import BASE, KEY, MODEL, chat, wait
 
 try:
     import anthropic
@@ -23,26 +23,9 @@ try:
 except ImportError:  # the openai-only interpreter
     anthropic = None
 
-BASE, KEY = os.environ["FREEINFERENCE_BASE_URL"], os.environ["FREEINFERENCE_API_KEY"]
-MODEL = "glm-5.3-flash"
 TAG = uuid.uuid4().hex  # the simulator remembers flaky bodies: each run's are its own
 client = OpenAI(base_url=BASE, api_key=KEY)
 out = {"openai": openai.__version__}
-
-
-def chat(custom_id, content):
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": content}]}}
-
-
-def wait(batch_id, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        time.sleep(0.2)
-    raise AssertionError(f"{batch_id} did not end")
 
 
 def raised(call):
@@ -60,10 +43,10 @@ def counts(batch):
 # An inline batch: the service's own create, posted as the SDK posts any body.
 inline = client.post("/batches", cast_to=Batch, body={"requests": [
     chat("ok", f"Say hello {TAG}"), chat("flaky", f"[[sim:flaky:1:500]] {TAG}")]})
-first = wait(inline.id)
+first = wait(client, inline.id)
 retried = client.post(f"/batches/{inline.id}/retry", cast_to=Batch, body={"error_codes": ["upstream_error"]},
                       options={"headers": {"Idempotency-Key": f"retry-{TAG}"}})
-again = wait(inline.id)
+again = wait(client, inline.id)
 replayed = client.post(f"/batches/{inline.id}/retry", cast_to=Batch, body={"error_codes": ["upstream_error"]},
                        options={"headers": {"Idempotency-Key": f"retry-{TAG}"}})
 results = client.get(f"/batches/{inline.id}/results", cast_to=object)
@@ -83,9 +66,9 @@ lines = [chat("a", f"First {TAG}"), chat("flaky", f"[[sim:flaky:1:500]] file {TA
 upload = client.files.create(file=("batch.jsonl", io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode())),
                              purpose="batch")
 created = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
-first = wait(created.id)
+first = wait(client, created.id)
 retried = client.post(f"/batches/{created.id}/retry", cast_to=Batch)
-again = wait(created.id)
+again = wait(client, created.id)
 output = client.files.content(again.output_file_id).text if again.output_file_id else ""
 out["file"] = {
     "first": [first.status, *counts(first), bool(first.output_file_id), bool(first.error_file_id)],

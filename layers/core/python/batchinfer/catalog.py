@@ -142,7 +142,7 @@ class Model(_Strict):
     # request that sets no limit of its own (None: such a request cannot run under a cap).
     max_output_tokens: int | None = Field(default=None, gt=0)
     # The tiktoken encoding a batch estimate counts this model's input tokens with (None: o200k_base). Only
-    # encodings whose rank files ship with the service (service/tokenizer.py) can be named.
+    # encodings whose rank files ship with the service (service/creating/tokenizer.py) can be named.
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
 
     def serves(self, endpoint: str) -> bool:

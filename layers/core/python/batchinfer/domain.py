@@ -42,7 +42,7 @@ BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
     ),
     BatchStatus.FINALIZING: frozenset(FINAL_BATCH),
     BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
-    # Retry in place (service.retry): an ended batch runs again the requests of it that did not succeed, and
+    # Retry in place (service.steering.retry): an ended batch runs again the requests of it that did not succeed, and
     # ends again. Only a retry takes an ended batch back; nothing else leaves an ended status.
     **{final: frozenset({BatchStatus.IN_PROGRESS}) for final in FINAL_BATCH},
 }
@@ -120,7 +120,7 @@ REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     ),
     RequestState.WAITING: frozenset({RequestState.DISPATCHED, RequestState.FAILED, RequestState.UNSTARTED}),
     # Retry in place: a request of an ended batch that failed or never started waits to run again (its batch
-    # was retried, service.retry); a success is never run again.
+    # was retried, service.steering.retry); a success is never run again.
     RequestState.FAILED: frozenset({RequestState.WAITING}),
     RequestState.UNSTARTED: frozenset({RequestState.WAITING}),
 }

@@ -89,7 +89,7 @@ def request_sk(index: int) -> str:
     return f"{REQUEST_PREFIX}{index:06d}"
 
 
-FEED_PREFIX = "FEED#"  # sort keys of a batch's finished-order log (records.feed)
+FEED_PREFIX = "FEED#"  # sort keys of a batch's finished-order log (records.finished_order)
 
 
 def feed_key(batch_id: str, seq: int) -> tuple[str, str]:
@@ -288,7 +288,7 @@ def upload_part_object(upload_id: str, part_id: str) -> str:
 
 
 def retry_filter_object(batch_id: str, token: str) -> str:
-    """A retry's filter too large for the batch item (service.retry), under the batch's prefix."""
+    """A retry's filter too large for the batch item (service.steering.retry), under the batch's prefix."""
     return f"{BATCHES_PREFIX}{batch_id}/retry-filter-{token}.json"
 
 

@@ -13,8 +13,8 @@ from .settings import Settings, environment, get_settings
 from .storage.aws import clients_for
 from .storage.blobs import Blobs
 from .storage.dynamo import Table
-from .storage.keys import SecretBox
 from .storage.queues import Queues
+from .storage.secret_box import SecretBox
 
 
 @dataclass

@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     worker_pull_limit: int = Field(default=50, ge=1, le=1000)  # free slots a retry's worker takes for its pump
     interactive_yield_per_request: int = 1  # batch slots given up per interactive request in flight
 
-    # Completion webhooks (service.webhooks).
+    # Completion webhooks (service.background.webhooks).
     webhook_queue_url: str | None = None  # the delivery queue (the local stack and CDK set it)
     webhook_key_id: str = "alias/batchinfer-webhooks"  # the KMS key signing secrets are sealed with
     webhook_retry_base_seconds: float = Field(default=60.0, ge=0)  # first retry's delay; each next one doubles

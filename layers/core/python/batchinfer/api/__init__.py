@@ -1,1 +1,2 @@
-"""The HTTP API (FastAPI): thin routes over the service modules."""
+"""The HTTP API (FastAPI): thin routes over each batch API's operations (`operations/`) and the service's
+use cases."""

@@ -14,7 +14,7 @@ from . import schemas
 from .envelopes import install_error_handlers
 from .latency import RequestLatency
 from .limits import RateLimitHeaders
-from .routes import api_docs, batches, console, files, health, inference, message_batches, messages, uploads, webhooks
+from .routes import api_docs, batches, console, files, health, interactive, message_batches, messages, uploads, webhooks
 
 # The API's paths, where a trailing slash is served as if it were not there: the service's own base URL,
 # and the other base URLs protocols give their clients.
@@ -48,7 +48,7 @@ def create_app(get_services: Callable[[], Services] = services) -> FastAPI:
     app.add_middleware(TrailingSlashServed)
     app.state.get_services = get_services
     install_error_handlers(app)
-    for module in (health, batches, files, uploads, message_batches, webhooks, inference, messages, console,
+    for module in (health, batches, files, uploads, message_batches, webhooks, interactive, messages, console,
                    api_docs):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)

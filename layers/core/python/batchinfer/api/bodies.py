@@ -10,7 +10,7 @@ from python_multipart.multipart import DEFAULT_MAX_HEADER_SIZE
 from starlette.datastructures import FormData, UploadFile
 
 from ..errors import ApiError, InvalidRequest
-from ..protocols.openai.files import MAX_FILENAME_CHARS
+from ..operations.openai.files import MAX_FILENAME_CHARS
 
 
 def declared_over(request: Request, limit: int) -> bool:

@@ -27,7 +27,7 @@ from ..errors import ApiError, InternalError, InvalidRequest
 from ..jsontext import DuplicateKey
 from ..jsontext import loads as read_json
 from ..protocols import Protocol
-from ..service.validation import duplicate_key_fault
+from ..service.creating.validation import duplicate_key_fault
 
 SCOPE_KEY = "batchinfer.envelope"
 FINAL_STATUSES = (410, 413)  # answers a retry cannot change

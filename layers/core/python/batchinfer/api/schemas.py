@@ -1,7 +1,7 @@
 """Shapes for the OpenAPI document of routes that read or write raw JSON for speed (a 50,000-request
 create is parsed once, not into 50,000 pydantic models; answers are built as dicts). The routes declare
 these with `openapi_extra`; `components()` gives `app.openapi` their definitions. What the service accepts
-is decided by `service.validation`, whose messages name the faulty request; these describe it."""
+is decided by `service.creating.validation`, whose messages name the faulty request; these describe it."""
 
 from __future__ import annotations
 
@@ -344,7 +344,7 @@ _MODELS = (*_MODELS, BatchEstimate)  # for components()
 BATCH_ESTIMATE = _ok(BatchEstimate, "The estimate (nothing is stored)")
 
 
-# The header `service.intake.check_idempotency_key` reads (the route reads it raw, so FastAPI cannot say it).
+# The header `service.creating.intake.check_idempotency_key` reads (the route reads it raw, so FastAPI cannot say it).
 IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
                    "description": "1-255 printable ASCII characters. A retry with the same key and body answers "
                                   "with the batch the first call created (and `idempotent-replayed: true`); "

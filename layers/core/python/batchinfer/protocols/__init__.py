@@ -4,8 +4,8 @@ refusals look, the webhook event its endings announce, what its requests add to 
 protocol is a new package and a line here; the shared code (intake, results, webhooks, the worker) does
 not change: it asks this registry, by a batch item's `api` or by a batch id, and never names a protocol.
 
-The descriptions are pure and sit low (layout asks for an id's listing prefix); each package's operation
-modules (create, read, cancel, ...) rank with the service they use.
+The descriptions are pure and sit low (layout asks for an id's listing prefix); each protocol's operations
+(create, read, cancel, ...) are in `operations/<name>`, above the service they use.
 """
 
 from __future__ import annotations

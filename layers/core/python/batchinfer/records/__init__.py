@@ -10,17 +10,18 @@ lease over up to 25 first attempts), its requests (written with their outcome, o
 model's budget, the account (unfinished counts and slots), the day's usage, and an Idempotency-Key.
 
 One module per family, each importing only those below it:
-  expressions  what every record's expressions share (`Op`, `IN` tests, `ADD` of counters, `by_due` reads)
-  shapes       what the items hold (`BatchItem`, `GroupItem`, `RequestItem`, `FileItem`, `UploadItem`)
-  capacity     a model's budget, interactive leases and slot leases, and the shards slots came from
-  batches      the batch, its lanes and its Idempotency-Key
-  work         a batch's groups and request items
-  accounts     the account, its API keys and its day's usage
-  files        batch files and uploads
-  webhooks     the account's webhook and its events
-  analytics    a batch's analytics counters (moved by the writes that settle its requests)
-  feed         a batch's finished-order log (its entries are written in the transactions that count outcomes)
-  limits       an account's request-rate bucket and the long polls it holds
+  expressions     what every record's expressions share (`Op`, `IN` tests, `ADD` of counters, `by_due` reads)
+  items           what the items hold (`BatchItem`, `GroupItem`, `RequestItem`, `FileItem`, `UploadItem`)
+  capacity        a model's budget, interactive leases and slot leases, and the shards slots came from
+  batches         the batch, its lanes and its Idempotency-Key
+  work            a batch's groups and request items
+  accounts        the account, its API keys and its day's usage
+  files           batch files and uploads
+  webhooks        the account's webhook and its events
+  analytics       a batch's analytics counters (moved by the writes that settle its requests)
+  finished_order  a batch's finished-order log (its entries are written in the transactions that count
+                  outcomes)
+  limits          an account's request-rate bucket and the long polls it holds
 Callers import from the package (`from batchinfer.records import Batch`), not from its modules.
 """
 
@@ -29,10 +30,10 @@ from .accounts import Account, ApiKey, Usage, key_account_and_usage
 from .batches import Batch, Idempotency, Lane
 from .capacity import Budget, InteractiveLease, SlotLease, group_shards, lease_shards, shards_map
 from .expressions import Op, due_in
-from .feed import Feed, finished_members, transact_counted
 from .files import File, Upload
+from .finished_order import Feed, finished_members, transact_counted
+from .items import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .limits import LongPolls, RequestRate
-from .shapes import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .webhooks import Webhook, WebhookEvent
 from .work import Group, Request
 

@@ -32,7 +32,7 @@ from ..layout import (
 from ..spending import EPSILON_USD
 from ..storage.dynamo import ConditionFailed, Table
 from .expressions import Op, _add_op, _in, due_in
-from .shapes import BatchItem
+from .items import BatchItem
 
 # The tally of a batch's consecutive sweep failures (`Batch.count_step_failure`): gone once it ends or runs again.
 STEP_FAILURE_FIELDS = ("step_failures", "step_failed", "step_failed_at")
@@ -164,7 +164,7 @@ class Batch:
     def pause(t: Table, batch_id: str, now: int, walk: dict | None = None) -> Op:
         """Pause a batch: it starts no request until resumed. Fenced on it not being paused, stopped or
         deleted, and on a status that may still start requests (pausing is a flag, not a status). `walk`: the
-        walk over its waiting requests it starts (`pause_walk`, service.pausing)."""
+        walk over its waiting requests it starts (`pause_walk`, service.steering.pausing)."""
         pausable, vals = _in("status", PAUSABLE_BATCH)
         return t.op_update(*batch_key(batch_id), "SET paused_at = :now, pause_walk = :walk",
                            vals={**vals, ":now": now, ":walk": walk or {}},
@@ -306,7 +306,7 @@ class Batch:
 
     @staticmethod
     def prepare_writers(t: Table, batch_id: str) -> None:
-        """Room for the cursors of the batch's resumable writers (service.finalize)."""
+        """Room for the cursors of the batch's resumable writers (service.background.finalize)."""
         t.update(*batch_key(batch_id), "SET writing = if_not_exists(writing, :empty)", vals={":empty": {}})
 
     @staticmethod
@@ -342,7 +342,7 @@ class Batch:
               retrying: dict,
               uncount: dict[str, int], parked: str | None, forget_idempotency_key: bool,
               cap: float | None = None) -> Op:
-        """An ended batch runs again (retry in place, service.retry): in progress with a new window, back in
+        """An ended batch runs again (retry in place, service.steering.retry): in progress with a new window, back in
         `by_active`, its ending undone (ending times, retention clock, stop, result files and export no longer
         named) and `retrying` holding the walk that re-queues its requests. `uncount`: what the never-dispatched
         requests re-queued with their lanes leave (failed, unstarted); `parked`: the stop under which the
@@ -370,7 +370,7 @@ class Batch:
         else:
             sets.append("parked = :parked")
             vals[":parked"] = parked
-        if cap is not None:  # a raised spending cap (service.retry checks it is not below what was spent)
+        if cap is not None:  # a raised spending cap (service.steering.retry checks it is not below what was spent)
             sets.append("max_cost_usd = :cap")
             vals[":cap"] = cap
         if forget_idempotency_key:  # its record is gone: the next ending must not write one back
@@ -409,8 +409,8 @@ class Batch:
     @staticmethod
     def file_never_dispatched(t: Table, batch: BatchItem, model_id: str, lane_next: int, new_next: int) -> Op:
         """An ended batch's lane moves past never-dispatched requests filed as request items (in the same
-        transaction: service.never_dispatched). Fenced on the lane's cursor, on the status it ended with, and on
-        the batch being neither retried nor deleted meanwhile."""
+        transaction: service.steering.never_dispatched). Fenced on the lane's cursor, on the status it ended
+        with, and on the batch being neither retried nor deleted meanwhile."""
         return t.op_update(*batch_key(batch["id"]), "SET lanes.#m.#next = :new",
                            vals={":new": new_next, ":old": lane_next, ":status": batch["status"]},
                            names={"#m": model_id},

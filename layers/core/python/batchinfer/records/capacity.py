@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..layout import interactive_lease_key, lease_due, model_budget_key, slot_lease_key
 from ..storage.dynamo import Table
 from .expressions import Op, _add_op
-from .shapes import GroupItem
+from .items import GroupItem
 
 
 class Budget:

@@ -8,7 +8,7 @@ from ..layout import OWNER_FILE_PREFIX, file_key, owner_file_sort, owner_partiti
 from ..storage.dynamo import Table
 from .batches import Batch
 from .expressions import Op
-from .shapes import FileItem, UploadItem
+from .items import FileItem, UploadItem
 
 
 class File:

@@ -19,7 +19,7 @@ from ..layout import (
 from ..storage.dynamo import Table
 from .capacity import shards_map
 from .expressions import Op, due_in
-from .shapes import BatchItem, GroupItem, RequestItem
+from .items import BatchItem, GroupItem, RequestItem
 
 
 class Group:

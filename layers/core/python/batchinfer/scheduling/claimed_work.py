@@ -1,5 +1,5 @@
 """The slot pump's claimed work: how the service runs it (`RunsRequests`, handed in by the worker's entry
-point, service.run_request, so the scheduler stays below the service), a claimed group as its members'
+point, service.running.run_request, so the scheduler stays below the service), a claimed group as its members'
 outcomes come in, and a claimed request as it waits in the pump's queue for a slot."""
 
 from __future__ import annotations

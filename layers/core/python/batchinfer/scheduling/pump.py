@@ -3,7 +3,7 @@ and work it claims ahead, refilling each slot the moment its call answers.
 
 The pump decides what runs when (how many slots to hold, how much to claim and when, when to give slots
 back, what may start); how one request runs (its checks, its call, its outcome, the writes that settle it)
-is the service's, handed in as `RunsRequests` by the worker's entry point (service.run_request), so this
+is the service's, handed in as `RunsRequests` by the worker's entry point (service.running.run_request), so this
 package stays below the service.
 """
 

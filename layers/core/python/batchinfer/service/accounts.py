@@ -9,8 +9,8 @@ from ..layout import hash_api_key
 from ..records import Account, ApiKey, Usage
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
-from .batch_usage import shown_usd
-from .waits import wake_account
+from .account_waiters import wake_account
+from .running.batch_usage import shown_usd
 
 
 @dataclass(frozen=True)

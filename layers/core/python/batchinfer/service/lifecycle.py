@@ -30,8 +30,8 @@ from ..ledger import Settlement, settle
 from ..records import Account, Batch, BatchItem, File, Idempotency, Lane, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, ItemTooLarge
-from . import finalize, webhooks
-from .validation import bounded_problems
+from .background import finalize, webhooks
+from .creating.validation import bounded_problems
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None,
     if batch is None or batch["status"] in FINAL_BATCH or batch.get("deleting"):
         return batch
     if batch.get("retrying"):
-        return batch  # a retry is still re-queueing its requests (service.retry carries it on)
+        return batch  # a retry is still re-queueing its requests (service.steering.retry carries it on)
     stop = Stop(batch["stop"]) if batch.get("stop") else None
     if batch.get("awaiting_validation") and stop is None:
         return batch  # a file batch whose lines are still being checked
@@ -125,7 +125,7 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None,
         if _ended_or_moved(batch) or batch.get("open", 0) > 0 or batch.get("in_flight", 0) > 0:
             return batch
     now = svc.now()
-    # What the batch leaves behind is written first, resumably (service.finalize): its output and error
+    # What the batch leaves behind is written first, resumably (service.background.finalize): its output and error
     # files if it came from a file; output.jsonl in S3 if it is too large for a Lambda answer.
     kinds = ("output", "error") if batch.get("input_file_id") else ()
     if batch.get("result_bytes", 0) > svc.settings.export_redirect_bytes:

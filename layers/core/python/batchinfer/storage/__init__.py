@@ -1,1 +1,1 @@
-"""Storage: the only code that touches boto3 (DynamoDB, S3, SQS)."""
+"""Storage: the only code that touches boto3 (DynamoDB, S3, SQS; KMS for the secret box, Secrets Manager)."""

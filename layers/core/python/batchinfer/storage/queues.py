@@ -15,7 +15,7 @@ class Queues:
 
     def send_webhook(self, message: dict, delay_seconds: float = 0) -> None:
         """One webhook delivery to make, after up to 15 minutes (a longer wait comes back early, and waits
-        again: service.webhooks)."""
+        again: service.background.webhooks)."""
         if self.webhook_url is None:
             raise RuntimeError("WEBHOOK_QUEUE_URL is not set")
         delay = max(0, min(MAX_DELAY_SECONDS, int(delay_seconds)))

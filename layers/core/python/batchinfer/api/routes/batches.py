@@ -8,11 +8,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ...errors import InvalidRequest, PayloadTooLarge
 from ...jsontext import to_json
+from ...operations.openai import batches
 from ...protocols.openai import PROTOCOL as OPENAI
-from ...protocols.openai import batches
 from ...runtime import Services
-from ...service import feed
 from ...service.accounts import Principal
+from ...service.reading import finished_order
 from ..auth import caller, services_of
 from ..bodies import declared_over
 from ..envelopes import error_responses, route_class
@@ -72,12 +72,13 @@ def retrieve(batch_id: str, who: Principal = Depends(caller), svc: Services = De
 
 
 @router.get("/{batch_id}/results", response_model=None, summary="Results in submission order, finished or not",
-            description=feed.RESULTS_HELP, responses=error_responses(OPENAI), openapi_extra=RESULTS_PAGE)
+            description=finished_order.RESULTS_HELP, responses=error_responses(OPENAI), openapi_extra=RESULTS_PAGE)
 async def results(batch_id: str, limit: int = Query(100, description="1-1000"), after: str | None = None,
-                  order: feed.Order | None = Query(None, description=feed.ORDER_HELP),
-                  wait: int | None = Query(None, ge=0, le=feed.MAX_WAIT_SECONDS, description=feed.WAIT_HELP),
-                  status: feed.ResultStatus | None = Query(None, description=feed.STATUS_HELP),
-                  custom_id: str | None = Query(None, description=feed.CUSTOM_ID_HELP),
+                  order: finished_order.Order | None = Query(None, description=finished_order.ORDER_HELP),
+                  wait: int | None = Query(None, ge=0, le=finished_order.MAX_WAIT_SECONDS,
+                                           description=finished_order.WAIT_HELP),
+                  status: finished_order.ResultStatus | None = Query(None, description=finished_order.STATUS_HELP),
+                  custom_id: str | None = Query(None, description=finished_order.CUSTOM_ID_HELP),
                   who: Principal = Depends(caller), svc: Services = Depends(services_of)) -> Response:
     # Async: a page held open (`wait`) waits without holding a server thread; every read runs in the pool.
     # Written here, not by FastAPI's encoder: each response body goes out as the text the backend sent.
@@ -85,8 +86,8 @@ async def results(batch_id: str, limit: int = Query(100, description="1-1000"), 
     if order is not None or wait is not None or status is not None or custom_id is not None:  # the extensions
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000.", param="limit")
-        page = await feed.results_view_async(svc, lambda: batches.owned_batch(svc, who, batch_id), limit=limit,
-                                             after=after, order=order, wait=wait, status=status,
+        page = await finished_order.results_view_async(svc, lambda: batches.owned_batch(svc, who, batch_id),
+                                                       limit=limit, after=after, order=order, wait=wait, status=status,
                                              custom_id=custom_id)
     page = page or await run_in_threadpool(batches.results_page, svc, who, batch_id, limit, after)
     return Response(to_json(page, ensure_ascii=False), media_type="application/json")

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ...operations.openai import files
 from ...protocols.openai import PROTOCOL as OPENAI
-from ...protocols.openai import files
 from ...runtime import Services
 from ...service.accounts import Principal
 from ..auth import caller, services_of

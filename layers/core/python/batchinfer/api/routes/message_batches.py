@@ -11,11 +11,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ...errors import PayloadTooLarge, PermissionDenied
 from ...jsontext import to_json
+from ...operations.anthropic import message_batches
 from ...protocols.anthropic import PROTOCOL as ANTHROPIC
-from ...protocols.anthropic import message_batches
 from ...runtime import Services
-from ...service import feed  # the descriptions of its query parameters
 from ...service.accounts import Principal
+from ...service.reading import finished_order
 from ..auth import caller, services_of
 from ..bodies import declared_over
 from ..envelopes import error_responses, route_class, unmatched_paths_under
@@ -117,11 +117,11 @@ def _add_routes(prefix: str) -> None:
                 openapi_extra=_extra(FINISHED_MESSAGE_RESULTS))
     async def message_batch_results(batch_id: str, who: Principal = Depends(caller),
                               version: str = Depends(anthropic_version), svc: Services = Depends(services_of),
-                              order: feed.Order | None = Query(None, description=feed.ORDER_HELP),
+                              order: finished_order.Order | None = Query(None, description=finished_order.ORDER_HELP),
                               after: str | None = Query(None, description="With order=finished: a page's last_id"),
                               limit: int = Query(100, ge=1, le=1000, description="With order=finished: 1-1000"),
-                              wait: int | None = Query(None, ge=0, le=feed.MAX_WAIT_SECONDS,
-                                                       description=feed.WAIT_HELP),
+                              wait: int | None = Query(None, ge=0, le=finished_order.MAX_WAIT_SECONDS,
+                                                       description=finished_order.WAIT_HELP),
                               ) -> StreamingResponse | RedirectResponse | Response:
         if order is not None or wait is not None:  # the finished-order extension: a JSON page, while it runs too
             page = await message_batches.finished_results(svc, who, batch_id, order, after, limit, wait)

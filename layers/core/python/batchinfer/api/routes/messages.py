@@ -1,5 +1,5 @@
 """`/v1/messages` (also under `/anthropic`): Anthropic's Messages endpoint, interactive (Anthropic's error
-envelope), as `client.messages.create` calls it. Thin: `service.interactive` checks (as a Message Batch
+envelope), as `client.messages.create` calls it. Thin: `service.running.interactive` checks (as a Message Batch
 request is checked), routes, runs (translated for `openai` backends) and charges."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from ...catalog import MESSAGES_ENDPOINT
 from ...errors import PayloadTooLarge
 from ...protocols.anthropic import PROTOCOL as ANTHROPIC
 from ...runtime import Services
-from ...service import interactive
 from ...service.accounts import Principal
-from ...service.intake import parse_json_body
+from ...service.creating.intake import parse_json_body
+from ...service.running import interactive
 from ..auth import key_holder, services_of
 from ..bodies import declared_over
 from ..envelopes import error_responses, route_class
 from ..schemas import ANTHROPIC_HEADERS
-from .inference import ANSWER, INTERACTIVE_BODY_BYTES, answer
+from .interactive import ANSWER, INTERACTIVE_BODY_BYTES, answer
 from .message_batches import PREFIXES, anthropic_version
 
 router = APIRouter(route_class=route_class(ANTHROPIC), tags=["interactive"])

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from ...errors import PayloadTooLarge
+from ...operations.openai import files, uploads
 from ...protocols.openai import PROTOCOL as OPENAI
-from ...protocols.openai import files, uploads
 from ...runtime import Services
 from ...service.accounts import Principal
 from ..auth import caller, services_of

@@ -9,8 +9,8 @@ from starlette.concurrency import run_in_threadpool
 
 from ...protocols.openai import PROTOCOL as OPENAI
 from ...runtime import Services
-from ...service import webhooks
 from ...service.accounts import Principal
+from ...service.background import webhooks
 from ..auth import caller, services_of
 from ..envelopes import error_responses, route_class
 from ..schemas import SetWebhook, WebhookDeleted, WebhookEventList, WebhookObject

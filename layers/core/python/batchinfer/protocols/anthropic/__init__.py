@@ -1,7 +1,7 @@
 """Anthropic's Message Batches (`/v1/messages/batches`, also under the Anthropic base URL `/anthropic`).
 
-This package's own modules are its description (`PROTOCOL`, `shapes`), pure and low; its operations
-(`message_batches`) use storage and the shared service, and rank with the service.
+This package is its description (`PROTOCOL`, `shapes`), pure and low; its operations are
+`operations.anthropic`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The OpenAI-shaped batch API: inline batches and batches from an uploaded file (`/v1/batches`), the
 files they read and write (`/v1/files`) and files sent in parts (`/v1/uploads`).
 
-This package's own modules are its description (`PROTOCOL`, `shapes`), pure and low; its operations
-(`batches`, `files`, `uploads`) use storage and the shared service, and rank with the service.
+This package is its description (`PROTOCOL`, `shapes`), pure and low; its operations are
+`operations.openai`.
 """
 
 from __future__ import annotations

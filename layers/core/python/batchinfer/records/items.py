@@ -1,0 +1,139 @@
+"""The shapes of the items the service keeps (what each holds; DynamoDB adds nothing): the batch with its
+lanes, its groups and requests, a file, an upload."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class LaneState(TypedDict):
+    next: int  # the lane's next undispatched position
+    total: int
+
+
+class BatchItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    id: str
+    account_id: str
+    key_hash: str  # the key that created it: the worker re-checks it before every attempt
+    endpoint: str
+    status: str  # BatchStatus
+    created_at: int
+    expires_at: int  # the completion window: requests may start until then
+    metadata: dict | None
+    total: int
+    lanes: dict[str, LaneState]  # model id -> lane progress
+    completed: int
+    failed: int
+    rejected: int  # requests that failed at intake (a Message Batch's invalid ones): in no lane, never run
+    unstarted: int  # requests that never ran because the batch stopped (cancelled, expired, failed)
+    open: int  # requests dispatched and not yet final
+    in_flight: int  # requests holding a slot
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    cost_unknown_attempts: int
+    result_bytes: int
+    owner_pk: str  # by_owner index
+    owner_sk: str
+    active_pk: str  # by_active index, while unfinished
+    active_sk: str
+    idempotency_key: str | None
+    stop: str  # Stop, once the batch stopped starting requests
+    deleting: bool
+    export_object: str  # output.jsonl written to S3 when the batch ended large
+    retry_count: int  # how many times the batch was retried in place (service.steering.retry)
+    retrying: dict  # while a retry re-queues its requests: the filter, the walk's cursor, what it replaces
+    parked: str  # Stop under which its never-dispatched requests ended, when a retry left them as they were
+    window_seconds: int  # once retried: its completion window's length, which each retry opens anew
+    retried_at: int  # when it was last retried
+    keep_until: int  # once retried: the latest its retention may end (its first request items' TTL less a day)
+    unstarted_by: dict  # an ended retried batch: its never-run requests per Stop (its runs may have ended apart)
+    pause_walk: dict  # while a pause or resume walks its waiting requests: the walk's id, kind and cursor
+
+
+class GroupItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    batch_id: str
+    model: str
+    account_id: str
+    first: int
+    positions: list[list]  # [index, custom_id, offset, length] per member
+    state: str  # RequestState: dispatched or running
+    token: str  # the lease's fence
+    due_pk: str
+    due_at: int  # when the lease runs out
+    created_at: int
+    started_at: int
+    item_ttl: int  # the TTL its members' items get
+    slot_lease: str  # the SlotLease its members run in, if any (they hold no budget slots of their own)
+    budget_shards: dict  # without a SlotLease: how many of its members' slots came from which budget shard
+
+
+class RequestItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    batch_id: str
+    index: int
+    custom_id: str
+    model: str
+    account_id: str
+    offset: int  # the body's place in the batch's requests object
+    length: int
+    state: str  # RequestState
+    token: str
+    attempt: int
+    error: dict
+    # A completed request's {status_code, request_id, body_text}: body_text is the body as the backend sent
+    # it; a large body is the S3 object `response_object` names instead. (Items written before bodies were
+    # kept as text hold `body` as a map, or the whole response in `response_object` without `response`.)
+    response: dict
+    response_object: str
+    due_pk: str  # a retry's or a lease's due time (by_due)
+    due_at: int
+    group_token: str  # for a group member: the group that wrote it
+    slot_lease: str  # a retry dispatched in a SlotLease's slots
+    budget_shard: int  # a retry dispatched in a slot of its own: the budget shard it came from (0 if absent)
+    tally: dict  # for a group member: what its outcome adds to the counters
+    earlier_attempts: int  # attempts it used before its batch was retried (service.steering.retry)
+    uncounted: bool  # waiting, put off by its batch's pause: not in its model's `waiting` count until resumed
+    ttl: int
+
+
+class FileItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    id: str
+    account_id: str
+    filename: str
+    purpose: str  # batch (an upload) or batch_output (a batch's output or error file)
+    bytes: int
+    sha256: str  # fixed when the file is complete: the ETag of every download
+    created_at: int
+    expires_at: int | None
+    batch_id: str  # for a result file: its batch
+    owner_pk: str  # by_owner index
+    owner_sk: str
+    ttl: int  # DynamoDB forgets the record a day after it expires
+
+
+class UploadItem(TypedDict, total=False):
+    pk: str
+    sk: str
+    id: str
+    account_id: str
+    filename: str
+    purpose: str
+    mime_type: str
+    bytes: int  # declared when created: the parts it is completed from must add up to it
+    created_at: int
+    expires_at: int  # a pending upload is gone from then on
+    status: str  # Upload.PENDING, COMPLETED or CANCELLED
+    parts: dict[str, int]  # part id -> its size; its bytes are one S3 object each (layout.upload_part_object)
+    received: int  # the sizes of every part added, together
+    file_expires_after: int  # the file's own expires_after (seconds), if the create call gave one
+    file_id: str  # once completed: the file made of its parts
+    part_ids: list[str]  # once completed: the parts it was made of, in order
+    ttl: int  # DynamoDB forgets the record a day after it expires

@@ -1,0 +1,310 @@
+"""Intake: a validated batch, whatever its source (inline JSON, an input file, a Message Batch), becomes a
+stored batch: bodies and index in S3, the batch, its lanes, the account's unfinished counts and the
+Idempotency-Key in one DynamoDB transaction. Nothing is stored for a batch that is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+from ...errors import Conflict, Gone, InvalidRequest, PayloadTooLarge, PermissionDenied, RateLimited
+from ...jsontext import DuplicateKey
+from ...jsontext import loads as read_json
+from ...layout import (
+    INDEX_CHUNK,
+    batch_prefix,
+    file_object,
+    index_object,
+    input_file_copy,
+    lane_object,
+    requests_object,
+)
+from ...protocols import Protocol
+from ...records import Account, Batch, BatchItem, Idempotency, Lane
+from ...runtime import Services
+from ...spending import CAP_PARAM, output_bound, parse_cap
+from ...storage.dynamo import ConditionFailed, ItemTooLarge
+from ..accounts import Principal, quota_used_up
+from ..lifecycle import fail_validation
+from .validation import (
+    UNPAIRED_SURROGATE,
+    RejectedRequest,
+    ValidatedBatch,
+    ValidRequest,
+    duplicate_key_fault,
+    holds_unpaired_surrogate,
+    validate_file_lines,
+)
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """An Idempotency-Key and the hash of the request it came with."""
+
+    key: str
+    body_hash: str
+
+
+def check_idempotency_key(key: str | None) -> None:
+    if key is None:
+        return
+    if not 1 <= len(key) <= 255 or not all(0x20 <= ord(c) <= 0x7E for c in key):
+        raise InvalidRequest("The Idempotency-Key header must be 1-255 printable ASCII characters.",
+                             param="Idempotency-Key")
+
+
+def body_hash(payload: object) -> str:
+    """The hash of a request body, independent of key order and spacing (what a replay must match)."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def parse_json_body(raw: bytes) -> object:
+    """A create call's body, parsed; anything JSON (or UTF-8) cannot hold is the caller's 400."""
+    try:
+        payload = read_json(raw) if raw.strip() else None
+    except DuplicateKey as twice:
+        message, param = duplicate_key_fault(twice)
+        raise InvalidRequest(message, code="duplicate_key", param=param) from None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("The body is not valid JSON.") from None
+    except RecursionError:
+        raise InvalidRequest("The body is nested too deeply.") from None
+    if holds_unpaired_surrogate(raw, payload):
+        raise InvalidRequest(UNPAIRED_SURROGATE)
+    return payload
+
+
+def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None, protocol: Protocol
+                ) -> tuple[object, IdempotencyClaim | None, BatchItem | None]:
+    """The first steps of every create call: the body's size, the Idempotency-Key, the parsed body, and the
+    batch an earlier call with the same key and body created (a replay), if any. The protocol is part of
+    what a replay must match (where its batches carry `api`), so one key cannot answer for two kinds of
+    batch."""
+    check_size(svc, raw)
+    check_idempotency_key(idem_key)
+    payload = parse_json_body(raw)
+    try:
+        digest = body_hash({"api": protocol.name, "body": payload} if protocol.api_field else payload)
+    except RecursionError:
+        raise InvalidRequest("The body is nested too deeply.") from None
+    claim = IdempotencyClaim(idem_key, digest) if idem_key else None
+    return payload, claim, replay(svc, principal, claim) if claim else None
+
+
+def check_size(svc: Services, raw: bytes) -> None:
+    if len(raw) > svc.settings.max_body_bytes:
+        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+
+
+def read_body(svc: Services, raw: bytes) -> object:
+    """A create call's body as an estimate reads it: within the size limit (413), parsed (400)."""
+    check_size(svc, raw)
+    return parse_json_body(raw)
+
+
+def replay(svc: Services, principal: Principal, claim: IdempotencyClaim) -> BatchItem | None:
+    """The batch an earlier call with this Idempotency-Key created, or None if the key is new."""
+    record = Idempotency.get(svc.table, principal.account_id, claim.key)
+    if record is None or (record.get("ttl") and record["ttl"] <= svc.now()):
+        return None
+    if record["body_hash"] != claim.body_hash:
+        raise Conflict("This Idempotency-Key was already used for a different request.",
+                       code="idempotency_key_reused")
+    batch = Batch.get(svc.table, record["batch_id"])
+    if record.get("deleted") or batch is None or batch.get("deleting"):
+        raise Gone("The batch this Idempotency-Key created has been deleted.", code="batch_deleted")
+    return batch
+
+
+def admit(svc: Services, principal: Principal) -> None:
+    """Whether the account may create a batch at all right now."""
+    account = principal.account
+    if not account.get("batch_access"):
+        raise PermissionDenied("Your account may not create batches.", code="batch_access_denied")
+    if quota_used_up(svc, account):
+        raise RateLimited("Your daily quota is used up; it renews at 00:00 UTC.", code="quota_exceeded")
+
+
+def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
+          protocol: Protocol, extra: dict | None = None) -> tuple[BatchItem, bool]:
+    """Store a new batch of `protocol` (its kind of id, and its `api` where its batches carry one). Returns
+    (batch item, created): created is False when a concurrent call with the same Idempotency-Key won the
+    race and this call answers with its batch. `extra`: fields of the batch item its API adds (where it
+    came from, how it is shown)."""
+    limits = svc.settings
+    if protocol.api_field:
+        extra = {"api": protocol.name, **(extra or {})}
+    check_cap(svc, batch, extra)
+    try:
+        return _store_new_batch(svc, principal, batch, claim, extra, protocol.batch_ids.new()), True
+    except ConditionFailed:
+        if claim:  # a concurrent call with the same key won the race
+            existing = replay(svc, principal, claim)
+            if existing:
+                return existing, False
+        check_room(svc, principal, None)
+        raise RateLimited(f"This batch would take your unfinished batch requests past the limit of "
+                          f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
+
+
+def check_cap(svc: Services, batch: ValidatedBatch, extra: dict | None) -> None:
+    """A batch with a spending cap must bound every request's cost (400 naming the first that does not)."""
+    if (extra or {}).get(CAP_PARAM) is not None and (unbounded := unbounded_under_cap(svc, batch.endpoint,
+                                                                                       batch.requests)):
+        raise InvalidRequest(unbounded_message(*unbounded), param=CAP_PARAM)
+
+
+def check_room(svc: Services, principal: Principal, total: int | None) -> None:
+    """429 when the account's unfinished batches are at their limit, or (given the batch's `total`) when its
+    requests would take the unfinished requests past theirs: what storing the batch would refuse."""
+    limits = svc.settings
+    current = Account.get(svc.table, principal.account_id) or {}
+    if current.get("unfinished_batches", 0) >= limits.max_unfinished_batches:
+        raise RateLimited(f"You already have {limits.max_unfinished_batches} unfinished batches, the most "
+                          "allowed. Wait for one to finish.", code="too_many_batches") from None
+    if total is not None and current.get("unfinished_requests", 0) + total > limits.max_unfinished_requests:
+        raise RateLimited(f"This batch would take your unfinished batch requests past the limit of "
+                          f"{limits.max_unfinished_requests}.", code="too_many_requests")
+
+
+def cap_fields(cap_value: object) -> dict:
+    """The batch item's fields for a create body's `max_cost_usd` (none without one; 400 if it is not a
+    positive number): the cap and what it has committed so far (see `spending`)."""
+    cap = parse_cap(cap_value)
+    return {} if cap is None else {"max_cost_usd": cap, "committed_usd": 0.0}
+
+
+def unbounded_under_cap(svc: Services, endpoint: str, requests: list) -> tuple[int, ValidRequest] | None:
+    """The first request whose cost has no worst case (no output limit of its own or in the catalog, or
+    input that is not text), with its position: a batch with a spending cap cannot run it."""
+    for i, req in enumerate(requests):
+        if isinstance(req, ValidRequest) and output_bound(svc.catalog.get(req.model_id), endpoint, req.body) is None:
+            return i, req
+    return None
+
+
+def unbounded_message(i: int, req: ValidRequest) -> str:
+    return (f"max_cost_usd: requests[{i}] (custom_id '{req.custom_id}') has no worst-case cost: set its "
+            "max_tokens (or max_completion_tokens, max_output_tokens), since model "
+            f"'{req.model_id}' has no output limit in the catalog, and send text only (the tokens of images, "
+            "audio and documents do not follow from their size).")
+
+
+def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest],
+                   endpoint: str | None = None) -> dict[str, list[int]]:
+    """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
+    chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
+    far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
+    lane. Returns each model's positions (its lane)."""
+    lines, index, offset = [], [], 0
+    for req in requests:
+        if isinstance(req, RejectedRequest):
+            index.append([req.custom_id, None, 0, 0, req.error])
+            continue
+        line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
+        lines.append(line)
+        entry = [req.custom_id, req.model_id, offset, len(line)]
+        if endpoint is not None:  # the most output tokens it can be charged for (a spending cap's worst case)
+            entry.append(output_bound(svc.catalog.get(req.model_id), endpoint, req.body))
+        index.append(entry)
+        offset += len(line)
+    svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
+    for chunk in range(0, len(index), INDEX_CHUNK):
+        svc.blobs.put(index_object(batch_id, chunk // INDEX_CHUNK),
+                      json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
+    lanes: dict[str, list[int]] = {}
+    for position, req in enumerate(requests):
+        if isinstance(req, ValidRequest):
+            lanes.setdefault(req.model_id, []).append(position)
+    if len(lanes) > 1 or sum(map(len, lanes.values())) < len(requests):  # else its one lane is simply 0..n-1
+        for model_id, positions in lanes.items():
+            svc.blobs.put(lane_object(batch_id, model_id), json.dumps(positions).encode())
+    return lanes
+
+
+def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
+                     extra: dict | None, batch_id: str) -> BatchItem:
+    s = svc.settings
+    now = svc.now()
+    if len(batch.requests) > s.max_unfinished_requests:
+        raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
+    lanes = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else {}
+    rejected = sum(isinstance(r, RejectedRequest) for r in batch.requests)
+    if "input_file_id" in (extra or {}):  # the batch's own copy: deleting the upload must not affect it
+        svc.blobs.copy(file_object(extra["input_file_id"]), input_file_copy(batch_id))
+    item = Batch.new(batch_id=batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
+                     endpoint=batch.endpoint, now=now,
+                     expires_at=now + (batch.window_seconds or s.batch_completion_window_seconds),
+                     metadata=batch.metadata, lanes={m: len(p) for m, p in lanes.items()},
+                     # Wall-clock microseconds, not the (injectable) service clock: only the order matters here.
+                     owner_created_us=time.time_ns() // 1000,
+                     idempotency_key=claim.key if claim else None, extra=extra, rejected=rejected,
+                     status=batch.status)
+    t = svc.table
+    ops = [Batch.create(t, item),
+           Account.reserve_unfinished(t, principal.account_id, item["total"], s.max_unfinished_batches,
+                                      s.max_unfinished_requests)]
+    ops += [Lane.create(t, model_id, item) for model_id in lanes]
+    if claim:
+        ops.append(Idempotency.claim(t, principal.account_id, claim.key, batch_id, claim.body_hash, now))
+    try:
+        t.transact(ops)
+    except ConditionFailed:
+        svc.blobs.delete_prefix(batch_prefix(batch_id))
+        raise
+    except ItemTooLarge:  # not expected: what a create stores of its input is bounded (metadata, webhook_url)
+        svc.blobs.delete_prefix(batch_prefix(batch_id))
+        raise InvalidRequest("The batch's fields (metadata, webhook_url and the like) are too large to store; send "
+                             "shorter ones.") from None
+    return item
+
+
+# --- Batches from a file: validated after the create call, by the sweeper ------------------------------
+
+def validate_file_batch(svc: Services, batch: BatchItem) -> str:
+    """Read a file batch's input (its own copy), check every line, and either admit its requests (they
+    may be dispatched from then on) or fail the batch listing every problem, with nothing run. Safe to
+    run twice: both outcomes are fenced on the batch still awaiting validation. Returns what happened."""
+    data = svc.blobs.get(input_file_copy(batch["id"]))
+    if data is None:
+        problems = [{"code": "file_not_found", "message": "The input file could not be read.", "param": None,
+                     "line": None}]
+        return "failed" if fail_validation(svc, batch, problems) else "stale"
+    account = Account.get(svc.table, batch["account_id"]) or {}
+    requests, problems = validate_file_lines(svc, account, batch["endpoint"], data)
+    if not problems and batch.get(CAP_PARAM) is not None and (
+            unbounded := unbounded_under_cap(svc, batch["endpoint"], requests)):
+        problems = [{"code": "invalid_request", "param": CAP_PARAM, "line": None,
+                     "message": unbounded_message(*unbounded).replace(f"requests[{unbounded[0]}]",
+                                                                      f"the file's request {unbounded[0] + 1}")}]
+    if problems:
+        return "failed" if fail_validation(svc, batch, problems) else "stale"
+    lanes = write_requests(svc, batch["id"], requests, batch["endpoint"])
+    t = svc.table
+    for _ in range(3):
+        # A paused batch gets no lanes yet: its resume creates them.
+        paused = bool(batch.get("paused_at"))
+        ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now(), paused=paused,
+                               seen=batch),
+               Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
+        ops += [] if paused else [Lane.create(t, model_id, batch) for model_id in lanes]
+        try:
+            t.transact(ops)
+            return "validated"
+        except ConditionFailed:
+            current = Batch.get(t, batch["id"])
+            if current is None or not current.get("awaiting_validation") or current.get("stop"):
+                return "stale"  # validated by another run, or cancelled meanwhile: the sweeper settles it
+            if bool(current.get("paused_at")) == paused and current.get("priority") == batch.get("priority"):
+                break
+            batch = current  # paused, resumed or given another priority meanwhile: again, as it is now
+    else:
+        return "stale"  # paused and resumed over and over: the next sweep validates it
+    problems = [{"code": "too_many_requests", "param": None, "line": None,
+                 "message": f"The file's {len(requests)} requests would take your unfinished batch "
+                            f"requests past the limit of {svc.settings.max_unfinished_requests}."}]
+    return "failed" if fail_validation(svc, current, problems) else "stale"
