@@ -8,8 +8,6 @@ back the read that stops runners when interactive load arrives.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from ..catalog import Model
@@ -18,6 +16,7 @@ from . import policy
 from .capacity import InteractiveMemory, effective_budget
 from .clock import Clock
 from .config import SchedulerConfig
+from .threads import on_pool
 
 
 class BudgetWatch:
@@ -35,9 +34,8 @@ class BudgetWatch:
         self.stop = asyncio.Event()
 
     async def on_thread(self, fn, *args):  # noqa: ANN001, ANN201 - a thin wrapper of run_in_executor
-        """`fn` on the watch's own thread, in the caller's context (loggers' and tracers' context go along)."""
-        context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(context.run, fn, *args))
+        """`fn` on the watch's own thread."""
+        return await on_pool(self.pool, fn, *args)
 
     def seen(self, item: dict | None, read_at: float) -> None:
         self.item, self.read_at = item, read_at

@@ -10,16 +10,14 @@ package stays below the service.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from ..catalog import Model
-from ..domain import Attempt, RequestState
+from ..domain import RequestState
 from ..layout import group_key
-from ..ledger import Settlement, position_item, start_group_in_lease
+from ..ledger import start_group_in_lease
 from ..observability import item_failed
 from ..records import Batch
 from ..runtime import Services
@@ -27,13 +25,15 @@ from ..storage.dynamo import ConditionFailed, Throttled
 from . import policy
 from .budget_watch import BudgetWatch
 from .call_timing import CallTiming
-from .capacity import Draws, backend_said_429, note_call_seconds, read_budget
+from .capacity import Draws, note_call_seconds, read_budget
 from .claimed_work import GroupRun, Member, RunsRequests
 from .clock import REAL_CLOCK, Clock
 from .config import SchedulerConfig, scheduler_config
 from .dispatcher import Dispatcher
 from .fair_queue import FairQueue, created_us
 from .held_slots import HeldSlots
+from .outcomes import Outcomes
+from .threads import on_pool
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,10 @@ class SlotPump:
         self.fair = FairQueue(clock, self.timing.memory)
         self.watch = BudgetWatch(svc, model, config, clock)
         self.done_claiming = False
-        self.drained = False  # the last claim found no work: what is queued is the end of it
-        self.emptied: set[str] = set()  # batches whose lane on the model a claim here took the last of
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
         self.need = asyncio.Event()  # a runner took work: the claimer may claim more
-        self.writes: set[asyncio.Task] = set()
         self.runners: set[asyncio.Task] = set()
-        self.outcome: Counter = Counter()
+        self.outcomes = Outcomes(svc, model, requests, self.fair)
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=getattr(requests, "stop_at_cap", None))
@@ -97,9 +94,6 @@ class SlotPump:
         # (nor those behind the rest of the process) for a thread of the shared pool.
         self.claim_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-claim")
         self.closing = False
-        self.write_pool = ThreadPoolExecutor(8, thread_name_prefix="pump-write")
-        self.retries_answered: list[tuple] = []  # retries whose call answered, their outcomes not yet written
-        self.writing_retries = False
         # Retries' checks and starts: never behind the writes of outcomes, which may be slow on a busy batch.
         self.start_pool = ThreadPoolExecutor(4, thread_name_prefix="pump-start")
 
@@ -117,6 +111,11 @@ class SlotPump:
         return self.fair.served
 
     @property
+    def outcome(self) -> Counter:
+        """What happened to the work this pump claimed, counted."""
+        return self.outcomes.counts
+
+    @property
     def busy(self) -> int:
         """Calls in flight."""
         return self.timing.busy
@@ -126,16 +125,8 @@ class SlotPump:
         return scheduler_config(self.svc.settings)
 
     async def _claiming(self, fn, *args):  # noqa: ANN001, ANN202 - a thin wrapper of run_in_executor
-        return await self._in(self.claim_pool, fn, *args)
+        return await on_pool(self.claim_pool, fn, *args)
 
-    async def _writing(self, fn, *args):  # noqa: ANN001, ANN202
-        return await self._in(self.write_pool, fn, *args)
-
-    @staticmethod
-    async def _in(pool: ThreadPoolExecutor, fn, *args):  # noqa: ANN001, ANN205
-        # In the caller's context, as asyncio.to_thread runs it (loggers' and tracers' context go along).
-        context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(context.run, fn, *args))
 
     @property
     def ahead(self) -> int:
@@ -224,9 +215,8 @@ class SlotPump:
                     if task.exception() is not None and task.exception() is not failure:
                         log.error("a pump runner stopped: %r", task.exception())
             while self.queue:  # claimed but never started: back to waiting, in their groups' close
-                self._hand_back(self.fair.leftover())
-            while self.writes:
-                await asyncio.gather(*list(self.writes), return_exceptions=True)
+                self.outcomes.hand_back(self.fair.leftover())
+            await self.outcomes.finish()
             await self.held.give_back(self.held.slots)
             try:
                 await self._note_latency(stopping=True)
@@ -234,7 +224,7 @@ class SlotPump:
                 log.warning("could not note %s's call time: %r", self.model.id, problem)
             self.claim_pool.shutdown(wait=False)
             self.watch.pool.shutdown(wait=False)
-            self.write_pool.shutdown(wait=False)
+            self.outcomes.pool.shutdown(wait=False)
             self.start_pool.shutdown(wait=False)
         return self.outcome
 
@@ -267,7 +257,7 @@ class SlotPump:
             run = member.run
             assert run is not None and member.position is not None
             if not self._may_start(run.batch):
-                self._hand_back(member)
+                self.outcomes.hand_back(member)
                 continue
             started = self._call_starts(member)
             try:
@@ -275,14 +265,14 @@ class SlotPump:
             finally:
                 self._call_ended(member)
             self._measured(started)
-            self._spawn(self._record(member, attempt))
+            self.outcomes.answered(member, attempt)
 
     async def _run_retry(self, member: Member) -> None:
         """A retried request: its checks and start on the pump's threads, its call in the slot, and its outcome
         written beside the next call, not before it, as a group member's is (the slot is the lease's: the
         settle gives none back to the budget)."""
         assert member.retry is not None
-        started = await self._in(self.start_pool, self.requests.start_retry, member.retry)
+        started = await on_pool(self.start_pool, self.requests.start_retry, member.retry)
         if isinstance(started, str):  # did not start (its batch stopped or paused, ...): recorded so
             self.outcome[started] += 1
             return
@@ -292,26 +282,7 @@ class SlotPump:
         finally:
             self._call_ended(member)
         self._measured(began)
-        self._spawn(self._finish_retry(started, attempt))
-
-    async def _finish_retry(self, started, attempt: Attempt) -> None:  # noqa: ANN001 - the service's own type
-        """One writer at a time writes the retries answered meanwhile, a batch's together: settles of one
-        batch written apart race each other for the next number of its finished-order log."""
-        self.retries_answered.append((started, attempt))
-        if self.writing_retries:
-            return  # the writer running takes it in its next round
-        self.writing_retries = True
-        try:
-            while self.retries_answered:
-                answered, self.retries_answered = self.retries_answered, []
-                self.outcome.update(await self._writing(self.requests.finish_retries, answered))
-                if self.drained and not any(m.retry is not None for m in self.queue):
-                    # Nothing left to claim: as after a group's close, the batches' final status now rather
-                    # than at the sweeper's next pass (fenced like every settle: work still running keeps it open).
-                    for batch_id in {started.running["batch_id"] for started, _ in answered}:
-                        await self._writing(self.requests.settle_batch, batch_id)
-        finally:
-            self.writing_retries = False
+        self.outcomes.retry_answered(started, attempt)
 
     def _measured(self, started: float) -> None:
         """A call answered: how long calls take moves (the first answer replaces the guess)."""
@@ -404,7 +375,7 @@ class SlotPump:
                     started = self.clock.monotonic()
                     got = await self._claim(policy.claim_size(want, floor, most), self.watch.item, most)
                     self.timing.claim_took(self.clock.monotonic() - started)
-                self.drained = want > 0 and not got
+                self.outcomes.drained = want > 0 and not got
                 if got or self.queue or self.busy:
                     idle_since = None
                 elif idle_since is None:
@@ -493,8 +464,8 @@ class SlotPump:
                                          standing, wave, here)
         except (ConditionFailed, Throttled):
             return 0
-        self.emptied |= self.dispatcher.emptied
-        await self._writing(self.dispatcher.stop_those_at_cap)
+        self.outcomes.emptied |= self.dispatcher.emptied
+        await self.outcomes.on_thread(self.dispatcher.stop_those_at_cap)
         if log.isEnabledFor(logging.DEBUG):  # which pump claims what, in how many slots, with what queued
             log.debug("claim pump=%x slots=%d busy=%d queued=%s asked=%d took=%s", id(self), self.held.open,
                       self.busy, dict(+self.queued_of), want,
@@ -546,58 +517,3 @@ class SlotPump:
                 self.batches[batch_id]["paused_at"] = current["paused_at"]
             else:
                 self.batches[batch_id].pop("paused_at", None)
-
-    # --- Outcomes ------------------------------------------------------------------------------------
-
-    def _spawn(self, coroutine) -> None:
-        task = asyncio.create_task(coroutine)
-        self.writes.add(task)
-        task.add_done_callback(self.writes.discard)
-
-    async def _record(self, member: Member, attempt: Attempt) -> None:
-        svc, run = self.svc, member.run
-        assert run is not None and member.position is not None
-        item = await self._writing(self.requests.record, run.group, member.position, self.model, attempt)
-        if item is not None:
-            run.written.append(item)
-        else:
-            run.lost = True  # the sweeper recovered this group first
-        if attempt.status_code == 429:
-            await self._writing(backend_said_429, svc, self.model)
-        await self._member_done(run)
-
-    def _hand_back(self, member: Member) -> None:
-        if member.retry is not None:  # a retry never started: waiting again (rare: at the end)
-            self._spawn(self._writing(self.requests.hand_back_retry, member.retry))
-            return
-        run = member.run
-        assert run is not None and member.position is not None
-        item = position_item(self.svc, run.group, member.position,
-                             Settlement(to=RequestState.WAITING, retry_at=self.svc.now()), attempt=0)
-        run.handed_back.append(item)
-        self._spawn(self._member_done(run))
-
-    async def _member_done(self, run: GroupRun) -> None:
-        run.left -= 1
-        if run.left > 0:
-            return
-        if run.lost:
-            self.outcome["lease_lost"] += len(run.group["positions"])
-            return
-        try:
-            await self._writing(self.requests.close_group, run.group, run.written, tuple(run.handed_back))
-        except ConditionFailed:  # recovered meanwhile: the sweeper counted these outcomes from their items
-            self.outcome["lease_lost"] += len(run.group["positions"])
-            return
-        self.outcome.update(item["state"] for item in run.written)
-        if run.handed_back:
-            self.outcome["handed_back"] += len(run.handed_back)
-        if ((self.drained or run.group["batch_id"] in self.emptied) and not self.fair.running_of[run.batch.get("id")]
-                and not any(m.run is not None and m.run.batch is run.batch for m in self.queue)):
-            # Its last claimed work is done here and nothing of it is left to claim (the pump found no work,
-            # or a claim here took its lane's last: other batches may still have work): give it its final
-            # status now rather than at the sweeper's next pass (a minute on AWS). Fenced like every settle:
-            # work of it still running elsewhere keeps it open.
-            await self._writing(self.requests.settle_batch, run.group["batch_id"])
-
-
