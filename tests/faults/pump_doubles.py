@@ -1,0 +1,121 @@
+"""Doubles a pump test moves by hand: a clock that moves only when the test says, and a backend whose calls
+wait at a gate until the test releases them. A pump test then says "this call is held; advance a poll; the
+pump must have grown" instead of sleeping and hoping the machine kept up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from batchinfer.scheduling.pump import SlotPump
+from batchinfer.service import run_request
+from tests.faults.harness import GLM
+
+
+class FakeClock:
+    """The pump's clock (`scheduling.clock.Clock`), moved only by `advance`: waits bounded by it end when the
+    test moves it past their bound, or when their event is set."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+        self.wall_offset = time.time() - start  # its wall clock reads as the real one did when it started
+        self._moved = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now + self.wall_offset
+
+    async def sleep(self, seconds: float) -> None:
+        await self.wait(asyncio.Event(), seconds)
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        until = self.now + seconds
+        while not event.is_set() and self.now < until:
+            moved = self._moved
+            waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(moved.wait())}
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+        return event.is_set()
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+
+class Gate:
+    """A backend double: calls `held` picks wait until the test releases them; the others go through at
+    once. Either way the call then runs on the simulated backend, so its outcome is a real one."""
+
+    def __init__(self, held: Callable[[dict], bool] = lambda body: True) -> None:
+        self.held = held
+        self.waiting: list[tuple[dict, asyncio.Event]] = []  # held calls, in the order they came
+        self.answered: list[dict] = []  # bodies of calls that answered, in order
+        self.changed = asyncio.Event()  # set whenever a call arrives or answers
+
+    def release(self, n: int | None = None) -> None:
+        """Let the first `n` held calls (all if None) go on to the backend."""
+        go, self.waiting = (self.waiting, []) if n is None else (self.waiting[:n], self.waiting[n:])
+        for _, event in go:
+            event.set()
+
+    async def call(self, real, model, batch: dict, body: dict, key):  # noqa: ANN001, ANN201
+        if self.held(body):
+            event = asyncio.Event()
+            self.waiting.append((body, event))
+            self._changed()
+            await event.wait()
+        answer = await real(model, batch, body, key)
+        self.answered.append(body)
+        self._changed()
+        return answer
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def until(self, condition: Callable[[], bool], seconds: float = 60.0) -> None:
+        """Wait for `condition`, checked at each call's arrival or answer (`seconds`: a bound for a broken
+        pump, never a timing the test relies on)."""
+        async with asyncio.timeout(seconds):
+            while not condition():
+                await self.changed.wait()
+
+
+class GatedRequests:
+    """The service's way of running a request (`service.run_request.BatchRequests`), its backend calls
+    through a gate."""
+
+    def __init__(self, svc, gate: Gate) -> None:  # noqa: ANN001
+        self.real, self.gate = run_request.BatchRequests(svc), gate
+
+    async def call(self, model, batch: dict, body: dict, key):  # noqa: ANN001, ANN201
+        return await self.gate.call(self.real.call, model, batch, body, key)
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - the rest is the service's own
+        return getattr(self.real, name)
+
+
+def gated_pump(svc, gate: Gate, clock: FakeClock, seconds: float = 3_600.0) -> SlotPump:  # noqa: ANN001
+    """A pump on GLM whose calls go through `gate`, on `clock`, until `seconds` on it (long: the tests end it
+    by running out of work)."""
+    return SlotPump(svc, svc.catalog.get(GLM), clock.monotonic() + seconds, GatedRequests(svc, gate), clock=clock)
+
+
+async def drive(pump_task: asyncio.Task, clock: FakeClock, gate: Gate, step: float,
+                until: Callable[[], bool] | None = None, most_steps: int = 400) -> None:
+    """Move the clock a step at a time, each once the pump has had its chance to act on the last (a call came
+    or answered, or it finished), until `until` holds or else the pump has stopped."""
+    done = until or pump_task.done
+    for _ in range(most_steps):
+        if done():
+            return
+        clock.advance(step)
+        changed = asyncio.ensure_future(gate.changed.wait())
+        await asyncio.wait({pump_task, changed}, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+        changed.cancel()
+    raise AssertionError(f"after {most_steps} steps of {step} s the pump had not got there")
