@@ -107,9 +107,10 @@ def gated_pump(svc, gate: Gate, clock: FakeClock, seconds: float = 3_600.0) -> S
 
 
 async def drive(pump_task: asyncio.Task, clock: FakeClock, gate: Gate, step: float,
-                until: Callable[[], bool] | None = None, most_steps: int = 400) -> None:
+                until: Callable[[], bool] | None = None, most_steps: int = 2000) -> None:
     """Move the clock a step at a time, each once the pump has had its chance to act on the last (a call came
-    or answered, or it finished), until `until` holds or else the pump has stopped."""
+    or answered, or it finished, or a moment passed), until `until` holds or else the pump has stopped. Use
+    it where how far the pump's clock moves is not what the test asserts: a slow machine takes more steps."""
     done = until or pump_task.done
     for _ in range(most_steps):
         if done():
