@@ -22,6 +22,13 @@ class Gate:
         self.waiting: list[tuple[dict, asyncio.Event]] = []  # held calls, in the order they came
         self.answered: list[dict] = []  # bodies of calls that answered, in order
         self.changed = asyncio.Event()  # set whenever a call arrives or answers
+        self.passing = 0  # calls let through (or released) that have not answered yet
+        self.peak = 0  # the most calls held or past the gate at once (the test may reset it)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls the pump has started that have not answered."""
+        return len(self.waiting) + self.passing
 
     def release(self, n: int | None = None) -> None:
         """Let the first `n` held calls (all if None) go on to the backend."""
@@ -33,9 +40,15 @@ class Gate:
         if self.held(body):
             event = asyncio.Event()
             self.waiting.append((body, event))
+            self.peak = max(self.peak, self.in_flight)
             self._changed()
             await event.wait()
-        answer = await real(model, batch, body, key)
+        self.passing += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            answer = await real(model, batch, body, key)
+        finally:
+            self.passing -= 1
         self.answered.append(body)
         self._changed()
         return answer

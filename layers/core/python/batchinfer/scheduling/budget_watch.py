@@ -27,7 +27,7 @@ class BudgetWatch:
         self.item: dict | None = None  # as the last read found it
         self.read_at = clock.monotonic()  # when the read behind `item` was sent
         # The watch's own (the dispatcher's is read in the claim thread).
-        self.interactive = InteractiveMemory(config.interactive_window_seconds)
+        self.interactive = InteractiveMemory(config.interactive_window_seconds, clock)
         self.over_since: float | None = None  # when the last reads began to find the model over its cap
         self.over_share = 0.0  # this lease's part of what was in flight then: it keeps that part of the cap
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="pump-poll")
