@@ -25,6 +25,7 @@ from tests.faults.harness import (
     slot_leases,
     submit,
 )
+from tests.faults.pump_doubles import FakeClock, Gate, drive, gated_pump
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent
 
@@ -46,25 +47,30 @@ def floor_of_two(svc, sim_control, latency: float, n: int, word: str) -> tuple:
 def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
     from batchinfer.scheduling.capacity import track_interactive
 
-    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=60, word="shrink")
-    seen: list[int] = []
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.0, n=60, word="shrink")
 
-    def interactive_load_arrives() -> None:
-        time.sleep(1.0)
+    async def scenario() -> int:
+        clock, gate = FakeClock(), Gate()  # every call held until the test releases it
+        pump_ = gated_pump(svc, gate, clock)
+        running = asyncio.create_task(pump_.run(8))
+        poll = scheduler_config(svc.settings).poll_seconds
+        await gate.until(lambda: len(gate.waiting) == 8)
         track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
-        # Running calls may finish; then no new ones.
-        time.sleep(0.3 + 2 * scheduler_config(svc.settings).poll_seconds + 0.2)
-        for _ in range(10):
-            seen.append(sim_stats(sim_control)["in_flight"])
-            time.sleep(0.1)
+        await drive(running, clock, gate, poll, until=lambda: pump_.held.release > 0)
+        # Running calls may finish; then no new ones beyond the floor.
+        gate.held = lambda body: False
+        gate.release()
+        await gate.until(lambda: len(gate.answered) >= 8)
+        gate.peak = gate.in_flight
+        await drive(running, clock, gate, poll, until=lambda: len(gate.answered) >= 30)
+        peak = gate.peak
         track_interactive(svc, GLM, -6)
+        await drive(running, clock, gate, poll)
+        return peak
 
-    load = threading.Thread(target=interactive_load_arrives)
-    load.start()
-    run_pump(svc, slots=8, seconds=4)
-    load.join()
+    peak = asyncio.run(scenario())
 
-    assert max(seen) <= 2, seen  # the pump kept to the shrunk budget
+    assert peak <= 2, peak  # the pump kept to the shrunk budget
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 60

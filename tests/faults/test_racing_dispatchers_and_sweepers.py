@@ -74,9 +74,18 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     lost: Counter = Counter()  # claims that lost a conditional write to the other dispatcher (or a budget)
 
     claimed: Counter = Counter()  # request index -> times claimed for a first attempt
+    # The two dispatchers' first claims from a lane wait for each other, so both have read the lane before
+    # either writes: they race for it on every machine, however fast one of them gets there.
+    both_read = threading.Barrier(2, timeout=30)
 
     def watched(claim):
         def call(*args, **kwargs):
+            if claim.__name__ == "claim_from_lane" and getattr(racing, "first", False):
+                racing.first = False
+                try:
+                    both_read.wait()
+                except threading.BrokenBarrierError:
+                    pass
             try:
                 units = claim(*args, **kwargs)
             except ConditionFailed:
@@ -94,7 +103,10 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     errors: list[BaseException] = []
     peaks: Counter = Counter()
 
+    racing = threading.local()
+
     def dispatcher_loop() -> None:
+        racing.first = True
         dispatcher = Dispatcher(svc)
         while not stop.is_set():
             try:
@@ -164,9 +176,14 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     for thread in threads:
         thread.start()
     try:
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and get_batch(svc, batch_id)["completed"] < 60:
+        # Until every request has run, or none has ended for a long while (a stuck pipeline): a busy machine
+        # runs them slower, and that alone must not fail the test.
+        done, moved_at = 0, time.monotonic()
+        while done < 60 and time.monotonic() - moved_at < 60:
             time.sleep(0.1)
+            now_done = get_batch(svc, batch_id)["completed"]
+            if now_done > done:
+                done, moved_at = now_done, time.monotonic()
     finally:
         stop.set()
         for thread in threads:

@@ -34,6 +34,7 @@ from tests.faults.harness import (
     slot_leases,
     submit,
 )
+from tests.faults.pump_doubles import FakeClock, Gate, drive, gated_pump
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, budget_of
 
@@ -195,7 +196,7 @@ def test_a_pump_whose_claims_are_only_retries_runs_them_at_once(svc, sim_control
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
-def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, sim_control, monkeypatch):
+def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, sim_control):
     """Work-conserving: a pump holding one slot, busy with a long call, takes free slots of the budget for the
     requests it claimed meanwhile instead of holding them until the long call ends; never past the budget."""
     set_budgets(svc, {GLM: 4})
@@ -204,26 +205,26 @@ def test_pump_grows_into_free_slots_rather_than_queue_behind_a_long_call(svc, si
     requests = [chat_request("slow", "slow [[sim:tag:slow]]")] + [chat_request(f"q-{i}", f"quick {i}")
                                                                    for i in range(6)]
     batch_id = submit(svc, who, requests)
-    real_attempt = run_request._attempt
-    calls: list[tuple[str, float, float]] = []
 
-    async def attempt(model, batch, body, *args, **kwargs):
-        started = time.monotonic()
-        if "slow" in body["messages"][0]["content"]:
-            await asyncio.sleep(3.0)  # the long call (a long generation)
-        answer = await real_attempt(model, batch, body, *args, **kwargs)
-        calls.append((body["messages"][0]["content"], started, time.monotonic()))
-        return answer
+    def is_slow(body: dict) -> bool:
+        return "slow" in body["messages"][0]["content"]
 
-    monkeypatch.setattr(run_request, "_attempt", attempt)
-    outcome = run_pump(svc, slots=1, seconds=20)
-    monkeypatch.undo()
+    async def scenario() -> Counter:
+        clock, gate = FakeClock(), Gate(held=is_slow)  # the long call is held until the test lets it go
+        pump_ = gated_pump(svc, gate, clock)
+        running = asyncio.create_task(pump_.run(1))
+        await gate.until(lambda: len(gate.waiting) == 1)  # the long call holds the one slot
+        poll = scheduler_config(svc.settings).poll_seconds
+        # Polls come: the pump must grow into free slots and run every quick request while the long call runs.
+        await drive(running, clock, gate, poll, until=lambda: len(gate.answered) == 6)
+        assert not any(is_slow(body) for body in gate.answered) and len(gate.waiting) == 1
+        gate.release()
+        await drive(running, clock, gate, poll)
+        return running.result()
 
-    slow = next(c for c in calls if c[0].startswith("slow"))
-    quick = [c for c in calls if c[0].startswith("quick")]
-    assert outcome["completed"] == 7 and len(quick) == 6, outcome
-    # Every quick request ran while the long call still ran: none waited for its slot to come free.
-    assert max(end for _, _, end in quick) < slow[2], (slow, quick)
+    outcome = asyncio.run(scenario())
+
+    assert outcome["completed"] == 7, outcome
     assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 4
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)

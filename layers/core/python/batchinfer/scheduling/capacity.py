@@ -11,7 +11,6 @@ reads and writes the budget.
 from __future__ import annotations
 
 import random
-import time
 from collections import deque
 
 from ..catalog import Model
@@ -21,6 +20,7 @@ from ..records import Budget
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
 from . import policy
+from .clock import REAL_CLOCK, Clock
 from .config import scheduler_config
 
 
@@ -95,13 +95,13 @@ class InteractiveMemory:
     (SchedulerConfig.interactive_window_seconds, which says why): batch work gives way to interactive load at
     once and takes the room back once the load has stayed lower for the window."""
 
-    def __init__(self, window_seconds: float) -> None:
-        self.window_seconds = window_seconds
+    def __init__(self, window_seconds: float, clock: Clock = REAL_CLOCK) -> None:
+        self.window_seconds, self.clock = window_seconds, clock
         self.seen: dict[str, deque[tuple[float, int]]] = {}
         self.watching_since: dict[str, float] = {}
 
     def level(self, model_id: str, budget_item: dict | None) -> int:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self.watching_since.setdefault(model_id, now)
         seen = self.seen.setdefault(model_id, deque())
         seen.append((now, int((budget_item or {}).get("interactive", 0))))
@@ -115,7 +115,7 @@ class InteractiveMemory:
         A reader that cannot tell yet (a new dispatcher invocation) may be looking at a dip between one
         client's call and its next, and must not start batch work on it."""
         since = self.watching_since.get(model_id)
-        if since is not None and time.monotonic() - since >= self.window_seconds:
+        if since is not None and self.clock.monotonic() - since >= self.window_seconds:
             return True
         return now_ms - int((budget_item or {}).get("interactive_at", 0)) >= self.window_seconds * 1000
 

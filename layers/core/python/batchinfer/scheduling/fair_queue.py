@@ -1,0 +1,109 @@
+"""A pump's queue of claimed work, and the bookkeeping that shares its runners fairly between batches.
+
+Each batch with work here counts the calls started for it, from where its arrival put it
+(`policy.served_at_arrival`: owed the calls the others ran since it came); a free runner takes the
+request `policy.next_to_run` picks by those counts, an account's higher-priority batches first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+
+from ..layout import owner_sort_created_us
+from . import policy
+from .claimed_work import Member
+from .clock import Clock
+
+
+def created_us(batch: dict) -> int:
+    """When a batch came to the turns, in microseconds: when it was created, to the microsecond its list key
+    holds (its `created_at` is in seconds, and a batch created just after another is most often in the same
+    second); or, for a batch retried in place since, when it was retried (`retried_at`, in seconds): its
+    rejoin is an arrival, owed the calls the others run then as a new batch is."""
+    created = (owner_sort_created_us(batch["owner_sk"]) if batch.get("owner_sk")
+               else int(batch.get("created_at", 0)) * 1_000_000)
+    return max(created, int(batch.get("retried_at", 0)) * 1_000_000)
+
+
+class FairQueue:
+    """Claimed requests waiting for a runner, with per batch what is queued, running and served here.
+
+    `memory` says how far back the ends of calls count for a newcomer's arrival (two calls and a claim's
+    round trip, as the pump's call timing has it now)."""
+
+    def __init__(self, clock: Clock, memory: Callable[[], float]) -> None:
+        self.clock, self.memory = clock, memory
+        self.members: deque[Member] = deque()
+        self.running_of: Counter = Counter()  # batch id -> its group members' calls in flight here
+        self.queued_of: Counter = Counter()  # batch id (None: retries) -> its requests in the queue
+        # batch id -> calls started here, counted from where its arrival put it (`policy.served_at_arrival`),
+        # while it has work queued or running here.
+        self.served: dict[str, int] = {}
+        # When this pump's recent calls ended (wall clock, as batches' creation times are) and their batch:
+        # the calls that ended since a newer batch was created are service the older ones had after it came.
+        self.ends: deque[tuple[float, str]] = deque(maxlen=1024)
+        self.left_with: dict[str, int] = {}  # batch id -> its count when its work here last ran out
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __bool__(self) -> bool:
+        return bool(self.members)
+
+    def __iter__(self) -> Iterator[Member]:
+        return iter(self.members)
+
+    def add(self, members: list[Member], batches: dict[str, dict]) -> None:
+        """Queue claimed work; a batch new here (or back) is counted from its arrival. `batches`: the
+        batches of queued work, by id."""
+        # A batch with nothing queued or running here has left: its count goes, and comes back with its work.
+        for gone in [b for b in self.served if not self.queued_of[b] and not self.running_of[b]]:
+            self.left_with[gone] = self.served.pop(gone)
+        created = {batch_id: created_us(batch) for batch_id, batch in batches.items()}
+        now = self.clock.time()
+        for batch_id in {m.run.batch.get("id") for m in members if m.run is not None} - self.served.keys():
+            came = policy.arrival_moment(created.get(batch_id, 0) / 1e6, now, batch_id not in self.left_with,
+                                         self.memory())
+            self.served[batch_id] = policy.served_at_arrival(self.served, self.running_of, created, batch_id,
+                                                             policy.ended_since(self.ends, came),
+                                                             self.left_with.pop(batch_id, None))
+        self.members.extend(members)
+        self.queued_of.update(None if m.run is None else m.run.batch.get("id") for m in members)
+
+    def take_next(self) -> Member:
+        """The queued request a free runner starts (`policy.next_to_run`): the batches whose work is queued
+        share the runners evenly, an account's higher-priority batches first, whatever order it was claimed in."""
+        if len(self.members) == 1 or len(+self.queued_of) <= 1:  # one batch's work (or retries alone): in order
+            return self._dequeued(self.members.popleft())
+        queued = [policy.Queued(batch=None, account=None) if m.run is None
+                  else policy.Queued(batch=m.run.batch.get("id"), account=m.run.batch.get("account_id"),
+                                     rank=policy.rank(m.run.batch.get("priority"))) for m in self.members]
+        i = policy.next_to_run(queued, self.running_of, self.served)
+        member = self.members[i]
+        del self.members[i]
+        return self._dequeued(member)
+
+    def _dequeued(self, member: Member) -> Member:
+        self.queued_of[None if member.run is None else member.run.batch.get("id")] -= 1
+        return member
+
+    def leftover(self) -> Member:
+        """The next request never started (the pump is stopping): out of the queue, as it was claimed."""
+        return self.members.popleft()
+
+    def started(self, member: Member) -> None:
+        """A call of the queue's work started: its batch is served one more."""
+        if member.run is not None:
+            batch_id = member.run.batch.get("id")
+            self.running_of[batch_id] += 1
+            self.served[batch_id] = self.served.get(batch_id, 0) + 1
+
+    def ended(self, member: Member) -> None:
+        """A group member's call ended: remembered, for the batches that arrive after it."""
+        if member.run is None:
+            return
+        self.running_of[member.run.batch.get("id")] -= 1
+        self.ends.append((self.clock.time(), member.run.batch.get("id")))
+        while self.ends[0][0] < self.clock.time() - self.memory():
+            self.ends.popleft()
