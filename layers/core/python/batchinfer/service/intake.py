@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ..errors import Conflict, Gone, InvalidRequest, PayloadTooLarge, PermissionDenied, RateLimited
+from ..errors import BodyTooLarge, Conflict, Gone, InvalidRequest, PermissionDenied, RateLimited
 from ..jsontext import DuplicateKey
 from ..jsontext import loads as read_json
 from ..layout import (
@@ -38,6 +38,16 @@ from .validation import (
     holds_unpaired_surrogate,
     validate_file_lines,
 )
+
+
+class BatchTooLarge(Exception):
+    """A batch of more requests than an account may have unfinished at all: refused before anything is
+    stored, as a full account's batch is (429 `too_many_requests`)."""
+
+    def __init__(self, total: int, limit: int) -> None:
+        super().__init__(f"{total} requests, over the unfinished-request limit of {limit}")
+        self.total = total
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,7 @@ def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str |
 
 def check_size(svc: Services, raw: bytes) -> None:
     if len(raw) > svc.settings.max_body_bytes:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+        raise BodyTooLarge(svc.settings.max_body_bytes)
 
 
 def read_body(svc: Services, raw: bytes) -> object:
@@ -141,7 +151,7 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
     check_cap(svc, batch, extra)
     try:
         return _store_new_batch(svc, principal, batch, claim, extra, protocol.batch_ids.new()), True
-    except ConditionFailed:
+    except (ConditionFailed, BatchTooLarge):  # a full account, or a race for the same key
         if claim:  # a concurrent call with the same key won the race
             existing = replay(svc, principal, claim)
             if existing:
@@ -231,7 +241,7 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     s = svc.settings
     now = svc.now()
     if len(batch.requests) > s.max_unfinished_requests:
-        raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
+        raise BatchTooLarge(len(batch.requests), s.max_unfinished_requests)  # before anything is stored
     lanes = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else {}
     rejected = sum(isinstance(r, RejectedRequest) for r in batch.requests)
     if "input_file_id" in (extra or {}):  # the batch's own copy: deleting the upload must not affect it

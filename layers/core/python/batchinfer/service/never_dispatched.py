@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from ..domain import RequestState, Stop, new_token, unstarted_error
-from ..errors import Conflict, NotFound
+from ..errors import BatchNotFound, Conflict
 from ..layout import INDEX_CHUNK, index_object, lane_object, request_key
 from ..records import Batch, BatchItem, Request, RequestItem
 from ..runtime import Services
@@ -61,7 +61,7 @@ def file_if_named(svc: Services, batch: BatchItem, stop: Stop, named: Callable[[
         paged = True
         current = Batch.get(t, batch["id"])
         if current is None or current.get("deleting"):
-            raise NotFound(f"No batch found with id '{batch['id']}'.", code="batch_not_found")
+            raise BatchNotFound(batch["id"])
         if current.get("status") != batch["status"] or current.get("retrying"):
             raise Conflict(f"Batch '{batch['id']}' is being retried by another call.", code="batch_not_ended")
         batch = current

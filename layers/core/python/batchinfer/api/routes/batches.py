@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import InvalidRequest, PayloadTooLarge
+from ...errors import BodyTooLarge, InvalidRequest
 from ...jsontext import to_json
 from ...protocols.openai import PROTOCOL as OPENAI
 from ...protocols.openai import batches
@@ -38,7 +38,7 @@ async def create(request: Request, who: Principal = Depends(caller), svc: Servic
     # The body is read raw and parsed once (50,000 requests: no pydantic model per request); its schema
     # is declared for the OpenAPI document only.
     if declared_over(request, svc.settings.max_body_bytes):
-        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+        raise BodyTooLarge(svc.settings.max_body_bytes)
     raw = await request.body()
     obj, created = await run_in_threadpool(batches.create_batch, svc, who, raw,
                                            request.headers.get("idempotency-key"))
@@ -54,7 +54,7 @@ async def estimate(request: Request, who: Principal = Depends(caller), svc: Serv
                    ) -> dict:
     # The body of a create call, read raw as create reads it (see create).
     if declared_over(request, svc.settings.max_body_bytes):
-        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+        raise BodyTooLarge(svc.settings.max_body_bytes)
     return await run_in_threadpool(batches.estimate_batch, svc, who, await request.body())
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import PayloadTooLarge, PermissionDenied
+from ...errors import BodyTooLarge, PermissionDenied
 from ...jsontext import to_json
 from ...protocols.anthropic import PROTOCOL as ANTHROPIC
 from ...protocols.anthropic import message_batches
@@ -72,7 +72,7 @@ def _add_routes(prefix: str) -> None:
         if not svc.settings.message_batches_enabled:  # before reading a body that would be refused anyway
             raise PermissionDenied("Message Batches are not enabled.")
         if declared_over(request, svc.settings.max_body_bytes):
-            raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+            raise BodyTooLarge(svc.settings.max_body_bytes)
         raw = await request.body()
         item, created = await run_in_threadpool(message_batches.create, svc, who, raw,
                                                 request.headers.get("idempotency-key"), version)
@@ -89,7 +89,7 @@ def _add_routes(prefix: str) -> None:
         if not svc.settings.message_batches_enabled:
             raise PermissionDenied("Message Batches are not enabled.")
         if declared_over(request, svc.settings.max_body_bytes):
-            raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
+            raise BodyTooLarge(svc.settings.max_body_bytes)
         return await run_in_threadpool(message_batches.estimate, svc, who, await request.body(), version)
 
     @router.get(base, summary="List Message Batches, newest first", responses=error_responses(ANTHROPIC),

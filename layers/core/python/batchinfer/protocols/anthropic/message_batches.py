@@ -25,7 +25,7 @@ from anyio import to_thread
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
-from ...errors import InvalidRequest, NotFound, PermissionDenied, clipped, quoted
+from ...errors import BatchNotFound, InvalidRequest, PermissionDenied, clipped, quoted
 from ...messages_to_chat import refused_everywhere
 from ...providers import backend_refusal
 from ...records import Batch, BatchItem
@@ -319,7 +319,7 @@ def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
     item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise NotFound(f"No Message Batch found with id {quoted(batch_id)}.", code="batch_not_found")
+        raise BatchNotFound(batch_id, noun="Message Batch")
     return item
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...domain import FINAL_BATCH
-from ...errors import Conflict, InvalidRequest, NotFound, quoted
+from ...errors import BatchNotFound, Conflict, InvalidRequest, quoted
 from ...records import Batch, BatchItem
 from ...runtime import Services
 from ...service import analytics, batch_usage, forecast, intake, lifecycle, pausing, priority, results, retry, webhooks
@@ -164,7 +164,7 @@ def usage_object(item: BatchItem) -> dict:
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise NotFound(f"No batch found with id {quoted(batch_id)}.", code="batch_not_found", param="batch_id")
+        raise BatchNotFound(batch_id, param="batch_id")
     return item
 
 
