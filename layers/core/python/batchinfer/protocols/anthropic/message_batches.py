@@ -26,7 +26,6 @@ from anyio import to_thread
 from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
 from ...errors import BatchNotFound, InvalidRequest, PermissionDenied, clipped, quoted
-from ...messages_to_chat import refused_everywhere
 from ...providers import backend_refusal
 from ...records import Batch, BatchItem
 from ...request_bodies import got
@@ -43,6 +42,7 @@ from ...service.validation import (
     non_finite_fault,
 )
 from ...spending import parse_cap
+from ...translating import refused_everywhere
 from . import PROTOCOL
 
 IDS = PROTOCOL.batch_ids
