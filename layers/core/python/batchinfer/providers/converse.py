@@ -1,13 +1,12 @@
-"""Chat completions and Anthropic Messages requests to Amazon Bedrock's Converse API, and Converse answers back
-to a chat completion or a message; embeddings requests to the InvokeModel bodies of Titan text and Cohere embed
-models, and their answers back to OpenAI's embeddings list. Pure: stdlib only, no I/O (`providers.bedrock`
-sends what this builds).
+"""Chat completions and Anthropic Messages requests to Amazon Bedrock's Converse API. Pure: stdlib only, no I/O
+(`providers.bedrock` sends what this builds). Converse's answers go back to a chat completion or a message in
+`providers.converse_answers`; embeddings requests go to InvokeModel bodies in `providers.bedrock_embeddings`.
 
-The rule is `messages_to_chat`'s: nothing is ever silently dropped. A parameter Converse cannot carry makes the
-request fail at intake with a message naming it first (`tool_choice`, `messages[2].content[0].image_url`), so
-nobody gets an answer to a question other than the one they asked. A key whose value is null counts as absent.
-One walk both checks and builds (`refusal` runs the builder and keeps only its complaint), so intake and the
-call can never disagree.
+The rule is `messages_to_chat`'s (and the walk over messages is `translating`'s, shared with it): nothing is
+ever silently dropped. A parameter Converse cannot carry makes the request fail at intake with a message naming
+it first (`tool_choice`, `messages[2].content[0].image_url`), so nobody gets an answer to a question other than
+the one they asked. A key whose value is null counts as absent. One walk both checks and builds (`refusal` runs
+the builder and keeps only its complaint), so intake and the call can never disagree.
 
 Converse's request takes raw bytes for images and documents (boto3 encodes them for the wire), so a base64
 image is decoded here; a URL image is refused (Converse reads only bytes or S3).
