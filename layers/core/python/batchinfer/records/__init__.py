@@ -11,7 +11,8 @@ model's budget, the account (unfinished counts and slots), the day's usage, and 
 
 One module per family, each importing only those below it:
   expressions  what every record's expressions share (`Op`, `IN` tests, `ADD` of counters, `by_due` reads)
-  shapes       what the items hold (`BatchItem`, `GroupItem`, `RequestItem`, `FileItem`, `UploadItem`)
+  shapes       what the items hold (`BatchItem`, `GroupItem`, `RequestItem`, `FileItem`, `UploadItem`), and a
+               new batch's extension fields (`BatchExtras`)
   capacity     a model's budget, interactive leases and slot leases, and the shards slots came from
   batches      the batch, its lanes and its Idempotency-Key
   work         a batch's groups and request items
@@ -32,12 +33,13 @@ from .expressions import Op, due_in
 from .feed import Feed, finished_members, transact_counted
 from .files import File, Upload
 from .limits import LongPolls, RequestRate
-from .shapes import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
+from .shapes import BatchExtras, BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .webhooks import Webhook, WebhookEvent
 from .work import Group, Request
 
 __all__ = [
-    "Account", "ApiKey", "Batch", "BatchItem", "Budget", "File", "FileItem", "Group", "GroupItem", "Idempotency",
+    "Account", "ApiKey", "Batch", "BatchExtras", "BatchItem", "Budget", "File", "FileItem", "Group", "GroupItem",
+    "Idempotency",
     "InteractiveLease", "Lane", "LaneState", "Op", "Request", "RequestItem", "SlotLease", "Upload", "UploadItem",
     "Usage", "Webhook", "WebhookEvent", "due_in", "group_shards", "key_account_and_usage", "lease_shards",
     "shards_map",

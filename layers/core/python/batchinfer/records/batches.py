@@ -32,7 +32,7 @@ from ..layout import (
 from ..spending import EPSILON_USD
 from ..storage.dynamo import ConditionFailed, Table
 from .expressions import Op, _add_op, _in, due_in
-from .shapes import BatchItem
+from .shapes import BatchExtras, BatchItem
 
 # The tally of a batch's consecutive sweep failures (`Batch.count_step_failure`): gone once it ends or runs again.
 STEP_FAILURE_FIELDS = ("step_failures", "step_failed", "step_failed_at")
@@ -45,7 +45,7 @@ class Batch:
     @staticmethod
     def new(*, batch_id: str, account_id: str, key_hash: str, endpoint: str, now: int, expires_at: int,
             metadata: dict | None, lanes: dict[str, int], owner_created_us: int, idempotency_key: str | None,
-            extra: dict | None = None, rejected: int = 0, status: BatchStatus = BatchStatus.VALIDATING
+            extras: BatchExtras | None = None, rejected: int = 0, status: BatchStatus = BatchStatus.VALIDATING
             ) -> BatchItem:
         """A batch as created: validating (or already in progress), every counter at zero but `failed`.
         `lanes`: model id -> its request count; `rejected`: requests that failed at intake, which run nowhere
@@ -62,7 +62,8 @@ class Batch:
             "owner_pk": owner_partition(account_id), "owner_sk": owner_sort(owner_created_us, batch_id),
             "active_pk": active_partition(batch_id), "active_sk": batch_id, "idempotency_key": idempotency_key,
         }
-        item.update(extra or {})  # type: ignore[typeddict-item]
+        if extras is not None:
+            extras.write_into(item)
         return item
 
     @staticmethod

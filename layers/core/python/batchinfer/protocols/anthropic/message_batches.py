@@ -27,7 +27,7 @@ from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
 from ...errors import BatchNotFound, InvalidRequest, PermissionDenied, clipped, quoted
 from ...providers import backend_refusal
-from ...records import Batch, BatchItem
+from ...records import Batch, BatchExtras, BatchItem
 from ...request_bodies import got
 from ...runtime import Services
 from ...service import analytics, batch_usage, feed, forecast, intake, lifecycle, pausing, priority, results, retry
@@ -101,12 +101,15 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
     return item, created
 
 
-def _prepared(svc: Services, principal: Principal, payload: object, version: str) -> tuple[ValidatedBatch, dict]:
-    """What create checks before storing (an estimate checks the same): the batch and its item's extra fields."""
+def _prepared(svc: Services, principal: Principal, payload: object, version: str
+              ) -> tuple[ValidatedBatch, BatchExtras]:
+    """What create checks before storing (an estimate checks the same): the batch and its item's extension
+    fields."""
     intake.admit(svc, principal)
     batch = _validated(svc, principal.account, payload, version)
-    cap = intake.cap_fields(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
-    return batch, {"anthropic_version": version, **cap, "priority": priority.parse(payload.get("priority"))}
+    cap = parse_cap(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
+    return batch, BatchExtras(priority=priority.parse(payload.get("priority")), anthropic_version=version,
+                              max_cost_usd=cap)
 
 
 def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> dict:
@@ -114,7 +117,7 @@ def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> d
     listed in `rejected`, not refused), nothing stored."""
     if not svc.settings.message_batches_enabled:
         raise PermissionDenied("Message Batches are not enabled.", code="message_batches_disabled")
-    batch, extra = _prepared(svc, principal, intake.read_body(svc, raw), version)
+    batch, extra = _prepared(svc, principal, intake.parse_json_body(raw), version)
     intake.check_cap(svc, batch, extra)
     answer = forecast.estimate(svc, principal, batch)
     intake.check_room(svc, principal, answer["request_count"])
