@@ -15,6 +15,7 @@ from ..jsontext import DuplicateKey
 from ..jsontext import loads as read_json
 from ..layout import (
     INDEX_CHUNK,
+    IndexEntry,
     batch_prefix,
     file_object,
     index_object,
@@ -187,7 +188,7 @@ def unbounded_message(i: int, req: ValidRequest) -> str:
 
 
 def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest],
-                   endpoint: str | None = None) -> dict[str, list[int]]:
+                   endpoint: str) -> dict[str, list[int]]:
     """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
     chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
     far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
@@ -195,14 +196,13 @@ def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | R
     lines, index, offset = [], [], 0
     for req in requests:
         if isinstance(req, RejectedRequest):
-            index.append([req.custom_id, None, 0, 0, req.error])
+            index.append(IndexEntry(req.custom_id, None, 0, 0, req.error))
             continue
         line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
         lines.append(line)
-        entry = [req.custom_id, req.model_id, offset, len(line)]
-        if endpoint is not None:  # the most output tokens it can be charged for (a spending cap's worst case)
-            entry.append(output_bound(svc.catalog.get(req.model_id), endpoint, req.body))
-        index.append(entry)
+        # Last: the most output tokens it can be charged for (a spending cap's worst case).
+        index.append(IndexEntry(req.custom_id, req.model_id, offset, len(line),
+                                output_bound(svc.catalog.get(req.model_id), endpoint, req.body)))
         offset += len(line)
     svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
     for chunk in range(0, len(index), INDEX_CHUNK):
