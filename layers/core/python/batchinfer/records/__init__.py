@@ -14,7 +14,8 @@ One module per family, each importing only those below it:
   shapes       what the items hold (`BatchItem`, `GroupItem`, `RequestItem`, `FileItem`, `UploadItem`), and a
                new batch's extension fields (`BatchExtras`)
   capacity     a model's budget, interactive leases and slot leases, and the shards slots came from
-  batches      the batch, its lanes and its Idempotency-Key
+  batches      the batch and its lanes
+  idempotency  the Idempotency-Key record: which batch a key created
   work         a batch's groups and request items
   accounts     the account, its API keys and its day's usage
   files        batch files and uploads
@@ -27,11 +28,12 @@ Callers import from the package (`from batchinfer.records import Batch`), not fr
 
 from . import analytics as analytics  # a module of functions, not a record class
 from .accounts import Account, ApiKey, Usage, key_account_and_usage
-from .batches import Batch, Idempotency, Lane
+from .batches import Batch, Lane
 from .capacity import Budget, InteractiveLease, SlotLease, group_shards, lease_shards, shards_map
 from .expressions import Op, due_in
 from .feed import Feed, finished_members, transact_counted
 from .files import File, Upload
+from .idempotency import Idempotency
 from .limits import LongPolls, RequestRate
 from .shapes import BatchExtras, BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .webhooks import Webhook, WebhookEvent
