@@ -54,7 +54,7 @@ class BatchItem(TypedDict, total=False):
     pause_walk: dict  # while a pause or resume walks its waiting requests: the walk's id, kind and cursor
     # Its extension fields, set when it is created (`BatchExtras`):
     api: str  # the batch API that created it, where its batches carry one (a Message Batch's)
-    anthropic_version: str
+    anthropic_version: str  # a Message Batch's API version (its protocol's own field)
     priority: str
     webhook_url: str
     max_cost_usd: float  # its spending cap; committed_usd is what its started requests may cost at most
@@ -71,7 +71,7 @@ class BatchExtras:
 
     priority: str
     api: str | None = None
-    anthropic_version: str | None = None
+    protocol_fields: tuple[tuple[str, str], ...] = ()  # its protocol's own (named in its package), as pairs
     webhook_url: str | None = None
     max_cost_usd: float | None = None
     input_file_id: str | None = None
@@ -82,8 +82,8 @@ class BatchExtras:
         item["priority"] = self.priority
         if self.api is not None:
             item["api"] = self.api
-        if self.anthropic_version is not None:
-            item["anthropic_version"] = self.anthropic_version
+        for key, value in self.protocol_fields:
+            item[key] = value  # type: ignore[literal-required]  # a key its protocol declares
         if self.webhook_url is not None:
             item["webhook_url"] = self.webhook_url
         if self.max_cost_usd is not None:

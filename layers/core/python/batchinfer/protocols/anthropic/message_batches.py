@@ -108,8 +108,8 @@ def _prepared(svc: Services, principal: Principal, payload: object, version: str
     intake.admit(svc, principal)
     batch = _validated(svc, principal.account, payload, version)
     cap = parse_cap(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
-    return batch, BatchExtras(priority=priority.parse(payload.get("priority")), anthropic_version=version,
-                              max_cost_usd=cap)
+    return batch, BatchExtras(priority=priority.parse(payload.get("priority")), max_cost_usd=cap,
+                              protocol_fields=(("anthropic_version", version),))
 
 
 def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> dict:
