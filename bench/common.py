@@ -151,7 +151,7 @@ def seed_results(svc, batch_id: str, completed: list[dict], failed: list[dict] |
     n = stored["total"]
     client, pending = svc.table.client, []
     totals = {"completed": 0, "failed": 0, "in": 0, "out": 0, "bytes": 0}
-    for i, (custom_id, _, offset, length) in enumerate(results.index_entries(svc, batch_id, 0, n)):
+    for i, entry in enumerate(results.index_entries(svc, batch_id, 0, n)):
         if failed_every and i % failed_every == failed_every - 1:
             item = failed[i % len(failed)]
             totals["failed"] += 1
@@ -164,8 +164,8 @@ def seed_results(svc, batch_id: str, completed: list[dict], failed: list[dict] |
             totals["bytes"] += len(json.dumps(item["response"], separators=(",", ":")))
         pk, sk = request_key(batch_id, i)
         pending.append({"PutRequest": {"Item": serialize({
-            **item, "pk": pk, "sk": sk, "batch_id": batch_id, "index": i, "custom_id": custom_id,
-            "offset": offset, "length": length})}})
+            **item, "pk": pk, "sk": sk, "batch_id": batch_id, "index": i, "custom_id": entry.custom_id,
+            "offset": entry.offset, "length": entry.length})}})
         if len(pending) == 25 or i == n - 1:
             request = {svc.table.name: pending}
             while request:

@@ -18,7 +18,7 @@ PACKAGE = "batchinfer"
 # the longest name that is it or a package holding it (so a module named on its own outranks its package).
 LAYERS = [
     {"batchinfer.domain", "batchinfer.layout", "batchinfer.settings", "batchinfer.errors", "batchinfer.catalog",
-     "batchinfer.observability", "batchinfer.messages_to_chat", "batchinfer.addresses",
+     "batchinfer.observability", "batchinfer.messages_to_chat", "batchinfer.translating", "batchinfer.addresses",
      "batchinfer.request_bodies", "batchinfer.jsontext", "batchinfer.protocols", "batchinfer.spending"},
     {"batchinfer.storage", "batchinfer.providers"},
     {"batchinfer.runtime"},

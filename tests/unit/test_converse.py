@@ -8,20 +8,11 @@ import json
 
 import pytest
 
-from batchinfer.providers import converse
-from batchinfer.providers.converse import (
-    CHAT_REFUSED,
-    MESSAGES_REFUSED,
-    Untranslatable,
-    embedding_bodies,
-    from_chat,
-    from_messages,
-    refusal,
-    to_chat_completion,
-    to_embeddings,
-    to_message,
-    vectors_of,
-)
+from batchinfer.providers import converse_answers
+from batchinfer.providers.bedrock_embeddings import embedding_bodies, to_embeddings, vectors_of
+from batchinfer.providers.converse import CHAT_REFUSED, MESSAGES_REFUSED, from_chat, from_messages, refusal
+from batchinfer.providers.converse_answers import to_chat_completion, to_message
+from batchinfer.translating import Untranslatable
 
 FEATURES = ("images", "top_k", "documents")
 PNG_BYTES = b"\x89PNG\r\n\x1a\n0000"
@@ -306,11 +297,11 @@ def test_the_stop_and_finish_tables_cover_every_converse_stop_reason():
 
     model = botocore.loaders.Loader().load_service_model("bedrock-runtime", "service-2")
     reasons = set(model["shapes"]["StopReason"]["enum"]) - {"malformed_model_output", "malformed_tool_use"}
-    assert reasons <= set(converse.FINISH_REASONS) and reasons <= set(converse.STOP_REASONS)
+    assert reasons <= set(converse_answers.FINISH_REASONS) and reasons <= set(converse_answers.STOP_REASONS)
 
 
 def test_converse_stream_events_as_chat_chunks():
-    stream = converse.StreamedChat("claude", "r-1", 7)
+    stream = converse_answers.StreamedChat("claude", "r-1", 7)
     chunks = [c for event in (
         {"messageStart": {"role": "assistant"}},
         {"contentBlockDelta": {"contentBlockIndex": 0, "delta": {"text": "Hi"}}},

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from batchinfer import messages_to_chat
-from batchinfer.messages_to_chat import FEATURES, refused_everywhere, to_chat, to_message, untranslatable
+from batchinfer.messages_to_chat import FEATURES, to_chat, to_message, untranslatable
+from batchinfer.translating import refused_everywhere
 
 ALL = FEATURES
 HI = [{"role": "user", "content": "hi"}]

@@ -20,7 +20,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from local.simulated_backend import EMBEDDING_DIM, SimConfig, create_app, latency_of
+from local.simulated_answers import EMBEDDING_DIM
+from local.simulated_backend import SimConfig, create_app, latency_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"

@@ -64,6 +64,16 @@ class NotFound(_FixedStatus):
     STATUS = 404
 
 
+class BatchNotFound(NotFound):
+    """404: no batch `batch_id` the caller may see (none, another account's, or one being deleted). `noun`
+    is what its API calls a batch ("Message Batch" for Anthropic's); `param` names the path parameter where
+    the API's answer names one."""
+
+    def __init__(self, batch_id: str, noun: str = "batch", param: str | None = None) -> None:
+        super().__init__(f"No {noun} found with id {quoted(batch_id)}.", code="batch_not_found", param=param)
+        self.batch_id = batch_id
+
+
 class Conflict(_FixedStatus):
     """409: the object's state does not allow it now (or another change won)."""
 
@@ -80,6 +90,14 @@ class PayloadTooLarge(_FixedStatus):
     """413: a body, file or part over its limit."""
 
     STATUS = 413
+
+
+class BodyTooLarge(PayloadTooLarge):
+    """413: a request body over the `limit` (bytes) its route takes."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The request body is larger than the limit of {limit} bytes.")
+        self.limit = limit
 
 
 class RateLimited(_FixedStatus):

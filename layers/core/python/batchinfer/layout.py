@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from typing import Any, NamedTuple
 
 from . import protocols
 
@@ -248,7 +249,33 @@ def input_file_copy(batch_id: str) -> str:
 
 
 def index_object(batch_id: str, chunk: int) -> str:
+    """A chunk of a batch's request index: INDEX_CHUNK `IndexEntry`s, a JSON list of lists."""
     return f"batches/{batch_id}/index/{chunk:05d}.json"
+
+
+class IndexEntry(NamedTuple):
+    """One request's entry in its batch's index, stored as a JSON list in this order. A request rejected at
+    intake has no model, no bytes in requests.jsonl and its error last; a valid one its place in
+    requests.jsonl and last the most output tokens it may be charged for (None: unbounded)."""
+
+    custom_id: str
+    model_id: str | None
+    offset: int  # of its line in requests.jsonl
+    length: int
+    last: Any = None  # absent from entries stored before output bounds were kept
+
+    @classmethod
+    def read(cls, stored: list) -> IndexEntry:
+        return cls(*stored)
+
+    @property
+    def output_bound(self) -> int | None:
+        return self.last if self.model_id is not None else None
+
+    @property
+    def error(self) -> dict | None:
+        """A request rejected at intake: its error."""
+        return self.last if self.model_id is None else None
 
 
 def lane_object(batch_id: str, model_id: str) -> str:

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
+
+from .translating import Untranslatable, content_blocks, not_a_parameter, refused_everywhere, turns
 
 # What an OpenAI-compatible backend may declare it takes beyond text.
 FEATURES = ("images", "top_k", "documents")
 
 _BACKEND = "this model's backend (an OpenAI-compatible server)"
-_NOT_A_PARAMETER = "not a parameter this service can carry to an OpenAI-compatible backend"
+_TO = "an OpenAI-compatible backend"
+_NOT_A_PARAMETER = not_a_parameter(_TO)
 
 _KNOWN_TOP_LEVEL = frozenset({
     "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "temperature", "top_p", "top_k",
@@ -39,8 +42,6 @@ _NO_COUNTERPART = {
     "inference_geo": "the choice of an inference region",
     "diagnostics": "diagnostics",
 }
-# Block types the service never runs on any backend (server tools, MCP, containers) besides `*_tool_result`.
-_REFUSED_BLOCK_TYPES = frozenset({"server_tool_use", "mcp_tool_use", "container_upload"})
 # The fields of each block type the translation knows; any other non-null field fails.
 _BLOCK_FIELDS = {
     "text": frozenset({"type", "text", "cache_control", "citations"}),
@@ -53,60 +54,6 @@ _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema", "strict
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-class _Untranslatable(ValueError):
-    """Raised inside the translation; the message names the parameter."""
-
-
-# --- refused everywhere -------------------------------------------------------------------------------------------
-
-def refused_everywhere(params: dict) -> str | None:
-    """What in a Messages request the service never runs on any backend (server tools, Files API sources,
-    MCP servers, containers), as a message naming the parameter, or None."""
-    for i, tool in enumerate(_list(params.get("tools"))):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind is not None and kind != "custom":
-            return f"tools[{i}]: server tools (type {kind!r}) are not run by this service"
-    if params.get("mcp_servers") is not None:
-        return "mcp_servers: MCP servers are not run by this service"
-    if params.get("container") is not None:
-        return "container: code execution containers are not run by this service"
-    for path, block in _all_blocks(params):
-        kind = block.get("type")
-        if kind in _REFUSED_BLOCK_TYPES or (isinstance(kind, str) and kind.endswith("_tool_result")
-                                            and kind != "tool_result"):
-            return f"{path}: server tool blocks (type {kind!r}) are not run by this service"
-        source = block.get("source")
-        if isinstance(source, dict) and source.get("type") == "file":
-            return f"{path}.source: Files API sources (type 'file') are not supported by this service"
-    return None
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
-def _all_blocks(params: dict) -> Iterator[tuple[str, dict]]:
-    """Every content block with its path, nested ones (tool_result content, content-sourced documents) too."""
-    for k, block in enumerate(_list(params.get("system"))):
-        yield from _walk(f"system[{k}]", block)
-    for i, message in enumerate(_list(params.get("messages"))):
-        content = message.get("content") if isinstance(message, dict) else None
-        for j, block in enumerate(_list(content)):
-            yield from _walk(f"messages[{i}].content[{j}]", block)
-
-
-def _walk(path: str, block: Any) -> Iterator[tuple[str, dict]]:
-    if not isinstance(block, dict):
-        return
-    yield path, block
-    for k, inner in enumerate(_list(block.get("content"))):
-        yield from _walk(f"{path}.content[{k}]", inner)
-    source = block.get("source")
-    if isinstance(source, dict):
-        for k, inner in enumerate(_list(source.get("content"))):
-            yield from _walk(f"{path}.source.content[{k}]", inner)
-
-
 # --- request: Messages params -> chat-completions body ----------------------------------------------------------
 
 def untranslatable(params: dict, features: Collection[str]) -> str | None:
@@ -116,7 +63,7 @@ def untranslatable(params: dict, features: Collection[str]) -> str | None:
     (what refused_everywhere would refuse is reported too, so to_chat can never carry it)."""
     try:
         _translate(params, features)
-    except _Untranslatable as problem:
+    except Untranslatable as problem:
         return str(problem)
     return None
 
@@ -133,12 +80,12 @@ def _translate(params: dict, features: Collection[str]) -> dict:
     if unknown:  # a typo in a model's declaration must not quietly turn a feature off
         raise ValueError(f"unknown backend features {sorted(unknown)}; known: {list(FEATURES)}")
     if not isinstance(params, dict):
-        raise _Untranslatable("params: expected a JSON object")
+        raise Untranslatable("params: expected a JSON object")
     if (refused := refused_everywhere(params)) is not None:
-        raise _Untranslatable(refused)
+        raise Untranslatable(refused)
     for key, value in params.items():
         if key not in _KNOWN_TOP_LEVEL and value is not None:
-            raise _Untranslatable(f"{key}: {_NOT_A_PARAMETER}")
+            raise Untranslatable(f"{key}: {_NOT_A_PARAMETER}")
     _check_top_level(params, features)
 
     body: dict[str, Any] = {"messages": _system(params.get("system")) + _messages(params.get("messages"), features)}
@@ -160,25 +107,25 @@ def _translate(params: dict, features: Collection[str]) -> dict:
 def _check_top_level(params: dict, features: Collection[str]) -> None:
     thinking = params.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
-        raise _Untranslatable(f"thinking: extended thinking cannot be carried to {_BACKEND}")
+        raise Untranslatable(f"thinking: extended thinking cannot be carried to {_BACKEND}")
     for name, what in _NO_COUNTERPART.items():
         if params.get(name) is not None:
-            raise _Untranslatable(f"{name}: {what} cannot be carried to {_BACKEND}")
+            raise Untranslatable(f"{name}: {what} cannot be carried to {_BACKEND}")
     tier = params.get("service_tier")
     if tier not in (None, "auto", "standard_only"):  # the service has one tier, which both of these accept
-        raise _Untranslatable(f"service_tier: service tier {tier!r} is not offered by this service")
+        raise Untranslatable(f"service_tier: service tier {tier!r} is not offered by this service")
     speed = params.get("speed")
     if speed not in (None, "standard"):
-        raise _Untranslatable(f"speed: speed {speed!r} is not offered by {_BACKEND}")
+        raise Untranslatable(f"speed: speed {speed!r} is not offered by {_BACKEND}")
     if params.get("top_k") is not None and "top_k" not in features:
-        raise _Untranslatable("top_k: top_k sampling is not accepted by this model's backend")
+        raise Untranslatable("top_k: top_k sampling is not accepted by this model's backend")
     metadata = params.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
-            raise _Untranslatable("metadata: expected an object")
+            raise Untranslatable("metadata: expected an object")
         for key, value in metadata.items():
             if key != "user_id" and value is not None:
-                raise _Untranslatable(f"metadata.{key}: {_NOT_A_PARAMETER}")
+                raise Untranslatable(f"metadata.{key}: {_NOT_A_PARAMETER}")
 
 
 def _system(system: Any) -> list[dict]:
@@ -188,55 +135,37 @@ def _system(system: Any) -> list[dict]:
         text = system
     elif isinstance(system, list):
         texts = []
-        for path, block in _blocks(system, "system"):
+        for path, block in content_blocks(system, "system"):
             if block["type"] != "text":
-                raise _Untranslatable(f"{path}: {block['type']!r} blocks cannot be carried in a system prompt")
+                raise Untranslatable(f"{path}: {block['type']!r} blocks cannot be carried in a system prompt")
             texts.append(_text(block, path))
         text = "\n\n".join(texts)
     else:
-        raise _Untranslatable("system: expected a string or a list of text blocks")
+        raise Untranslatable("system: expected a string or a list of text blocks")
     return [{"role": "system", "content": text}] if text else []  # an empty system prompt carries nothing
 
 
 def _messages(messages: Any, features: Collection[str]) -> list[dict]:
-    if not isinstance(messages, list):
-        raise _Untranslatable("messages: expected a list of messages")
     out: list[dict] = []
-    for i, message in enumerate(messages):
-        path = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _Untranslatable(f"{path}: expected an object with a role and content")
-        for key, value in message.items():
-            if key not in ("role", "content") and value is not None:
-                raise _Untranslatable(f"{path}.{key}: {_NOT_A_PARAMETER}")
-        role, content = message.get("role"), message.get("content")
+    for i, path, role, content in turns(messages, _TO):
         if role == "user":
             out.extend(_user(content, f"{path}.content", features))
-        elif role == "assistant":
+        else:
             if i == len(messages) - 1:
                 # Claude continues a final assistant message; a chat server answers after it instead, which
                 # would be a different question.
-                raise _Untranslatable(f"{path}: a final assistant message (prefill) cannot be carried to {_BACKEND}")
+                raise Untranslatable(f"{path}: a final assistant message (prefill) cannot be carried to {_BACKEND}")
             out.append(_assistant(content, f"{path}.content"))
-        else:
-            raise _Untranslatable(f"{path}.role: role {role!r} cannot be carried (expected 'user' or 'assistant')")
     return out
-
-
-def _blocks(content: list, path: str) -> Iterator[tuple[str, dict]]:
-    for j, block in enumerate(content):
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise _Untranslatable(f"{path}[{j}]: expected a content block with a type")
-        yield f"{path}[{j}]", block
 
 
 def _user(content: Any, path: str, features: Collection[str]) -> list[dict]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     if not isinstance(content, list):
-        raise _Untranslatable(f"{path}: expected a string or a list of content blocks")
+        raise Untranslatable(f"{path}: expected a string or a list of content blocks")
     tool_messages, parts = [], []
-    for block_path, block in _blocks(content, path):
+    for block_path, block in content_blocks(content, path):
         kind = block["type"]
         if kind == "tool_result":
             tool_messages.append(_tool_result(block, block_path))
@@ -247,7 +176,7 @@ def _user(content: Any, path: str, features: Collection[str]) -> list[dict]:
         elif kind == "document":
             parts.append(_document(block, block_path, features))
         else:
-            raise _Untranslatable(_unsupported(kind, block_path, "user"))
+            raise Untranslatable(_unsupported(kind, block_path, "user"))
     # Chat servers want tool answers right after the assistant turn that called the tools, so they go first
     # (Anthropic requires tool_result blocks to lead the user message anyway).
     if parts or not tool_messages:
@@ -259,16 +188,16 @@ def _assistant(content: Any, path: str) -> dict:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     if not isinstance(content, list):
-        raise _Untranslatable(f"{path}: expected a string or a list of content blocks")
+        raise Untranslatable(f"{path}: expected a string or a list of content blocks")
     texts, calls = [], []
-    for block_path, block in _blocks(content, path):
+    for block_path, block in content_blocks(content, path):
         kind = block["type"]
         if kind == "text":
             texts.append(_text(block, block_path))
         elif kind == "tool_use":
             calls.append(_tool_call(block, block_path))
         else:
-            raise _Untranslatable(_unsupported(kind, block_path, "assistant"))
+            raise Untranslatable(_unsupported(kind, block_path, "assistant"))
     # One string: many OpenAI-compatible servers take only string assistant content.
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
@@ -289,25 +218,25 @@ def _unsupported(kind: str, path: str, role: str) -> str:
 
 def _check_fields(block: dict, path: str) -> None:
     if block.get("cache_control") is not None:
-        raise _Untranslatable(f"{path}.cache_control: prompt caching cannot be carried to {_BACKEND}")
+        raise Untranslatable(f"{path}.cache_control: prompt caching cannot be carried to {_BACKEND}")
     for key, value in block.items():
         if key not in _BLOCK_FIELDS[block["type"]] and value is not None:
-            raise _Untranslatable(f"{path}.{key}: not a field of a {block['type']} block this service can carry "
+            raise Untranslatable(f"{path}.{key}: not a field of a {block['type']} block this service can carry "
                                   "to an OpenAI-compatible backend")
 
 
 def _text(block: dict, path: str) -> str:
     _check_fields(block, path)
     if block.get("citations"):  # an empty list cites nothing
-        raise _Untranslatable(f"{path}.citations: citations cannot be carried to {_BACKEND}")
+        raise Untranslatable(f"{path}.citations: citations cannot be carried to {_BACKEND}")
     if not isinstance(block.get("text"), str):
-        raise _Untranslatable(f"{path}.text: expected a string")
+        raise Untranslatable(f"{path}.text: expected a string")
     return block["text"]
 
 
 def _image(block: dict, path: str, features: Collection[str]) -> dict:
     if "images" not in features:
-        raise _Untranslatable(f"{path}: image blocks are not accepted by this model's backend")
+        raise Untranslatable(f"{path}: image blocks are not accepted by this model's backend")
     _check_fields(block, path)
     source = block.get("source") if isinstance(block.get("source"), dict) else {}
     if source.get("type") == "base64":
@@ -315,22 +244,22 @@ def _image(block: dict, path: str, features: Collection[str]) -> dict:
     elif source.get("type") == "url":
         url = source.get("url")
     else:
-        raise _Untranslatable(f"{path}.source: image source type {source.get('type')!r} cannot be carried "
+        raise Untranslatable(f"{path}.source: image source type {source.get('type')!r} cannot be carried "
                               f"to {_BACKEND}")
     return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _document(block: dict, path: str, features: Collection[str]) -> dict:
     if "documents" not in features:
-        raise _Untranslatable(f"{path}: document blocks are not accepted by this model's backend")
+        raise Untranslatable(f"{path}: document blocks are not accepted by this model's backend")
     _check_fields(block, path)
     if block.get("citations") not in (None, {"enabled": False}):
-        raise _Untranslatable(f"{path}.citations: citations cannot be carried to {_BACKEND}")
+        raise Untranslatable(f"{path}.citations: citations cannot be carried to {_BACKEND}")
     if block.get("context") is not None:
-        raise _Untranslatable(f"{path}.context: document context cannot be carried to {_BACKEND}")
+        raise Untranslatable(f"{path}.context: document context cannot be carried to {_BACKEND}")
     source = block.get("source") if isinstance(block.get("source"), dict) else {}
     if source.get("type") != "base64" or source.get("media_type") != "application/pdf":
-        raise _Untranslatable(f"{path}.source: only base64 PDF documents can be carried to {_BACKEND} "
+        raise Untranslatable(f"{path}.source: only base64 PDF documents can be carried to {_BACKEND} "
                               f"(not source type {source.get('type')!r}, media type {source.get('media_type')!r})")
     return {"type": "file", "file": {"filename": block.get("title") or "document.pdf",
                                      "file_data": f"data:application/pdf;base64,{source.get('data')}"}}
@@ -339,7 +268,7 @@ def _document(block: dict, path: str, features: Collection[str]) -> dict:
 def _tool_call(block: dict, path: str) -> dict:
     _check_fields(block, path)
     if not isinstance(block.get("input"), dict):
-        raise _Untranslatable(f"{path}.input: expected an object")
+        raise Untranslatable(f"{path}.input: expected an object")
     # ensure_ascii=False: the model reads the arguments back; escapes would only cost it tokens.
     arguments = json.dumps(block["input"], ensure_ascii=False)
     return {"id": block.get("id"), "type": "function", "function": {"name": block.get("name"), "arguments": arguments}}
@@ -348,24 +277,24 @@ def _tool_call(block: dict, path: str) -> dict:
 def _tool_result(block: dict, path: str) -> dict:
     _check_fields(block, path)
     if block.get("is_error"):
-        raise _Untranslatable(f"{path}.is_error: tool errors cannot be carried to {_BACKEND} "
+        raise Untranslatable(f"{path}.is_error: tool errors cannot be carried to {_BACKEND} "
                               "(OpenAI tool messages have no error flag)")
     content = block.get("content")
     if content is None or isinstance(content, str):
         text = content or ""
     elif isinstance(content, list):
         texts = []
-        for inner_path, inner in _blocks(content, f"{path}.content"):
+        for inner_path, inner in content_blocks(content, f"{path}.content"):
             if inner["type"] == "image":
-                raise _Untranslatable(f"{inner_path}: image blocks inside a tool_result cannot be carried to "
+                raise Untranslatable(f"{inner_path}: image blocks inside a tool_result cannot be carried to "
                                       f"{_BACKEND} (OpenAI tool messages carry text only)")
             if inner["type"] != "text":
-                raise _Untranslatable(f"{inner_path}: {inner['type']} blocks inside a tool_result cannot be carried "
+                raise Untranslatable(f"{inner_path}: {inner['type']} blocks inside a tool_result cannot be carried "
                                       f"to {_BACKEND} (OpenAI tool messages carry text only)")
             texts.append(_text(inner, inner_path))
         text = "\n\n".join(texts)
     else:
-        raise _Untranslatable(f"{path}.content: expected a string or a list of content blocks")
+        raise Untranslatable(f"{path}.content: expected a string or a list of content blocks")
     return {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text}
 
 
@@ -373,17 +302,17 @@ def _tools(tools: Any) -> list[dict]:
     if tools is None:
         return []
     if not isinstance(tools, list):
-        raise _Untranslatable("tools: expected a list of tools")
+        raise Untranslatable("tools: expected a list of tools")
     out = []
     for i, tool in enumerate(tools):
         path = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise _Untranslatable(f"{path}: expected an object")
+            raise Untranslatable(f"{path}: expected an object")
         if tool.get("cache_control") is not None:
-            raise _Untranslatable(f"{path}.cache_control: prompt caching cannot be carried to {_BACKEND}")
+            raise Untranslatable(f"{path}.cache_control: prompt caching cannot be carried to {_BACKEND}")
         for key, value in tool.items():
             if key not in _TOOL_FIELDS and value is not None:
-                raise _Untranslatable(f"{path}.{key}: not a tool field this service can carry to an "
+                raise Untranslatable(f"{path}.{key}: not a tool field this service can carry to an "
                                       "OpenAI-compatible backend")
         function: dict[str, Any] = {"name": tool.get("name"), "parameters": tool.get("input_schema")}
         if tool.get("description") is not None:
@@ -399,22 +328,22 @@ def _tool_choice(choice: Any, has_tools: bool) -> dict:
     if choice is None:
         return {}
     if not isinstance(choice, dict):
-        raise _Untranslatable("tool_choice: expected an object")
+        raise Untranslatable("tool_choice: expected an object")
     kind = choice.get("type")
     allowed = {"type", "disable_parallel_tool_use"} | ({"name"} if kind == "tool" else set())
     for key, value in choice.items():
         if key not in allowed and value is not None:
-            raise _Untranslatable(f"tool_choice.{key}: {_NOT_A_PARAMETER}")
+            raise Untranslatable(f"tool_choice.{key}: {_NOT_A_PARAMETER}")
     if kind == "tool":
         mapped: Any = {"type": "function", "function": {"name": choice.get("name")}}
     elif kind in _TOOL_CHOICES:
         mapped = _TOOL_CHOICES[kind]
     else:
-        raise _Untranslatable(f"tool_choice.type: {kind!r} cannot be carried to {_BACKEND}")
+        raise Untranslatable(f"tool_choice.type: {kind!r} cannot be carried to {_BACKEND}")
     if not has_tools:
         if kind in ("auto", "none"):  # without tools there is nothing to choose; chat servers refuse the field
             return {}
-        raise _Untranslatable(f"tool_choice: type {kind!r} needs tools, and the request has none")
+        raise Untranslatable(f"tool_choice: type {kind!r} needs tools, and the request has none")
     fields = {"tool_choice": mapped}
     if choice.get("disable_parallel_tool_use"):
         fields["parallel_tool_calls"] = False

@@ -9,7 +9,7 @@ from fastapi import Request
 from python_multipart.multipart import DEFAULT_MAX_HEADER_SIZE
 from starlette.datastructures import FormData, UploadFile
 
-from ..errors import ApiError, InvalidRequest
+from ..errors import ApiError, BodyTooLarge, InvalidRequest
 from ..operations.openai.files import MAX_FILENAME_CHARS
 
 
@@ -18,6 +18,17 @@ def declared_over(request: Request, limit: int) -> bool:
     to str.isdigit but not to int(); and no int() of thousands of digits)."""
     declared = request.headers.get("content-length", "")
     return declared.isascii() and declared.isdigit() and (len(declared.lstrip("0")) > 18 or int(declared) > limit)
+
+
+async def body_within(request: Request, limit: int) -> bytes:
+    """The request's body, at most `limit` bytes, or 413 (`BodyTooLarge`): checked against its Content-Length
+    before it is read, then against what was read (a body without a Content-Length, or with a wrong one)."""
+    if declared_over(request, limit):
+        raise BodyTooLarge(limit)
+    raw = await request.body()
+    if len(raw) > limit:
+        raise BodyTooLarge(limit)
+    return raw
 
 
 # The multipart parser refuses a part's header line over this many bytes without saying which, and a

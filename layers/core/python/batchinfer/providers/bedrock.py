@@ -36,19 +36,10 @@ from botocore.exceptions import (
 from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT, Model
 from ..domain import Attempt
 from ..storage.aws import session
-from .converse import (
-    EMBEDDINGS_ENDPOINT,
-    StreamedChat,
-    Untranslatable,
-    embedding_bodies,
-    from_chat,
-    from_messages,
-    to_chat_completion,
-    to_embeddings,
-    to_message,
-    usage_of,
-    vectors_of,
-)
+from ..translating import Untranslatable
+from .bedrock_embeddings import EMBEDDINGS_ENDPOINT, embedding_bodies, to_embeddings, vectors_of
+from .converse import from_chat, from_messages
+from .converse_answers import StreamedChat, to_chat_completion, to_message, usage_of
 from .http import CutOff
 
 CONNECT_TIMEOUT_SECONDS = 10.0

@@ -1,13 +1,12 @@
-"""Chat completions and Anthropic Messages requests to Amazon Bedrock's Converse API, and Converse answers back
-to a chat completion or a message; embeddings requests to the InvokeModel bodies of Titan text and Cohere embed
-models, and their answers back to OpenAI's embeddings list. Pure: stdlib only, no I/O (`providers.bedrock`
-sends what this builds).
+"""Chat completions and Anthropic Messages requests to Amazon Bedrock's Converse API. Pure: stdlib only, no I/O
+(`providers.bedrock` sends what this builds). Converse's answers go back to a chat completion or a message in
+`providers.converse_answers`; embeddings requests go to InvokeModel bodies in `providers.bedrock_embeddings`.
 
-The rule is `messages_to_chat`'s: nothing is ever silently dropped. A parameter Converse cannot carry makes the
-request fail at intake with a message naming it first (`tool_choice`, `messages[2].content[0].image_url`), so
-nobody gets an answer to a question other than the one they asked. A key whose value is null counts as absent.
-One walk both checks and builds (`refusal` runs the builder and keeps only its complaint), so intake and the
-call can never disagree.
+The rule is `messages_to_chat`'s (and the walk over messages is `translating`'s, shared with it): nothing is
+ever silently dropped. A parameter Converse cannot carry makes the request fail at intake with a message naming
+it first (`tool_choice`, `messages[2].content[0].image_url`), so nobody gets an answer to a question other than
+the one they asked. A key whose value is null counts as absent. One walk both checks and builds (`refusal` runs
+the builder and keeps only its complaint), so intake and the call can never disagree.
 
 Converse's request takes raw bytes for images and documents (boto3 encodes them for the wire), so a base64
 image is decoded here; a URL image is refused (Converse reads only bytes or S3).
@@ -17,28 +16,22 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import re
-import struct
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..catalog import CHAT_ENDPOINT, MESSAGES_ENDPOINT
-from ..messages_to_chat import refused_everywhere
+from ..translating import Untranslatable, content_blocks, not_a_parameter, refused_everywhere, turns
+from .bedrock_embeddings import EMBEDDINGS_ENDPOINT, embedding_bodies
 
-EMBEDDINGS_ENDPOINT = "/v1/embeddings"
 _TO = "Amazon Bedrock (Converse)"
-_NOT_A_PARAMETER = f"not a parameter this service can carry to {_TO}"
+_NOT_A_PARAMETER = not_a_parameter(_TO)
 _IMAGE_FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
 # Converse's requestMetadata: at most 256 characters of these (botocore's service model).
 _METADATA_VALUE = re.compile(r"[a-zA-Z0-9\s:_@$#=/+,\-.]{0,256}")
 # A Converse document's name: letters, digits, single spaces, hyphens, parentheses, square brackets.
 _DOCUMENT_NAME = re.compile(r"(?!.*\s\s)[A-Za-z0-9\-()\[\] ]{1,200}")
-
-
-class Untranslatable(ValueError):
-    """A request Converse cannot carry; the message names the parameter."""
 
 
 def _never(_: Any) -> bool:
@@ -101,13 +94,6 @@ MESSAGES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
 _MESSAGES_CARRIED = frozenset({"model", "messages", "max_tokens", "system", "metadata", "stop_sequences",
                                "temperature", "top_p", "top_k", "tools", "tool_choice"})
 
-# Converse's stopReason to a chat completion's finish_reason and a message's stop_reason.
-FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
-                  "guardrail_intervened": "content_filter", "content_filtered": "content_filter",
-                  "model_context_window_exceeded": "length"}
-STOP_REASONS = {"end_turn": "end_turn", "stop_sequence": "stop_sequence", "max_tokens": "max_tokens",
-                "tool_use": "tool_use", "guardrail_intervened": "refusal", "content_filtered": "refusal",
-                "model_context_window_exceeded": "model_context_window_exceeded"}
 
 
 # --- checking ---------------------------------------------------------------------------------------------------
@@ -465,32 +451,20 @@ def _text(block: dict, path: str) -> str:
 
 
 def _messages(messages: Any, features: Collection[str]) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise Untranslatable("messages: expected a non-empty list of messages")
     out = []
-    for i, message in enumerate(messages):
-        path = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise Untranslatable(f"{path}: expected an object with a role and content")
-        for key, value in message.items():
-            if key not in ("role", "content") and value is not None:
-                raise Untranslatable(f"{path}.{key}: {_NOT_A_PARAMETER}")
-        role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
-            raise Untranslatable(f"{path}.role: role {role!r} cannot be carried (expected 'user' or 'assistant')")
+    for _, path, role, content in turns(messages, _TO, non_empty=True):
         if isinstance(content, str):
             out.append({"role": role, "content": [{"text": content}]})
             continue
         if not isinstance(content, list):
             raise Untranslatable(f"{path}.content: expected a string or a list of content blocks")
-        blocks = [_block(block, f"{path}.content[{j}]", role, features) for j, block in enumerate(content)]
+        blocks = [_block(block, block_path, role, features)
+                  for block_path, block in content_blocks(content, f"{path}.content")]
         out.append({"role": role, "content": blocks})
     return _merged(out)
 
 
-def _block(block: Any, path: str, role: str, features: Collection[str]) -> dict:
-    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise Untranslatable(f"{path}: expected a content block with a type")
+def _block(block: dict, path: str, role: str, features: Collection[str]) -> dict:
     kind = block["type"]
     if kind == "text":
         return {"text": _text(block, path)}
@@ -597,193 +571,3 @@ def _message_tool_choice(choice: Any, has_tools: bool) -> dict | None:
         raise Untranslatable(f"tool_choice.type: 'none' cannot be carried to {_TO} (Converse has no choice that "
                              "forbids tools); leave the tools out instead")
     raise Untranslatable(f"tool_choice.type: {kind!r} cannot be carried to {_TO}")
-
-
-# --- answers: Converse -> chat completion / message ---------------------------------------------------------------
-
-def usage_of(answer: dict) -> tuple[int, int, int]:
-    """(input tokens, output tokens, cached input tokens): cache reads and writes are input too (priced as
-    input, as for the anthropic kind)."""
-    usage = answer.get("usage") or {}
-    cached = int(usage.get("cacheReadInputTokens") or 0)
-    prompt = int(usage.get("inputTokens") or 0) + cached + int(usage.get("cacheWriteInputTokens") or 0)
-    return prompt, int(usage.get("outputTokens") or 0), cached
-
-
-def _content(answer: dict) -> list[dict]:
-    message = (answer.get("output") or {}).get("message")
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-        raise ValueError("output.message.content: the answer holds no message")
-    return message["content"]
-
-
-def to_chat_completion(answer: dict, model: str, request_id: str, created: int) -> dict:
-    """A chat completion from a Converse answer. `model`: the name the caller asked for. Raises ValueError on an
-    answer that cannot be shown as one (a block other than text or toolUse)."""
-    texts, calls = [], []
-    for k, block in enumerate(_content(answer)):
-        if isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        elif isinstance(block.get("toolUse"), dict):
-            use = block["toolUse"]
-            calls.append({"id": use.get("toolUseId"), "type": "function", "function": {
-                "name": use.get("name"), "arguments": json.dumps(use.get("input") or {}, ensure_ascii=False)}})
-        elif "reasoningContent" not in block:  # reasoning was not asked for; its text is not the answer
-            raise ValueError(f"output.message.content[{k}]: a {next(iter(block), '?')!r} block cannot be carried "
-                             "into a chat completion")
-    prompt, completion, cached = usage_of(answer)
-    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                             "total_tokens": prompt + completion}
-    if cached:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None,
-                               "refusal": None}
-    if calls:
-        message["tool_calls"] = calls
-    finish = FINISH_REASONS.get(answer.get("stopReason"), "stop")
-    return {"id": "chatcmpl-" + hashlib.sha256(request_id.encode()).hexdigest()[:24], "object": "chat.completion",
-            "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": usage}
-
-
-def to_message(answer: dict, model: str, request_id: str, stop_sequences: Sequence[str] = ()) -> dict:
-    """An Anthropic message from a Converse answer. Converse does not say which stop sequence matched: it is
-    named when only one was given."""
-    content = []
-    for k, block in enumerate(_content(answer)):
-        if isinstance(block.get("text"), str):
-            if block["text"]:
-                content.append({"type": "text", "text": block["text"]})
-        elif isinstance(block.get("toolUse"), dict):
-            use = block["toolUse"]
-            content.append({"type": "tool_use", "id": use.get("toolUseId"), "name": use.get("name"),
-                            "input": use.get("input") or {}})
-        elif isinstance(block.get("reasoningContent"), dict):  # thinking was asked for (the thinking feature)
-            reasoning = block["reasoningContent"]
-            if isinstance(reasoning.get("reasoningText"), dict):
-                text = reasoning["reasoningText"]
-                content.append({"type": "thinking", "thinking": text.get("text") or "",
-                                "signature": text.get("signature") or ""})
-            elif reasoning.get("redactedContent") is not None:
-                data = reasoning["redactedContent"]
-                content.append({"type": "redacted_thinking", "data": base64.b64encode(data).decode()
-                                if isinstance(data, bytes) else str(data)})
-        else:
-            raise ValueError(f"output.message.content[{k}]: a {next(iter(block), '?')!r} block cannot be carried "
-                             "into a message")
-    stop_reason = STOP_REASONS.get(answer.get("stopReason"), "end_turn")
-    stop_sequence = stop_sequences[0] if stop_reason == "stop_sequence" and len(stop_sequences) == 1 else None
-    prompt, completion, cached = usage_of(answer)
-    usage = (answer.get("usage") or {})
-    return {"id": "msg_" + hashlib.sha256(request_id.encode()).hexdigest()[:24], "type": "message",
-            "role": "assistant", "model": model, "content": content, "stop_reason": stop_reason,
-            "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": int(usage.get("inputTokens") or 0), "output_tokens": completion,
-                      "cache_read_input_tokens": cached,
-                      "cache_creation_input_tokens": int(usage.get("cacheWriteInputTokens") or 0)}}
-
-
-# --- embeddings: OpenAI body -> InvokeModel bodies -> OpenAI list ------------------------------------------------
-
-_EMBEDDING_CARRIED = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
-
-
-def embedding_bodies(body: dict, embedding_format: str | None) -> list[dict]:
-    """The InvokeModel bodies an embeddings request takes: one per text for Titan (it embeds one text a call),
-    one for all texts for Cohere. `user` is not sent: neither body has a place for it, and it changes no
-    vector."""
-    for key, value in body.items():
-        if key not in _EMBEDDING_CARRIED and value is not None:
-            raise Untranslatable(f"{key}: {_NOT_A_PARAMETER}")
-    texts = body.get("input")
-    texts = [texts] if isinstance(texts, str) else texts
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise Untranslatable("input: only text (a string or a list of strings) can be embedded by a Bedrock model "
-                             "(not token arrays)")
-    dimensions = body.get("dimensions")
-    if embedding_format == "titan":
-        extra = {"dimensions": dimensions} if dimensions is not None else {}
-        return [{"inputText": text, **extra} for text in texts]
-    if embedding_format == "cohere":
-        if dimensions is not None:
-            raise Untranslatable("dimensions: Cohere embed models on Bedrock answer their own dimensions")
-        # search_document: the input is embedded as text to be found (OpenAI's embeddings make no distinction).
-        return [{"texts": texts, "input_type": "search_document", "embedding_types": ["float"]}]
-    raise Untranslatable("model: this model's backend declares no embedding_format (titan or cohere)")
-
-
-def vectors_of(answer: dict, embedding_format: str | None) -> list[list[float]]:
-    """The vectors of one InvokeModel answer."""
-    if embedding_format == "titan":
-        vector = answer.get("embedding")
-        if not isinstance(vector, list):
-            raise ValueError("embedding: the answer holds no vector")
-        return [vector]
-    embeddings = answer.get("embeddings")
-    if isinstance(embeddings, dict):  # asked with embedding_types: {"float": [...]}
-        embeddings = embeddings.get("float")
-    if not isinstance(embeddings, list):
-        raise ValueError("embeddings: the answer holds no vectors")
-    return embeddings
-
-
-def to_embeddings(vectors: list[list[float]], model: str, tokens: int, encoding_format: str | None) -> dict:
-    data = []
-    for i, vector in enumerate(vectors):
-        value: Any = vector
-        if encoding_format == "base64":  # as OpenAI sends it: little-endian float32
-            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-        data.append({"object": "embedding", "index": i, "embedding": value})
-    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-
-# --- a streamed answer: ConverseStream events -> chat completion chunks ------------------------------------------
-
-class StreamedChat:
-    """ConverseStream's events as the chunks of a streamed chat completion, as they come: a role delta at
-    messageStart, a text delta per text delta, a tool call opened at its contentBlockStart and its arguments
-    as they come, the finish at messageStop and a usage chunk (no choices) from the metadata event. A Messages
-    stream is made of these chunks by `messages_to_chat.MessageStream`, as for an `openai` backend."""
-
-    def __init__(self, model: str, request_id: str, created: int) -> None:
-        self.base = {"id": "chatcmpl-" + hashlib.sha256(request_id.encode()).hexdigest()[:24],
-                     "object": "chat.completion.chunk", "created": created, "model": model}
-        self.tools: dict[int, int] = {}  # contentBlockIndex -> tool call index
-        self.usage: dict | None = None  # Converse's, from the metadata event
-
-    def _chunk(self, delta: dict, finish: str | None = None) -> dict:
-        return {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-
-    def feed(self, event: dict) -> list[dict]:
-        if "messageStart" in event:
-            return [self._chunk({"role": "assistant", "content": ""})]
-        if "contentBlockStart" in event:
-            start = event["contentBlockStart"]
-            use = (start.get("start") or {}).get("toolUse")
-            if not use:
-                return []
-            index = self.tools[start.get("contentBlockIndex", 0)] = len(self.tools)
-            return [self._chunk({"tool_calls": [{"index": index, "id": use.get("toolUseId"), "type": "function",
-                                                 "function": {"name": use.get("name"), "arguments": ""}}]})]
-        if "contentBlockDelta" in event:
-            block = event["contentBlockDelta"]
-            delta = block.get("delta") or {}
-            if isinstance(delta.get("text"), str):
-                return [self._chunk({"content": delta["text"]})]
-            if isinstance(delta.get("toolUse"), dict):
-                index = self.tools.get(block.get("contentBlockIndex", 0), 0)
-                return [self._chunk({"tool_calls": [{"index": index, "function": {
-                    "arguments": delta["toolUse"].get("input") or ""}}]})]
-            return []  # reasoning was not asked for; its text is not the answer
-        if "messageStop" in event:
-            return [self._chunk({}, FINISH_REASONS.get(event["messageStop"].get("stopReason"), "stop"))]
-        if "metadata" in event:
-            self.usage = event["metadata"].get("usage") or {}
-            prompt, completion, cached = usage_of({"usage": self.usage})
-            usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                                     "total_tokens": prompt + completion}
-            if cached:
-                usage["prompt_tokens_details"] = {"cached_tokens": cached}
-            return [{**self.base, "choices": [], "usage": usage}]
-        return []

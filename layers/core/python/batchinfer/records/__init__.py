@@ -11,9 +11,11 @@ model's budget, the account (unfinished counts and slots), the day's usage, and 
 
 One module per family, each importing only those below it:
   expressions     what every record's expressions share (`Op`, `IN` tests, `ADD` of counters, `by_due` reads)
-  items           what the items hold (`BatchItem`, `GroupItem`, `RequestItem`, `FileItem`, `UploadItem`)
+  items           what the items hold (`BatchItem`, `GroupItem`, `RequestItem`, `FileItem`, `UploadItem`), and a
+                  new batch's extension fields (`BatchExtras`)
   capacity        a model's budget, interactive leases and slot leases, and the shards slots came from
-  batches         the batch, its lanes and its Idempotency-Key
+  batches         the batch and its lanes
+  idempotency     the Idempotency-Key record: which batch a key created
   work            a batch's groups and request items
   accounts        the account, its API keys and its day's usage
   files           batch files and uploads
@@ -27,18 +29,20 @@ Callers import from the package (`from batchinfer.records import Batch`), not fr
 
 from . import analytics as analytics  # a module of functions, not a record class
 from .accounts import Account, ApiKey, Usage, key_account_and_usage
-from .batches import Batch, Idempotency, Lane
+from .batches import Batch, Lane
 from .capacity import Budget, InteractiveLease, SlotLease, group_shards, lease_shards, shards_map
 from .expressions import Op, due_in
 from .files import File, Upload
 from .finished_order import Feed, finished_members, transact_counted
-from .items import BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
+from .idempotency import Idempotency
+from .items import BatchExtras, BatchItem, FileItem, GroupItem, LaneState, RequestItem, UploadItem
 from .limits import LongPolls, RequestRate
 from .webhooks import Webhook, WebhookEvent
 from .work import Group, Request
 
 __all__ = [
-    "Account", "ApiKey", "Batch", "BatchItem", "Budget", "File", "FileItem", "Group", "GroupItem", "Idempotency",
+    "Account", "ApiKey", "Batch", "BatchExtras", "BatchItem", "Budget", "File", "FileItem", "Group", "GroupItem",
+    "Idempotency",
     "InteractiveLease", "Lane", "LaneState", "Op", "Request", "RequestItem", "SlotLease", "Upload", "UploadItem",
     "Usage", "Webhook", "WebhookEvent", "due_in", "group_shards", "key_account_and_usage", "lease_shards",
     "shards_map",

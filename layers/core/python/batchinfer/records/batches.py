@@ -1,5 +1,5 @@
-"""The batch and what its creation leaves: the batch item (status, lanes, counters), its lanes in the
-model's turn, and the Idempotency-Key that created it."""
+"""The batch and what its creation leaves: the batch item (status, lanes, counters) and its lanes in the
+model's turn (the Idempotency-Key that created it: `records.idempotency`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from ..layout import (
     PURGE_PARTITIONS,
     active_partition,
     batch_key,
-    idempotency_key,
     lane_key,
     lanes_of,
     owner_partition,
@@ -32,7 +31,7 @@ from ..layout import (
 from ..spending import EPSILON_USD
 from ..storage.dynamo import ConditionFailed, Table
 from .expressions import Op, _add_op, _in, due_in
-from .items import BatchItem
+from .items import BatchExtras, BatchItem
 
 # The tally of a batch's consecutive sweep failures (`Batch.count_step_failure`): gone once it ends or runs again.
 STEP_FAILURE_FIELDS = ("step_failures", "step_failed", "step_failed_at")
@@ -45,7 +44,7 @@ class Batch:
     @staticmethod
     def new(*, batch_id: str, account_id: str, key_hash: str, endpoint: str, now: int, expires_at: int,
             metadata: dict | None, lanes: dict[str, int], owner_created_us: int, idempotency_key: str | None,
-            extra: dict | None = None, rejected: int = 0, status: BatchStatus = BatchStatus.VALIDATING
+            extras: BatchExtras | None = None, rejected: int = 0, status: BatchStatus = BatchStatus.VALIDATING
             ) -> BatchItem:
         """A batch as created: validating (or already in progress), every counter at zero but `failed`.
         `lanes`: model id -> its request count; `rejected`: requests that failed at intake, which run nowhere
@@ -62,7 +61,8 @@ class Batch:
             "owner_pk": owner_partition(account_id), "owner_sk": owner_sort(owner_created_us, batch_id),
             "active_pk": active_partition(batch_id), "active_sk": batch_id, "idempotency_key": idempotency_key,
         }
-        item.update(extra or {})  # type: ignore[typeddict-item]
+        if extras is not None:
+            extras.write_into(item)
         return item
 
     @staticmethod
@@ -569,44 +569,3 @@ class Lane:
         lanes = first + wrapped
         # Fewer than asked for over the whole ring (the round came back to `after`, or ran out): all of them.
         return lanes, len(lanes) < limit or len(wrapped) < len(rest)
-
-
-# --- Idempotency-Key ----------------------------------------------------------------------------------
-
-class Idempotency:
-    """Which batch an Idempotency-Key created, with the hash of the body it came with."""
-
-    @staticmethod
-    def get(t: Table, account_id: str, key: str) -> dict | None:
-        return t.get(*idempotency_key(account_id, key))
-
-    @staticmethod
-    def claim(t: Table, account_id: str, key: str, batch_id: str, body_hash: str, now: int) -> Op:
-        # A record past its TTL may linger until DynamoDB deletes it; it no longer holds the key.
-        pk, sk = idempotency_key(account_id, key)
-        return t.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "body_hash": body_hash},
-                        condition="attribute_not_exists(pk) OR #ttl <= :now", vals={":now": now})
-
-    @staticmethod
-    def hold(t: Table, account_id: str, key: str, batch_id: str) -> Op:
-        """The key that created a batch being retried is held again while it runs (no TTL), fenced on it still
-        naming that batch."""
-        return t.op_update(*idempotency_key(account_id, key), "REMOVE #ttl",
-                           vals={":b": batch_id}, condition="batch_id = :b AND attribute_not_exists(deleted)")
-
-    @staticmethod
-    def claim_until(t: Table, account_id: str, key: str, batch_id: str, body_hash: str, now: int, until: int) -> Op:
-        """A key sent with a call that is not a create (a retry), remembered until `until`."""
-        pk, sk = idempotency_key(account_id, key)
-        return t.op_put({"pk": pk, "sk": sk, "batch_id": batch_id, "body_hash": body_hash, "ttl": until},
-                        condition="attribute_not_exists(pk) OR #ttl <= :now", vals={":now": now})
-
-    @staticmethod
-    def remember_until(t: Table, account_id: str, key: str, until: int) -> Op:
-        return t.op_update(*idempotency_key(account_id, key), "SET #ttl = :ttl", vals={":ttl": until})
-
-    @staticmethod
-    def mark_deleted(t: Table, account_id: str, key: str, until: int) -> None:
-        """Raises ConditionFailed when the record is gone already."""
-        t.update(*idempotency_key(account_id, key), "SET deleted = :yes, #ttl = :ttl",
-                 vals={":yes": True, ":ttl": until}, condition="attribute_exists(pk)")

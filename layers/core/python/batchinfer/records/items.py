@@ -3,6 +3,7 @@ lanes, its groups and requests, a file, an upload."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypedDict
 
 
@@ -51,6 +52,46 @@ class BatchItem(TypedDict, total=False):
     keep_until: int  # once retried: the latest its retention may end (its first request items' TTL less a day)
     unstarted_by: dict  # an ended retried batch: its never-run requests per Stop (its runs may have ended apart)
     pause_walk: dict  # while a pause or resume walks its waiting requests: the walk's id, kind and cursor
+    # Its extension fields, set when it is created (`BatchExtras`):
+    api: str  # the batch API that created it, where its batches carry one (a Message Batch's)
+    anthropic_version: str  # a Message Batch's API version (its protocol's own field)
+    priority: str
+    webhook_url: str
+    max_cost_usd: float  # its spending cap; committed_usd is what its started requests may cost at most
+    committed_usd: float
+    input_file_id: str  # a batch from a file: its lines are checked after create answers
+    awaiting_validation: bool
+    output_expires_after: int
+
+
+@dataclass(frozen=True)
+class BatchExtras:
+    """A new batch's fields beyond those every batch has: what its API and its create body's extensions add.
+    None: the batch has no such field."""
+
+    priority: str
+    api: str | None = None
+    protocol_fields: tuple[tuple[str, str], ...] = ()  # its protocol's own (named in its package), as pairs
+    webhook_url: str | None = None
+    max_cost_usd: float | None = None
+    input_file_id: str | None = None
+    output_expires_after: int | None = None
+
+    def write_into(self, item: BatchItem) -> None:
+        """Set these fields of a batch item being created."""
+        item["priority"] = self.priority
+        if self.api is not None:
+            item["api"] = self.api
+        for key, value in self.protocol_fields:
+            item[key] = value  # type: ignore[literal-required]  # a key its protocol declares
+        if self.webhook_url is not None:
+            item["webhook_url"] = self.webhook_url
+        if self.max_cost_usd is not None:
+            item["max_cost_usd"], item["committed_usd"] = self.max_cost_usd, 0.0
+        if self.input_file_id is not None:
+            item["input_file_id"], item["awaiting_validation"] = self.input_file_id, True
+        if self.output_expires_after is not None:
+            item["output_expires_after"] = self.output_expires_after
 
 
 class GroupItem(TypedDict, total=False):

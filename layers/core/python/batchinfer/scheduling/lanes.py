@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..catalog import Model
 from ..domain import utc_day
-from ..layout import INDEX_CHUNK, index_object, lane_created_at, lane_object, lane_turn_at
+from ..layout import INDEX_CHUNK, IndexEntry, index_object, lane_created_at, lane_object, lane_turn_at
 from ..ledger import Position, claim_from_lane
 from ..records import Account, Batch, Lane
 from ..runtime import Services
@@ -320,16 +320,16 @@ class Lanes:
         positions = []
         for index in indexes:
             entry = self._index_entry(batch["id"], index)
-            positions.append(Position(index=index, custom_id=entry[0], offset=entry[2], length=entry[3],
+            positions.append(Position(index=index, custom_id=entry.custom_id, offset=entry.offset, length=entry.length,
                                       worst_usd=self._worst(batch, model_id, entry)))
         return positions
 
-    def _worst(self, batch: dict, model_id: str, entry: list) -> float | None:
+    def _worst(self, batch: dict, model_id: str, entry: IndexEntry) -> float | None:
         """A capped batch's request's worst case (an entry without an output bound can never fit)."""
         if batch.get("max_cost_usd") is None:
             return None
-        bound = entry[4] if len(entry) > 4 else None
-        return math.inf if bound is None else worst_usd(self.svc.catalog.get(model_id), entry[3], bound)
+        bound = entry.output_bound
+        return math.inf if bound is None else worst_usd(self.svc.catalog.get(model_id), entry.length, bound)
 
     def next_positions(self, batch: dict, model_id: str) -> list[Position]:
         """The lane's next request (none when it has none left), for the sweeper's look at a capped batch."""
@@ -338,14 +338,14 @@ class Lanes:
             return []
         return self._positions(batch, model_id, int(state["next"]), 1)
 
-    def _index_entry(self, batch_id: str, index: int) -> list:
+    def _index_entry(self, batch_id: str, index: int) -> IndexEntry:
         chunk = index // INDEX_CHUNK
         key = (batch_id, chunk)
         if key not in self._chunks:  # lanes are read in order: one S3 read per 5,000 requests
             if len(self._chunks) >= 16:
                 self._chunks.pop(next(iter(self._chunks)))
             self._chunks[key] = json.loads(self.svc.blobs.get(index_object(batch_id, chunk)) or b"[]")
-        return self._chunks[key][index - chunk * INDEX_CHUNK]
+        return IndexEntry.read(self._chunks[key][index - chunk * INDEX_CHUNK])
 
 
 def within_cap(batch: dict, model: Model, positions: list[Position]) -> list[Position]:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import InvalidRequest, PayloadTooLarge
+from ...errors import InvalidRequest
 from ...jsontext import to_json
 from ...operations.openai import batches
 from ...protocols.openai import PROTOCOL as OPENAI
@@ -14,7 +14,7 @@ from ...runtime import Services
 from ...service.accounts import Principal
 from ...service.reading import finished_order
 from ..auth import caller, services_of
-from ..bodies import declared_over
+from ..bodies import body_within
 from ..envelopes import error_responses, route_class
 from ..schemas import (
     BATCH_ESTIMATE,
@@ -37,9 +37,7 @@ async def create(request: Request, who: Principal = Depends(caller), svc: Servic
                  ) -> JSONResponse:
     # The body is read raw and parsed once (50,000 requests: no pydantic model per request); its schema
     # is declared for the OpenAPI document only.
-    if declared_over(request, svc.settings.max_body_bytes):
-        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
-    raw = await request.body()
+    raw = await body_within(request, svc.settings.max_body_bytes)
     obj, created = await run_in_threadpool(batches.create_batch, svc, who, raw,
                                            request.headers.get("idempotency-key"))
     # A replay answers with the batch the first call created, 200 both times as OpenAI's create answers;
@@ -53,9 +51,8 @@ async def create(request: Request, who: Principal = Depends(caller), svc: Servic
 async def estimate(request: Request, who: Principal = Depends(caller), svc: Services = Depends(services_of)
                    ) -> dict:
     # The body of a create call, read raw as create reads it (see create).
-    if declared_over(request, svc.settings.max_body_bytes):
-        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
-    return await run_in_threadpool(batches.estimate_batch, svc, who, await request.body())
+    raw = await body_within(request, svc.settings.max_body_bytes)
+    return await run_in_threadpool(batches.estimate_batch, svc, who, raw)
 
 
 @router.get("", summary="List your batches, newest first", responses=error_responses(OPENAI),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ...errors import PayloadTooLarge
+from ...errors import BodyTooLarge
 from ...jsontext import to_json
 from ...protocols.openai import PROTOCOL as OPENAI
 from ...request_bodies import CHAT, EMBEDDINGS, RESPONSES
@@ -42,7 +42,7 @@ def answer(served: interactive.Served | interactive.Streamed) -> Response:
 
 async def _serve(request: Request, who: Principal, svc: Services, endpoint: str) -> Response:
     if declared_over(request, INTERACTIVE_BODY_BYTES):
-        raise PayloadTooLarge(f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
+        raise BodyTooLarge(INTERACTIVE_BODY_BYTES)
     return answer(await interactive.serve_openai(svc, who, endpoint, parse_json_body(await request.body())))
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import PayloadTooLarge, PermissionDenied
+from ...errors import PermissionDenied
 from ...jsontext import to_json
 from ...operations.anthropic import message_batches
 from ...protocols.anthropic import PROTOCOL as ANTHROPIC
@@ -17,7 +17,7 @@ from ...runtime import Services
 from ...service.accounts import Principal
 from ...service.reading import finished_order
 from ..auth import caller, services_of
-from ..bodies import declared_over
+from ..bodies import body_within
 from ..envelopes import error_responses, route_class, unmatched_paths_under
 from ..schemas import (
     ANTHROPIC_HEADERS,
@@ -71,9 +71,7 @@ def _add_routes(prefix: str) -> None:
                                    ) -> JSONResponse:
         if not svc.settings.message_batches_enabled:  # before reading a body that would be refused anyway
             raise PermissionDenied("Message Batches are not enabled.")
-        if declared_over(request, svc.settings.max_body_bytes):
-            raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
-        raw = await request.body()
+        raw = await body_within(request, svc.settings.max_body_bytes)
         item, created = await run_in_threadpool(message_batches.create, svc, who, raw,
                                                 request.headers.get("idempotency-key"), version)
         return JSONResponse(message_batches.message_batch_object(item, base_url(request)),
@@ -88,9 +86,8 @@ def _add_routes(prefix: str) -> None:
                                      ) -> dict:
         if not svc.settings.message_batches_enabled:
             raise PermissionDenied("Message Batches are not enabled.")
-        if declared_over(request, svc.settings.max_body_bytes):
-            raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
-        return await run_in_threadpool(message_batches.estimate, svc, who, await request.body(), version)
+        raw = await body_within(request, svc.settings.max_body_bytes)
+        return await run_in_threadpool(message_batches.estimate, svc, who, raw, version)
 
     @router.get(base, summary="List Message Batches, newest first", responses=error_responses(ANTHROPIC),
                 openapi_extra=_extra(MESSAGE_BATCH_LIST))

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from ...catalog import MESSAGES_ENDPOINT
-from ...errors import PayloadTooLarge
+from ...errors import BodyTooLarge
 from ...protocols.anthropic import PROTOCOL as ANTHROPIC
 from ...runtime import Services
 from ...service.accounts import Principal
@@ -32,7 +32,7 @@ def _add_route(prefix: str) -> None:
                              version: str = Depends(anthropic_version),
                              svc: Services = Depends(services_of)) -> Response:
         if declared_over(request, INTERACTIVE_BODY_BYTES):
-            raise PayloadTooLarge(f"The request body is larger than the limit of {INTERACTIVE_BODY_BYTES} bytes.")
+            raise BodyTooLarge(INTERACTIVE_BODY_BYTES)
         return answer(await interactive.serve_messages(svc, who, parse_json_body(await request.body()), version))
 
 

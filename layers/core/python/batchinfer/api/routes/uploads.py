@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import PayloadTooLarge
+from ...errors import BodyTooLarge
 from ...operations.openai import files, uploads
 from ...protocols.openai import PROTOCOL as OPENAI
 from ...runtime import Services
@@ -25,7 +25,7 @@ MULTIPART_ENVELOPE_BYTES = 64 << 10  # what a part's request may hold besides th
 
 async def _json_body(request: Request) -> bytes:
     if declared_over(request, JSON_BODY_BYTES):
-        raise PayloadTooLarge(f"The request body is larger than the limit of {JSON_BODY_BYTES} bytes.")
+        raise BodyTooLarge(JSON_BODY_BYTES)
     return await request.body()
 
 

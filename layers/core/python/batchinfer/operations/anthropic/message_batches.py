@@ -25,9 +25,9 @@ from anyio import to_thread
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...domain import FINAL_BATCH, BatchStatus, Stop
-from ...errors import InvalidRequest, NotFound, PermissionDenied, clipped, quoted
+from ...errors import BatchNotFound, InvalidRequest, PermissionDenied, clipped, quoted
 from ...protocols.anthropic import PROTOCOL
-from ...records import Batch, BatchItem
+from ...records import Batch, BatchExtras, BatchItem
 from ...runtime import Services
 from ...service import lifecycle
 from ...service.accounts import Principal
@@ -88,12 +88,15 @@ def create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None
     return item, created
 
 
-def _prepared(svc: Services, principal: Principal, payload: object, version: str) -> tuple[ValidatedBatch, dict]:
-    """What create checks before storing (an estimate checks the same): the batch and its item's extra fields."""
+def _prepared(svc: Services, principal: Principal, payload: object, version: str
+              ) -> tuple[ValidatedBatch, BatchExtras]:
+    """What create checks before storing (an estimate checks the same): the batch and its item's extension
+    fields."""
     intake.admit(svc, principal)
     batch = _validated(svc, principal.account, payload, version)
-    cap = intake.cap_fields(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
-    return batch, {"anthropic_version": version, **cap, "priority": priority.parse(payload.get("priority"))}
+    cap = parse_cap(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
+    return batch, BatchExtras(priority=priority.parse(payload.get("priority")), max_cost_usd=cap,
+                              protocol_fields=(("anthropic_version", version),))
 
 
 def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> dict:
@@ -101,7 +104,7 @@ def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> d
     listed in `rejected`, not refused), nothing stored."""
     if not svc.settings.message_batches_enabled:
         raise PermissionDenied("Message Batches are not enabled.", code="message_batches_disabled")
-    batch, extra = _prepared(svc, principal, intake.read_body(svc, raw), version)
+    batch, extra = _prepared(svc, principal, intake.parse_json_body(raw), version)
     intake.check_cap(svc, batch, extra)
     answer = forecast.estimate(svc, principal, batch)
     intake.check_room(svc, principal, answer["request_count"])
@@ -220,7 +223,7 @@ def owned(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     """The caller's Message Batch; any other id (an OpenAI-shaped batch's too) reads as not found."""
     item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise NotFound(f"No Message Batch found with id {quoted(batch_id)}.", code="batch_not_found")
+        raise BatchNotFound(batch_id, noun="Message Batch")
     return item
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...domain import FINAL_BATCH
-from ...errors import Conflict, InvalidRequest, NotFound, quoted
+from ...errors import BatchNotFound, Conflict, InvalidRequest, quoted
 from ...protocols.openai import PROTOCOL
-from ...records import Batch, BatchItem
+from ...records import Batch, BatchExtras, BatchItem
 from ...runtime import Services
 from ...service import lifecycle
 from ...service.accounts import Principal
@@ -46,48 +46,51 @@ def create_batch(svc: Services, principal: Principal, raw: bytes, idem_key: str 
     payload, claim, existing = intake.open_create(svc, principal, raw, idem_key, PROTOCOL)
     if existing:
         return batch_object(existing), False
-    batch, extra = _prepared(svc, principal, payload)
-    if forecast.parse_admission(payload.get(forecast.ADMISSION_PARAM)) == forecast.REJECT_IF_LATE:
-        forecast.refuse_if_late(_estimate(svc, principal, batch, extra))  # an extension: 429 when it would be late
-    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extra)
+    batch, extras, admission = _prepared(svc, principal, payload)
+    if admission == forecast.REJECT_IF_LATE:  # an extension: 429 when it would be late
+        forecast.refuse_if_late(_estimate(svc, principal, batch, extras))
+    item, created = intake.store(svc, principal, batch, claim, PROTOCOL, extras)
     return batch_object(item), created
 
 
-def _prepared(svc: Services, principal: Principal, payload: object) -> tuple[ValidatedBatch, dict]:
+def _prepared(svc: Services, principal: Principal, payload: object) -> tuple[ValidatedBatch, BatchExtras, str]:
     """What create checks of a batch before storing it (an estimate checks the same): the account may
-    create one, the body, and its extension fields; the batch with its item's extra fields."""
+    create one, the body, and its extension fields. Returns the batch, its item's extension fields and its
+    admission (an extension: "always" or "reject_if_late"; 400 for any other)."""
     intake.admit(svc, principal)
+    file_id = expires_after = None
     if isinstance(payload, dict) and payload.get("input_file_id") is not None:
-        batch, extra = _file_batch(svc, principal, payload)
+        batch, file_id, expires_after = _file_batch(svc, principal, payload)
     else:
-        batch, extra = validate_inline_batch(svc, principal.account, payload), None
-    if webhook_url := webhooks.batch_webhook_url(svc, principal, payload.get("webhook_url")):
-        extra = {**(extra or {}), "webhook_url": webhook_url}
-    if cap := intake.cap_fields(payload.get("max_cost_usd")):  # an extension: the batch's spending cap
-        extra = {**(extra or {}), **cap}
-    forecast.parse_admission(payload.get(forecast.ADMISSION_PARAM))  # an extension: 400 for an unknown one
-    return batch, {**(extra or {}), "priority": priority.parse(payload.get("priority"))}
+        batch = validate_inline_batch(svc, principal.account, payload)
+    webhook_url = webhooks.batch_webhook_url(svc, principal, payload.get("webhook_url"))
+    cap = parse_cap(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
+    admission = forecast.parse_admission(payload.get(forecast.ADMISSION_PARAM))
+    extras = BatchExtras(priority=priority.parse(payload.get("priority")), webhook_url=webhook_url or None,
+                         max_cost_usd=cap, input_file_id=file_id, output_expires_after=expires_after)
+    return batch, extras, admission
 
 
-def _estimate(svc: Services, principal: Principal, batch: ValidatedBatch, extra: dict) -> dict:
+def _estimate(svc: Services, principal: Principal, batch: ValidatedBatch, extras: BatchExtras) -> dict:
     """The estimate of a checked batch; a file batch's lines are read and checked now, as its validation would."""
-    lines = forecast.file_requests(svc, principal, batch.endpoint, extra["input_file_id"]) \
-        if extra.get("input_file_id") else None
+    lines = forecast.file_requests(svc, principal, batch.endpoint, extras.input_file_id) \
+        if extras.input_file_id else None
     return forecast.estimate(svc, principal, batch, lines)
 
 
 def estimate_batch(svc: Services, principal: Principal, raw: bytes) -> dict:
     """An estimate (an extension): the create body checked as create checks it, nothing stored."""
-    batch, extra = _prepared(svc, principal, intake.read_body(svc, raw))
-    intake.check_cap(svc, batch, extra)
-    estimate = _estimate(svc, principal, batch, extra)
+    batch, extras, _ = _prepared(svc, principal, intake.parse_json_body(raw))
+    intake.check_cap(svc, batch, extras)
+    estimate = _estimate(svc, principal, batch, extras)
     intake.check_room(svc, principal, estimate["request_count"])
     return estimate
 
 
-def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[ValidatedBatch, dict]:
-    """A batch from an uploaded file, as the OpenAI SDK creates one. Only the call is checked here; the
-    file's lines are checked after it answers (`intake.validate_file_batch`), before anything runs."""
+def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[ValidatedBatch, str, int | None]:
+    """A batch from an uploaded file, as the OpenAI SDK creates one: the batch, its file's id and its
+    output_expires_after (seconds). Only the call is checked here; the file's lines are checked after it
+    answers (`intake.validate_file_batch`), before anything runs."""
     files.check_enabled(svc, param="input_file_id")
     if payload.get("requests") is not None:
         raise InvalidRequest("Give either requests (an inline batch) or input_file_id (a batch from a file), "
@@ -100,14 +103,13 @@ def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[Val
         raise InvalidRequest(f"completion_window must be '24h', not {payload.get('completion_window')!r}.",
                              param="completion_window")
     metadata = validate_metadata(payload.get("metadata"))
-    extra: dict = {}
-    expires_after = payload.get("output_expires_after")
+    expires_after, seconds = payload.get("output_expires_after"), None
     if expires_after is not None:
         if not isinstance(expires_after, dict):
             raise InvalidRequest("output_expires_after must be an object {anchor, seconds}.",
                                  param="output_expires_after")
-        extra["output_expires_after"] = files.expires_after_seconds(
-            expires_after.get("anchor"), expires_after.get("seconds"), "output_expires_after")
+        seconds = files.expires_after_seconds(expires_after.get("anchor"), expires_after.get("seconds"),
+                                              "output_expires_after")
     file_id = payload["input_file_id"]
     item = files.stored_file(svc, principal.account_id, file_id) if isinstance(file_id, str) else None
     if item is None:
@@ -117,9 +119,8 @@ def _file_batch(svc: Services, principal: Principal, payload: dict) -> tuple[Val
         raise InvalidRequest(f"Invalid 'input_file_id': file '{file_id}' has purpose '{item['purpose']}'; a batch "
                              "needs a file uploaded with purpose 'batch'.", code="invalid_file_purpose",
                              param="input_file_id")
-    extra.update({"input_file_id": file_id, "awaiting_validation": True})
     # A file batch's window is always the 24 hours its completion_window says.
-    return ValidatedBatch(endpoint=endpoint, requests=[], metadata=metadata, window_seconds=24 * 3600), extra
+    return ValidatedBatch(endpoint=endpoint, requests=[], metadata=metadata, window_seconds=24 * 3600), file_id, seconds
 
 
 # --- Read --------------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def usage_object(item: BatchItem) -> dict:
 def owned_batch(svc: Services, principal: Principal, batch_id: str) -> BatchItem:
     item = Batch.get(svc.table, batch_id) if IDS.names(batch_id) else None
     if item is None or item.get("account_id") != principal.account_id or item.get("deleting"):
-        raise NotFound(f"No batch found with id {quoted(batch_id)}.", code="batch_not_found", param="batch_id")
+        raise BatchNotFound(batch_id, param="batch_id")
     return item
 
 

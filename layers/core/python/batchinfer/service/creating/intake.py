@@ -8,13 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ...errors import Conflict, Gone, InvalidRequest, PayloadTooLarge, PermissionDenied, RateLimited
+from ...errors import Conflict, Gone, InvalidRequest, PermissionDenied, RateLimited
 from ...jsontext import DuplicateKey
 from ...jsontext import loads as read_json
 from ...layout import (
     INDEX_CHUNK,
+    IndexEntry,
     batch_prefix,
     file_object,
     index_object,
@@ -23,9 +24,9 @@ from ...layout import (
     requests_object,
 )
 from ...protocols import Protocol
-from ...records import Account, Batch, BatchItem, Idempotency, Lane
+from ...records import Account, Batch, BatchExtras, BatchItem, Idempotency, Lane
 from ...runtime import Services
-from ...spending import CAP_PARAM, output_bound, parse_cap
+from ...spending import CAP_PARAM, output_bound
 from ...storage.dynamo import ConditionFailed, ItemTooLarge
 from ..accounts import Principal, quota_used_up
 from ..lifecycle import fail_validation
@@ -38,6 +39,16 @@ from .validation import (
     holds_unpaired_surrogate,
     validate_file_lines,
 )
+
+
+class BatchTooLarge(Exception):
+    """A batch of more requests than an account may have unfinished at all: refused before anything is
+    stored, as a full account's batch is (429 `too_many_requests`)."""
+
+    def __init__(self, total: int, limit: int) -> None:
+        super().__init__(f"{total} requests, over the unfinished-request limit of {limit}")
+        self.total = total
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -80,11 +91,11 @@ def parse_json_body(raw: bytes) -> object:
 
 def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str | None, protocol: Protocol
                 ) -> tuple[object, IdempotencyClaim | None, BatchItem | None]:
-    """The first steps of every create call: the body's size, the Idempotency-Key, the parsed body, and the
-    batch an earlier call with the same key and body created (a replay), if any. The protocol is part of
+    """The first steps of every create call (its body within the size limit already: the route's
+    `api.bodies.body_within`): the Idempotency-Key, the parsed body, and the batch an earlier call with the
+    same key and body created (a replay), if any. The protocol is part of
     what a replay must match (where its batches carry `api`), so one key cannot answer for two kinds of
     batch."""
-    check_size(svc, raw)
     check_idempotency_key(idem_key)
     payload = parse_json_body(raw)
     try:
@@ -93,17 +104,6 @@ def open_create(svc: Services, principal: Principal, raw: bytes, idem_key: str |
         raise InvalidRequest("The body is nested too deeply.") from None
     claim = IdempotencyClaim(idem_key, digest) if idem_key else None
     return payload, claim, replay(svc, principal, claim) if claim else None
-
-
-def check_size(svc: Services, raw: bytes) -> None:
-    if len(raw) > svc.settings.max_body_bytes:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {svc.settings.max_body_bytes} bytes.")
-
-
-def read_body(svc: Services, raw: bytes) -> object:
-    """A create call's body as an estimate reads it: within the size limit (413), parsed (400)."""
-    check_size(svc, raw)
-    return parse_json_body(raw)
 
 
 def replay(svc: Services, principal: Principal, claim: IdempotencyClaim) -> BatchItem | None:
@@ -130,18 +130,18 @@ def admit(svc: Services, principal: Principal) -> None:
 
 
 def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
-          protocol: Protocol, extra: dict | None = None) -> tuple[BatchItem, bool]:
+          protocol: Protocol, extras: BatchExtras) -> tuple[BatchItem, bool]:
     """Store a new batch of `protocol` (its kind of id, and its `api` where its batches carry one). Returns
     (batch item, created): created is False when a concurrent call with the same Idempotency-Key won the
-    race and this call answers with its batch. `extra`: fields of the batch item its API adds (where it
-    came from, how it is shown)."""
+    race and this call answers with its batch. `extras`: the fields of the batch item its API and its
+    body's extensions add."""
     limits = svc.settings
     if protocol.api_field:
-        extra = {"api": protocol.name, **(extra or {})}
-    check_cap(svc, batch, extra)
+        extras = replace(extras, api=protocol.name)
+    check_cap(svc, batch, extras)
     try:
-        return _store_new_batch(svc, principal, batch, claim, extra, protocol.batch_ids.new()), True
-    except ConditionFailed:
+        return _store_new_batch(svc, principal, batch, claim, extras, protocol.batch_ids.new()), True
+    except (ConditionFailed, BatchTooLarge):  # a full account, or a race for the same key
         if claim:  # a concurrent call with the same key won the race
             existing = replay(svc, principal, claim)
             if existing:
@@ -151,9 +151,9 @@ def store(svc: Services, principal: Principal, batch: ValidatedBatch, claim: Ide
                           f"{limits.max_unfinished_requests}.", code="too_many_requests") from None
 
 
-def check_cap(svc: Services, batch: ValidatedBatch, extra: dict | None) -> None:
+def check_cap(svc: Services, batch: ValidatedBatch, extras: BatchExtras) -> None:
     """A batch with a spending cap must bound every request's cost (400 naming the first that does not)."""
-    if (extra or {}).get(CAP_PARAM) is not None and (unbounded := unbounded_under_cap(svc, batch.endpoint,
+    if extras.max_cost_usd is not None and (unbounded := unbounded_under_cap(svc, batch.endpoint,
                                                                                        batch.requests)):
         raise InvalidRequest(unbounded_message(*unbounded), param=CAP_PARAM)
 
@@ -169,13 +169,6 @@ def check_room(svc: Services, principal: Principal, total: int | None) -> None:
     if total is not None and current.get("unfinished_requests", 0) + total > limits.max_unfinished_requests:
         raise RateLimited(f"This batch would take your unfinished batch requests past the limit of "
                           f"{limits.max_unfinished_requests}.", code="too_many_requests")
-
-
-def cap_fields(cap_value: object) -> dict:
-    """The batch item's fields for a create body's `max_cost_usd` (none without one; 400 if it is not a
-    positive number): the cap and what it has committed so far (see `spending`)."""
-    cap = parse_cap(cap_value)
-    return {} if cap is None else {"max_cost_usd": cap, "committed_usd": 0.0}
 
 
 def unbounded_under_cap(svc: Services, endpoint: str, requests: list) -> tuple[int, ValidRequest] | None:
@@ -195,7 +188,7 @@ def unbounded_message(i: int, req: ValidRequest) -> str:
 
 
 def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest],
-                   endpoint: str | None = None) -> dict[str, list[int]]:
+                   endpoint: str) -> dict[str, list[int]]:
     """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
     chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
     far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
@@ -203,14 +196,13 @@ def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | R
     lines, index, offset = [], [], 0
     for req in requests:
         if isinstance(req, RejectedRequest):
-            index.append([req.custom_id, None, 0, 0, req.error])
+            index.append(IndexEntry(req.custom_id, None, 0, 0, req.error))
             continue
         line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
         lines.append(line)
-        entry = [req.custom_id, req.model_id, offset, len(line)]
-        if endpoint is not None:  # the most output tokens it can be charged for (a spending cap's worst case)
-            entry.append(output_bound(svc.catalog.get(req.model_id), endpoint, req.body))
-        index.append(entry)
+        # Last: the most output tokens it can be charged for (a spending cap's worst case).
+        index.append(IndexEntry(req.custom_id, req.model_id, offset, len(line),
+                                output_bound(svc.catalog.get(req.model_id), endpoint, req.body)))
         offset += len(line)
     svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
     for chunk in range(0, len(index), INDEX_CHUNK):
@@ -227,22 +219,22 @@ def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | R
 
 
 def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
-                     extra: dict | None, batch_id: str) -> BatchItem:
+                     extras: BatchExtras, batch_id: str) -> BatchItem:
     s = svc.settings
     now = svc.now()
     if len(batch.requests) > s.max_unfinished_requests:
-        raise ConditionFailed("batch larger than the unfinished-request limit")  # before anything is stored
+        raise BatchTooLarge(len(batch.requests), s.max_unfinished_requests)  # before anything is stored
     lanes = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else {}
     rejected = sum(isinstance(r, RejectedRequest) for r in batch.requests)
-    if "input_file_id" in (extra or {}):  # the batch's own copy: deleting the upload must not affect it
-        svc.blobs.copy(file_object(extra["input_file_id"]), input_file_copy(batch_id))
+    if extras.input_file_id is not None:  # the batch's own copy: deleting the upload must not affect it
+        svc.blobs.copy(file_object(extras.input_file_id), input_file_copy(batch_id))
     item = Batch.new(batch_id=batch_id, account_id=principal.account_id, key_hash=principal.key_hash,
                      endpoint=batch.endpoint, now=now,
                      expires_at=now + (batch.window_seconds or s.batch_completion_window_seconds),
                      metadata=batch.metadata, lanes={m: len(p) for m, p in lanes.items()},
                      # Wall-clock microseconds, not the (injectable) service clock: only the order matters here.
                      owner_created_us=time.time_ns() // 1000,
-                     idempotency_key=claim.key if claim else None, extra=extra, rejected=rejected,
+                     idempotency_key=claim.key if claim else None, extras=extras, rejected=rejected,
                      status=batch.status)
     t = svc.table
     ops = [Batch.create(t, item),

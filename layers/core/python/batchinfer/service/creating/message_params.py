@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from ...catalog import MESSAGES_ENDPOINT
 from ...errors import clipped
-from ...messages_to_chat import refused_everywhere
 from ...providers import backend_refusal
 from ...request_bodies import got
 from ...runtime import Services
+from ...translating import refused_everywhere
 from ..accounts import may_use_model
 from .validation import MAX_PROBLEM_CHARS, non_finite_at, non_finite_fault
 

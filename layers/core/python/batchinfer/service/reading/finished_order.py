@@ -31,7 +31,7 @@ from anyio import to_thread
 
 from ...domain import FINAL_BATCH, BatchStatus, result_id
 from ...errors import InvalidRequest, quoted
-from ...layout import INDEX_CHUNK, request_key
+from ...layout import INDEX_CHUNK, IndexEntry, request_key
 from ...records import Batch, BatchItem, Feed, Request
 from ...records.finished_order import TOKEN_CHARS, entry_number
 from ...runtime import Services
@@ -282,7 +282,7 @@ class _Index:
     def __init__(self, svc: Services, batch: BatchItem) -> None:
         self.svc, self.batch, self.chunks = svc, batch, {}
 
-    def entry(self, index: int) -> list:
+    def entry(self, index: int) -> IndexEntry:
         chunk = index // INDEX_CHUNK
         if chunk not in self.chunks:
             base = chunk * INDEX_CHUNK
@@ -373,7 +373,7 @@ def _index_of(svc: Services, batch: BatchItem, custom_id: str) -> int | None:
     for start in range(0, batch["total"], INDEX_CHUNK):
         chunk = index_entries(svc, batch["id"], start, min(batch["total"], start + INDEX_CHUNK))
         for offset, entry in enumerate(chunk):
-            if entry[0] == custom_id:
+            if entry.custom_id == custom_id:
                 return start + offset
     return None
 

@@ -23,30 +23,30 @@ from ...domain import (
 )
 from ...errors import InvalidRequest, quoted
 from ...jsontext import parse_object, to_json
-from ...layout import INDEX_CHUNK, index_object
+from ...layout import INDEX_CHUNK, IndexEntry, index_object
 from ...records import BatchItem, Group, Request, RequestItem
 from ...runtime import Services
 
 EXPORT_PAGE = 1000  # results read and written per step of an export: memory stays flat
 
 
-def index_entries(svc: Services, batch_id: str, start: int, end: int) -> list[list]:
-    """Entries start..end-1 of a batch's request index: [custom_id, model, offset, length] each."""
-    entries: list[list] = []
+def index_entries(svc: Services, batch_id: str, start: int, end: int) -> list[IndexEntry]:
+    """Entries start..end-1 of a batch's request index."""
+    entries: list[IndexEntry] = []
     for chunk in range(start // INDEX_CHUNK, (end - 1) // INDEX_CHUNK + 1):
         data = json.loads(svc.blobs.get(index_object(batch_id, chunk)) or b"[]")
         base = chunk * INDEX_CHUNK
-        entries.extend(data[max(start - base, 0):end - base])
+        entries.extend(map(IndexEntry.read, data[max(start - base, 0):end - base]))
     return entries
 
 
-def _result(svc: Services, batch: BatchItem, index: int, entry: list, stored: RequestItem | None) -> dict:
+def _result(svc: Services, batch: BatchItem, index: int, entry: IndexEntry, stored: RequestItem | None) -> dict:
     stop = Stop(batch["stop"]) if batch.get("stop") else None
     if stored is None and batch.get("parked"):  # never dispatched, left as it ended by a retry of its batch
         stop = Stop(batch["parked"])
-    custom_id = entry[0]
-    if stored is None and entry[1] is None:  # rejected at intake: its error is in its index entry
-        stored = {"state": RequestState.FAILED.value, "error": entry[4]}
+    custom_id = entry.custom_id
+    if stored is None and entry.model_id is None:  # rejected at intake: its error is in its index entry
+        stored = {"state": RequestState.FAILED.value, "error": entry.error}
     state = RequestState(stored["state"]) if stored else None
     if state is RequestState.UNSTARTED and batch.get("retry_count"):
         stop = unstarted_stop(stored.get("error"))  # a retry may have left it from an earlier ending

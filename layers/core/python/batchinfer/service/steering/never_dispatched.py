@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 
 from ...domain import RequestState, Stop, new_token, unstarted_error
-from ...errors import Conflict, NotFound
-from ...layout import INDEX_CHUNK, index_object, lane_object, request_key
+from ...errors import BatchNotFound, Conflict
+from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, request_key
 from ...records import Batch, BatchItem, Request, RequestItem
 from ...runtime import Services
 from ...spending import worst_usd
@@ -36,7 +36,7 @@ def file_if_named(svc: Services, batch: BatchItem, stop: Stop, named: Callable[[
     `named` takes the custom id of one of them; else leave them as they are. Returns the batch as it is now;
     Conflict (409 `batch_busy`) when `deadline` came first."""
     entries = _Entries(svc, batch)
-    if not any(named(entries.entry(index)[0]) for model_id, state in batch["lanes"].items()
+    if not any(named(entries.entry(index).custom_id) for model_id, state in batch["lanes"].items()
                for index in entries.lane(model_id, int(state["next"]), int(state["total"]))):
         return batch
     t = svc.table
@@ -61,26 +61,27 @@ def file_if_named(svc: Services, batch: BatchItem, stop: Stop, named: Callable[[
         paged = True
         current = Batch.get(t, batch["id"])
         if current is None or current.get("deleting"):
-            raise NotFound(f"No batch found with id '{batch['id']}'.", code="batch_not_found")
+            raise BatchNotFound(batch["id"])
         if current.get("status") != batch["status"] or current.get("retrying"):
             raise Conflict(f"Batch '{batch['id']}' is being retried by another call.", code="batch_not_ended")
         batch = current
 
 
-def _item(svc: Services, batch: BatchItem, model_id: str, index: int, entry: list, stop: Stop) -> RequestItem:
+def _item(svc: Services, batch: BatchItem, model_id: str, index: int, entry: IndexEntry, stop: Stop) -> RequestItem:
     now = svc.now()
     pk, sk = request_key(batch["id"], index)
     # Kept as long as the batch's first request items (the retention a retry can never outlast).
     keep_until = int(batch.get("keep_until") or int(batch["expires_at"]) + svc.settings.batch_retention_seconds)
     item: RequestItem = {
-        "pk": pk, "sk": sk, "batch_id": batch["id"], "index": index, "custom_id": entry[0], "model": model_id,
-        "account_id": batch["account_id"], "offset": entry[2], "length": entry[3],
+        "pk": pk, "sk": sk, "batch_id": batch["id"], "index": index, "custom_id": entry.custom_id, "model": model_id,
+        "account_id": batch["account_id"], "offset": entry.offset, "length": entry.length,
         "state": RequestState.UNSTARTED.value, "token": new_token(), "attempt": 0, "created_at": now,
         "updated_at": now, "ttl": keep_until + 86400}
     if (error := unstarted_error(stop)) is not None:
         item["error"] = error
-    if batch.get("max_cost_usd") is not None and len(entry) > 4 and entry[4] is not None:
-        item["worst_usd"] = worst_usd(svc.catalog.get(model_id), entry[3], entry[4])  # committed when it runs
+    if batch.get("max_cost_usd") is not None and entry.output_bound is not None:
+        # Committed when it runs.
+        item["worst_usd"] = worst_usd(svc.catalog.get(model_id), entry.length, entry.output_bound)
     return item
 
 
@@ -100,8 +101,8 @@ class _Entries:
             self.lanes[model_id] = json.loads(self.svc.blobs.get(lane_object(self.batch["id"], model_id)) or b"[]")
         return self.lanes[model_id][start:end]
 
-    def entry(self, index: int) -> list:
+    def entry(self, index: int) -> IndexEntry:
         chunk = index // INDEX_CHUNK
         if chunk not in self.chunks:
             self.chunks[chunk] = json.loads(self.svc.blobs.get(index_object(self.batch["id"], chunk)) or b"[]")
-        return self.chunks[chunk][index - chunk * INDEX_CHUNK]
+        return IndexEntry.read(self.chunks[chunk][index - chunk * INDEX_CHUNK])

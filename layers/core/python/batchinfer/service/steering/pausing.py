@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from ...domain import FINAL_BATCH, PAUSABLE_BATCH, RequestState, new_token
-from ...errors import Conflict, NotFound
+from ...errors import BatchNotFound, Conflict
 from ...layout import REQUEST_PREFIX
 from ...ledger import defer_while_paused, paused_until
 from ...records import Batch, BatchItem, Budget, Lane, Request, RequestItem
@@ -72,7 +72,7 @@ def _runs(batch: BatchItem) -> bool:
 def _fresh(svc: Services, batch_id: str) -> BatchItem:
     batch = Batch.get(svc.table, batch_id)
     if batch is None or batch.get("deleting"):
-        raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found")
+        raise BatchNotFound(batch_id)
     return batch
 
 

@@ -9,7 +9,7 @@ first (`scheduling.policy.by_priority`). One account's priority never takes slot
 from __future__ import annotations
 
 from ...domain import FINAL_BATCH
-from ...errors import Conflict, InvalidRequest, NotFound
+from ...errors import BatchNotFound, Conflict, InvalidRequest
 from ...records import Batch, BatchItem, Lane
 from ...runtime import Services
 from ...storage.dynamo import ConditionFailed
@@ -54,7 +54,7 @@ def change(svc: Services, batch: BatchItem, priority: str) -> BatchItem:
         except ConditionFailed:
             current = Batch.get(t, batch["id"])
             if current is None or current.get("deleting"):
-                raise NotFound(f"No batch found with id '{batch['id']}'.", code="batch_not_found") from None
+                raise BatchNotFound(batch["id"]) from None
             batch = current
             continue
         return {**batch, "priority": priority}

@@ -38,7 +38,7 @@ from ...domain import (
     unstarted_error,
     unstarted_stop,
 )
-from ...errors import Conflict, InvalidRequest, NotFound, RateLimited, quoted
+from ...errors import BatchNotFound, Conflict, InvalidRequest, RateLimited, quoted
 from ...layout import REQUEST_PREFIX, export_object, file_prefix, retry_filter_object
 from ...records import Account, Batch, BatchItem, Budget, File, Idempotency, Lane, Request, RequestItem
 from ...runtime import Services
@@ -220,7 +220,7 @@ def _refusal(svc: Services, principal: Principal, batch: BatchItem, claim: Idemp
         return _Replayed(earlier)
     current = Batch.get(svc.table, batch["id"])
     if current is None or current.get("deleting"):
-        return NotFound(f"No batch found with id '{batch['id']}'.", code="batch_not_found")
+        return BatchNotFound(batch["id"])
     if current["status"] not in FINAL_BATCH or current.get("retry_count", 0) != batch.get("retry_count", 0):
         return Conflict(f"Batch '{batch['id']}' is being retried by another call.", code="batch_not_ended")
     s = svc.settings
