@@ -60,14 +60,18 @@ def test_settings_defaults_match_the_spec():
                     s.batch_webhooks_enabled])
 
 
-def test_interactive_memory_gives_way_at_once_and_takes_room_back_after_its_window(monkeypatch):
+def test_interactive_memory_gives_way_at_once_and_takes_room_back_after_its_window():
     """Back-to-back interactive calls dip the count for milliseconds between them; batch work must not take
     those dips as room (it would run for a whole request)."""
     from batchinfer.scheduling import capacity
 
     clock = [100.0]
-    monkeypatch.setattr(capacity.time, "monotonic", lambda: clock[0])
-    memory = capacity.InteractiveMemory(window_seconds=2.0)
+
+    class HeldClock:
+        def monotonic(self) -> float:
+            return clock[0]
+
+    memory = capacity.InteractiveMemory(window_seconds=2.0, clock=HeldClock())
     assert memory.level("m", {"interactive": 0}) == 0
     assert memory.level("m", {"interactive": 16}) == 16  # load arrives: at once
     clock[0] += 0.3
