@@ -26,8 +26,9 @@ from tests.invariants import assert_ledger_consistent, stored_requests
 
 
 def test_transient_backend_errors_are_retried_until_they_pass(svc, sim_control):
-    configure(svc, backend_timeout_seconds=0.5)
-    sim_config(sim_control, timeout_sleep_seconds=1)
+    # A timeout a plain call never meets on a busy machine (it counts each attempt exactly), and a sleep past it.
+    configure(svc, backend_timeout_seconds=2.0)
+    sim_config(sim_control, timeout_sleep_seconds=4)
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request("r429", "[[sim:flaky:2:429]] alpha"), chat_request("r500", "[[sim:flaky:3:500]] beta"),
