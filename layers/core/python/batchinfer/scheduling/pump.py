@@ -318,7 +318,12 @@ class SlotPump:
         try:
             while self.retries_answered:
                 answered, self.retries_answered = self.retries_answered, []
-                self.outcome.update(await self._writing(self.requests.finish_retries, answered))
+                try:
+                    self.outcome.update(await self._writing(self.requests.finish_retries, answered))
+                except Exception as problem:  # as if this worker died writing them: their leases run out and
+                    # the sweeper puts them back; the answers that came in meanwhile are still written
+                    log.error("writing %d answered retries failed: %r", len(answered), type(problem))
+                    continue
                 if self.drained and not any(m.retry is not None for m in self.queue):
                     # Nothing left to claim: as after a group's close, the batches' final status now rather
                     # than at the sweeper's next pass (fenced like every settle: work still running keeps it open).
