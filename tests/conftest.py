@@ -70,7 +70,9 @@ def sim():
 @pytest.fixture
 def sim_control(sim):
     control = httpx.Client(base_url=sim.url, timeout=10)
-    control.put("/_sim/config", json={"latency_seconds": 0, "rate_429": 0, "rate_500": 0, "rate_timeout": 0,
+    # Every setting back to its default: a test's latency distribution must not reach the next test.
+    control.put("/_sim/config", json={"latency_seconds": 0, "latency_distribution": "fixed", "latency_sigma": 0.5,
+                                      "rate_429": 0, "rate_500": 0, "rate_timeout": 0,
                                       "timeout_sleep_seconds": 30, "seed": 0, "answer_extra_json": "",
                                       "stream_usage": True})
     control.post("/_sim/stats/reset")

@@ -6,6 +6,7 @@ last claimed work here is done and nothing of it is left to claim.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +19,8 @@ from .capacity import backend_said_429
 from .claimed_work import GroupRun, Member, RunsRequests
 from .fair_queue import FairQueue
 from .threads import on_pool
+
+log = logging.getLogger(__name__)
 
 
 class Outcomes:
@@ -112,7 +115,12 @@ class Outcomes:
         try:
             while self.retries_answered:
                 answered, self.retries_answered = self.retries_answered, []
-                self.counts.update(await self.on_thread(self.requests.finish_retries, answered))
+                try:
+                    self.counts.update(await self.on_thread(self.requests.finish_retries, answered))
+                except Exception as problem:  # as if this worker died writing them: their leases run out and
+                    # the sweeper puts them back; the answers that came in meanwhile are still written
+                    log.error("writing %d answered retries failed: %r", len(answered), type(problem))
+                    continue
                 if self.drained and not any(m.retry is not None for m in self.queue):
                     # Nothing left to claim: as after a group's close, the batches' final status now rather
                     # than at the sweeper's next pass (fenced like every settle: work still running keeps it open).
