@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
-from .layout import group_key, request_key, retry_due
+from .layout import group_key, lease_due, request_key, retry_due
 from .records import (
     Account,
     Batch,
@@ -423,6 +423,39 @@ def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap:
     if lease_id:
         return {**claimed, "slot_lease": lease_id}
     return {**claimed, "budget_shard": shard}
+
+
+def claim_retries_running(svc: Services, batch: BatchItem, reqs: list[RequestItem], account_cap: int,
+                          slot_lease: dict) -> list[RequestItem]:
+    """waiting -> running for due retries of one batch on one model (at most GROUP_MAX) that a pump claims in its
+    SlotLease's slots and runs at once: one transaction for them all, their start in their claim, as a group's
+    (`batch`: as the claimant read it, for a spending cap). Fenced on each request's state and token and on
+    the batch letting them start (not stopped, paused or being deleted; its window open when one of them never
+    ran); ConditionFailed when any of them moved meanwhile, and none is claimed. Returns them running."""
+    now = svc.now()
+    t = svc.table
+    lease_ends = now + svc.settings.lease_seconds
+    ops, running = [], []
+    for req in reqs:
+        claimed = {**req, "state": RequestState.RUNNING.value, "token": new_token(),
+                   "attempt": int(req.get("attempt", 0)) + 1, "due_pk": lease_due(req["pk"], req["sk"]),
+                   "due_at": lease_ends, "started_at": now, "slot_lease": slot_lease["id"]}
+        claimed.pop("uncounted", None)
+        ops.append(Request.claim_running(t, req, claimed))
+        running.append(claimed)
+    worst = [float(req["worst_usd"]) for req in reqs if req.get("worst_usd") is not None]
+    capped = batch if worst and batch.get("max_cost_usd") is not None else None
+    never_ran = any(int(req.get("attempt", 0)) == 0 for req in reqs)
+    ops.append(Batch.take_retry_slot(t, batch["id"], capped, sum(worst) if capped else None, k=len(reqs),
+                                     window_open_at=now if never_ran else None))
+    ops.append(Account.take(t, batch["account_id"], len(reqs), account_cap))
+    # The count of retries waiting goes down on one of the lease's shards (only the sum is read), but for those
+    # a pause put off, which left it then (`put_off`).
+    counted = sum(1 for req in reqs if not req.get("uncounted"))
+    if counted:
+        ops.append(Budget.add(t, reqs[0]["model"], {"waiting": -counted}, next(iter(lease_shards(slot_lease)))))
+    t.transact([op for op in ops if op is not None])
+    return running
 
 
 # A request of a paused batch whose window has already closed is due again this long after it was put back:
