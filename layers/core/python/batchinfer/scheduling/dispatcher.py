@@ -180,11 +180,11 @@ class Dispatcher:
             one = None if slot_lease else scope.draws.split(1)  # a slot of the roomiest shard
             if one == []:
                 break
-            draw = one[0][0] if one else None
+            take = one[0][0] if one else None
             try:
-                dispatched.append(claim_retry(svc, req, draw, accounts.cap(req["account_id"]), slot_lease=slot_lease))
-                if draw is not None:
-                    scope.draws.took(draw.shard, 1)
+                dispatched.append(claim_retry(svc, req, take, accounts.cap(req["account_id"]), slot_lease=slot_lease))
+                if take is not None:
+                    scope.draws.took(take.shard, 1)
             except ConditionFailed:
                 # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
                 # A paused batch's request is put off until its window's end (a resume brings it back), so
