@@ -8,7 +8,8 @@ transactions, so budgets can never drift from the requests that hold them.
 First attempts travel in groups (a lease over up to GROUP_MAX requests of one batch): the claim, the start
 and the outcome of a group are one transaction each whatever its size, and each member's result is one
 plain conditional put, so a request costs a few write units rather than one transaction per change.
-Retries travel alone, request by request.
+Retries travel alone, request by request, but for the due retries of a batch that a pump claims together,
+already running (`claim_retries_running`), and whose answers it writes together (`settle_many`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ lanes, re-created at their cursor when the walk ends, or stay as they ended (`pa
 when the filter leaves them out.
 
 The call walks for a few seconds (a batch holds up to 50,000 requests) and answers; the sweeper carries the
-walk on where it stopped (`carry_on`), and the batch does not settle until the walk is over. The walk only
+walk on where it stopped (`carry_on`) once the call has stopped walking (`call_walking`), and the batch does
+not settle until the walk is over. The walk only
 reads items ahead of its cursor, all of them from the earlier run: the lanes come back after it, and what it
 re-queued lies behind it. The old result files and export go when the walk ends; new ones are written when
 the batch ends again, under new ids.
