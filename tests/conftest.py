@@ -30,8 +30,22 @@ from batchinfer.runtime import use_services  # noqa: E402
 from batchinfer.storage.aws import client  # noqa: E402
 from local.servers import UvicornThread, free_port  # noqa: E402
 from local.simulated_backend import create_app as create_sim  # noqa: E402
+from tests import file_order  # noqa: E402
 from tests.helpers import make_services  # noqa: E402
 from tests.webhook_receiver import receiver  # noqa: E402,F401  (a fixture: the webhook tests' receiver)
+
+
+def pytest_configure(config):
+    # pytest-xdist's `--dist loadfile` hands the files out in collection order only without its own reordering
+    # (by test count); the order is set below, the longest files first (tests/file_order.py).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):  # the run's own process, not an xdist worker: it keeps the times
+        config.pluginmanager.register(file_order.FileTimes(config), "file-times")
+
+
+def pytest_collection_modifyitems(config, items):
+    file_order.reorder(items, file_order.last_times(config))
 
 
 class _Collected(logging.Handler):
