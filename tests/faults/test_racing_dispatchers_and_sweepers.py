@@ -219,7 +219,9 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     stats = sim_stats(sim_control)
     assert stats["total_requests"] == 60
     assert stats["max_in_flight"] <= tier_limit, stats  # both models' budgets together (10) exceed the tier's 8
-    assert stats["max_in_flight"] > max(budgets.values()), stats  # both models really ran at the same time
+    # Both models really ran at the same time: more calls started at once than either model's budget (counted
+    # as the worker starts them; the backend may see them land a little apart on a busy machine).
+    assert peaks["calling:all"] > max(budgets.values()), peaks
 
 
 # --- Two sweepers at once --------------------------------------------------------------------------------------
