@@ -123,6 +123,39 @@ class Price(_Strict):
     output_per_mtok: float = 0.0
 
 
+# Backend kinds whose provider sells a batch tier this service can hand requests to (`providers.batch_tiers`
+# holds a client for each); the catalog refuses a `provider_batch` on any other kind.
+BATCH_TIER_KINDS = ("openai",)
+# The longest completion window a batch has (24 h): a guard at least this long could never let a job run.
+LONGEST_WINDOW_SECONDS = 24 * 3600
+# The most requests one provider job may carry, by kind (OpenAI: 50,000 lines per input file).
+BATCH_TIER_MAX_REQUESTS = {"openai": 50_000}
+
+
+class ProviderBatch(_Strict):
+    """A model's provider batch tier (docs/provider-batch.md): its price, which parts of a batch go to it,
+    how often a job is looked at and how long before the window's end unfinished work comes back."""
+
+    price: Price
+    min_requests: int = Field(default=100, ge=1)
+    max_requests: int = Field(default=50_000, ge=1)
+    poll_seconds: float = Field(default=60.0, gt=0)
+    guard_seconds: float = Field(default=7200.0, ge=0)
+    default: Literal["direct", "auto"] = "direct"
+
+    @model_validator(mode="after")
+    def _honourable(self) -> ProviderBatch:
+        if self.max_requests < self.min_requests:
+            raise ValueError("provider_batch.max_requests is below min_requests")
+        if self.guard_seconds >= LONGEST_WINDOW_SECONDS:
+            raise ValueError(f"provider_batch.guard_seconds ({self.guard_seconds:g}) is not shorter than a batch's "
+                             f"window ({LONGEST_WINDOW_SECONDS} s): no job could ever run")
+        return self
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.price.input_per_mtok + output_tokens * self.price.output_per_mtok) / 1e6
+
+
 class Model(_Strict):
     id: str
     aliases: list[str] = Field(default_factory=list)
@@ -144,6 +177,8 @@ class Model(_Strict):
     # The tiktoken encoding a batch estimate counts this model's input tokens with (None: o200k_base). Only
     # encodings whose rank files ship with the service (service/creating/tokenizer.py) can be named.
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
+    # Its provider's own batch tier, if the catalog offers one (docs/provider-batch.md).
+    provider_batch: ProviderBatch | None = None
 
     def serves(self, endpoint: str) -> bool:
         """Whether batches may send this model requests of `endpoint`. Anthropic Messages requests
@@ -167,6 +202,23 @@ class Model(_Strict):
                 raise ValueError(f"model {self.id!r}: a bedrock backend does not serve {', '.join(extra)}")
             if "/v1/embeddings" in self.endpoints and not self.backend.embedding_format:
                 raise ValueError(f"model {self.id!r}: /v1/embeddings on a bedrock backend needs embedding_format")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_tier_it_can_honour(self) -> Model:
+        tier = self.provider_batch
+        if tier is None:
+            return self
+        kind = self.backend.kind if self.backend else None
+        if kind not in BATCH_TIER_KINDS:
+            raise ValueError(f"model {self.id!r}: provider_batch: the {kind or 'no'} backend kind has no batch tier "
+                             f"this service can use (only {', '.join(BATCH_TIER_KINDS)})")
+        for name in ("input_per_mtok", "output_per_mtok"):
+            if getattr(tier.price, name) > getattr(self.price, name):
+                raise ValueError(f"model {self.id!r}: provider_batch.price.{name} is above the model's own price")
+        if tier.max_requests > BATCH_TIER_MAX_REQUESTS[kind]:
+            raise ValueError(f"model {self.id!r}: provider_batch.max_requests is above what one {kind} job "
+                             f"takes ({BATCH_TIER_MAX_REQUESTS[kind]})")
         return self
 
     @property
