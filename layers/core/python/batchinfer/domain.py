@@ -118,7 +118,10 @@ REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     RequestState.RUNNING: frozenset(
         {RequestState.COMPLETED, RequestState.FAILED, RequestState.WAITING, RequestState.UNSTARTED}
     ),
-    RequestState.WAITING: frozenset({RequestState.DISPATCHED, RequestState.FAILED, RequestState.UNSTARTED}),
+    # WAITING -> COMPLETED: a request held by a provider job (service.offloading) waits, holding no slot,
+    # until its provider's answer lands (a final error lands as FAILED).
+    RequestState.WAITING: frozenset({RequestState.DISPATCHED, RequestState.COMPLETED, RequestState.FAILED,
+                                     RequestState.UNSTARTED}),
     # Retry in place: a request of an ended batch that failed or never started waits to run again (its batch
     # was retried, service.steering.retry); a success is never run again.
     RequestState.FAILED: frozenset({RequestState.WAITING}),

@@ -91,11 +91,15 @@ class Settlement:
     # `waiting` count, in the write that puts it back, fenced on the batch still paused; so that a worker
     # dying after that write leaves no count to fix.
     uncounted: bool = False
+    # A request run on a provider's batch tier (service.offloading): what it saved against the model's price,
+    # and -1 as it leaves its job's hold (the batch's `offloaded` count).
+    saved_usd: float = 0.0
+    offloaded: int = 0
 
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
 TALLIED = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "cost_usd", "cost_unknown",
-           "result_bytes", "committed_usd")
+           "result_bytes", "committed_usd", "saved_usd", "offloaded")
 
 
 @dataclass

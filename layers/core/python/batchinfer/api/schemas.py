@@ -45,6 +45,11 @@ class OutputExpiresAfter(BaseModel):
 Priority = Literal["high", "normal", "low"]
 PRIORITY_DESCRIPTION = ("An extension beyond the OpenAI and Anthropic APIs: the batch's priority among its own "
                         "account's batches (`normal` by default); never over another account's")
+Execution = Literal["direct", "provider_batch", "auto"]
+EXECUTION_DESCRIPTION = ("An extension: how each model's part runs. `direct`: request by request; `provider_batch`: "
+                         "on the model's provider batch tier where the catalog offers one (at its price); `auto`: "
+                         "as provider_batch but a high priority batch runs directly. Absent: each model's default")
+SAVED_DESCRIPTION = "An extension: what running on a provider's batch tier saved against the model's price, in USD"
 
 
 class CreateBatch(BaseModel):
@@ -65,6 +70,7 @@ class CreateBatch(BaseModel):
         "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
         "max_cost_reached."))
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
     admission: Literal["always", "reject_if_late"] = Field("always", description=(
         "An extension: `reject_if_late` refuses the batch (429 `batch_would_be_late`, not retried by the SDKs) "
         "when its estimate says it would not end within its completion window at the capacity there is now."))
@@ -156,6 +162,8 @@ class BatchObject(BaseModel):
                                                     "null unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
+    saved_usd: float = Field(0.0, description=SAVED_DESCRIPTION)
     analytics: BatchAnalytics = Field(..., description="An extension: how the batch ran")
 
 
@@ -439,6 +447,7 @@ class CreateMessageBatch(BaseModel):
         "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
         "max_cost_reached."))
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
 
 
 class MessageBatchRequestCounts(BaseModel):
@@ -472,6 +481,8 @@ class MessageBatch(BaseModel):
                                                     "unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
+    saved_usd: float = Field(0.0, description=SAVED_DESCRIPTION)
     analytics: MessageBatchAnalytics = Field(..., description="An extension: how the batch ran")
 
 

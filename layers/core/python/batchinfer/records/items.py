@@ -62,6 +62,9 @@ class BatchItem(TypedDict, total=False):
     input_file_id: str  # a batch from a file: its lines are checked after create answers
     awaiting_validation: bool
     output_expires_after: int
+    execution: str  # how its models' parts run (service.offloading.execution), where the create body said
+    saved_usd: float  # what its requests run on a provider's batch tier saved against the model's price
+    offloaded: int  # its requests in provider jobs now (it settles only once none is)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class BatchExtras:
     max_cost_usd: float | None = None
     input_file_id: str | None = None
     output_expires_after: int | None = None
+    execution: str | None = None
 
     def write_into(self, item: BatchItem) -> None:
         """Set these fields of a batch item being created."""
@@ -92,6 +96,8 @@ class BatchExtras:
             item["input_file_id"], item["awaiting_validation"] = self.input_file_id, True
         if self.output_expires_after is not None:
             item["output_expires_after"] = self.output_expires_after
+        if self.execution is not None:
+            item["execution"] = self.execution
 
 
 class GroupItem(TypedDict, total=False):

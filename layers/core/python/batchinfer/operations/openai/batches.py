@@ -24,6 +24,7 @@ from ...service.creating.validation import (
     validate_inline_batch,
     validate_metadata,
 )
+from ...service.offloading import execution
 from ...service.reading import analytics, results
 from ...service.reading.listing import owner_page
 from ...service.running import batch_usage
@@ -67,7 +68,8 @@ def _prepared(svc: Services, principal: Principal, payload: object) -> tuple[Val
     cap = parse_cap(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
     admission = forecast.parse_admission(payload.get(forecast.ADMISSION_PARAM))
     extras = BatchExtras(priority=priority.parse(payload.get("priority")), webhook_url=webhook_url or None,
-                         max_cost_usd=cap, input_file_id=file_id, output_expires_after=expires_after)
+                         max_cost_usd=cap, input_file_id=file_id, output_expires_after=expires_after,
+                         execution=execution.parse(payload.get("execution")))
     return batch, extras, admission
 
 
@@ -151,6 +153,8 @@ def batch_object(item: BatchItem) -> dict:
         "paused_at": pausing.paused_at(item),  # an extension: null unless the batch is paused
         **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
         "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
+        "execution": execution.of(item),  # an extension: how its models' parts run (null: each one's default)
+        "saved_usd": batch_usage.saved_of(item),  # an extension: what a provider's batch tier saved
         "analytics": analytics.analytics_of(item),  # an extension: its rates, latencies, attempts, errors
     }
 

@@ -30,6 +30,7 @@ from ...spending import CAP_PARAM, output_bound
 from ...storage.dynamo import ConditionFailed, ItemTooLarge
 from ..accounts import Principal, quota_used_up
 from ..lifecycle import fail_validation
+from ..offloading import execution
 from .validation import (
     UNPAIRED_SURROGATE,
     RejectedRequest,
@@ -240,7 +241,8 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     ops = [Batch.create(t, item),
            Account.reserve_unfinished(t, principal.account_id, item["total"], s.max_unfinished_batches,
                                       s.max_unfinished_requests)]
-    ops += [Lane.create(t, model_id, item) for model_id in lanes]
+    held, job_ops = execution.plan(svc, item, {m: len(p) for m, p in lanes.items()}, now)  # provider batch tiers
+    ops += [Lane.create(t, model_id, item) for model_id in lanes if model_id not in held] + job_ops
     if claim:
         ops.append(Idempotency.claim(t, principal.account_id, claim.key, batch_id, claim.body_hash, now))
     try:
@@ -283,7 +285,9 @@ def validate_file_batch(svc: Services, batch: BatchItem) -> str:
         ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now(), paused=paused,
                                seen=batch),
                Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
-        ops += [] if paused else [Lane.create(t, model_id, batch) for model_id in lanes]
+        held, job_ops = execution.plan(svc, batch, {m: len(p) for m, p in lanes.items()}, svc.now())
+        ops += job_ops + ([] if paused else [Lane.create(t, model_id, batch) for model_id in lanes
+                                             if model_id not in held])
         try:
             t.transact(ops)
             return "validated"

@@ -132,6 +132,12 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
     return outcome
 
 
+def answered_outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
+    """What an answered attempt records (at the model's price): a direct call's, or a provider batch tier's
+    answer to the request (service.offloading), which lands the same way."""
+    return _outcome(svc, req, batch_id, model, attempt)
+
+
 def _outcome_of(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
     s = svc.settings
     cost = backend_call.cost_of(model, attempt)
