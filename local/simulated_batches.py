@@ -2,8 +2,9 @@
 /v1/files` (purpose batch), `POST /v1/batches`, `GET /v1/batches` (listed newest first), `GET
 /v1/batches/{id}`, `POST /v1/batches/{id}/cancel` and `GET /v1/files/{id}/content` for the output and error
 files. Each line is answered as the direct endpoint would answer it, with the same markers: `[[sim:400]]`
-(an error line with a 400 body), `[[sim:fail-always]]` (a 500), and `[[sim:batch-expired]]` (never run:
-`error.code` `batch_expired`).
+(an error line with a 400 body), `[[sim:fail-always]]` (a 500), and beside them `[[sim:tier-500]]` (a 500
+from the tier only: run directly, it succeeds) and `[[sim:batch-expired]]` (never run: `error.code`
+`batch_expired`).
 
 Settable through `PUT /_sim/batches/config`: `turnaround_seconds` (a job completes at the first look after
 it), `never_finish` (jobs stay in_progress until cancelled; `answered_before_cancel` of their first lines are
@@ -33,6 +34,7 @@ from local.simulated_answers import (
 )
 
 MARK_EXPIRED = "[[sim:batch-expired]]"
+MARK_TIER_500 = "[[sim:tier-500]]"  # a 500 line from the batch tier only (run directly, it succeeds)
 _BUILDERS = {"/v1/chat/completions": (parse_chat, build_chat), "/v1/embeddings": (parse_embeddings, build_embeddings),
              "/v1/responses": (parse_responses, build_responses)}
 
@@ -60,7 +62,7 @@ class _Batches:
             return {**base, "response": None,
                     "error": {"code": "batch_expired", "message": "This request could not be executed before the "
                                                                   "completion window expired."}}, False
-        if MARK_400 in text or MARK_FAIL in text:
+        if MARK_400 in text or MARK_FAIL in text or MARK_TIER_500 in text:
             status = 400 if MARK_400 in text else 500
             kind = "invalid_request_error" if status == 400 else "server_error"
             body = {"error": {"message": f"Simulated batch line error {status}", "type": kind, "param": None,
