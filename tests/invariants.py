@@ -306,7 +306,7 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         input_tokens += prompt
         output_tokens += completion
         model = svc.catalog.get(item["model"])
-        if item.get("job"):  # landed from a provider job: at its tier's price, the difference saved
+        if item.get("tier_job"):  # landed from a provider job: at its tier's price, the difference saved
             cost += model.provider_batch.cost_usd(prompt, completion)
             saved += model.cost_usd(prompt, completion) - model.provider_batch.cost_usd(prompt, completion)
         else:

@@ -215,3 +215,27 @@ def test_a_job_that_fails_as_a_whole_runs_its_requests_directly(svc, tier_sim):
     assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 3
     assert batches.batch_object(final)["saved_usd"] == 0
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_pause_leaves_a_submitted_job_running_and_its_answers_land(svc, tier_sim):
+    tier_config(tier_sim, turnaround_seconds=3600)  # the provider takes its time
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"p-{i}", f"pause {i}") for i in range(4)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    assert batches.pause_batch(svc, who, batch_id)["paused_at"] is not None
+    for _ in range(3):  # paused: the job's requests stay with it, nothing runs directly
+        svc.clock.advance(2)
+        invoke("sweeper", {})
+    paused = get_batch(svc, batch_id)
+    assert paused["offloaded"] == 4 and the_job(svc, batch_id)["state"] == "running"
+    tier_config(tier_sim, turnaround_seconds=0)
+    svc.clock.advance(2)
+    until_job(svc, batch_id, "done")
+    invoke("sweeper", {})
+    final = get_batch(svc, batch_id)  # landed while paused: with nothing left to run, it has ended
+
+    assert final["status"] == "completed" and final["completed"] == 4 and tier_stats(tier_sim)["jobs"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])

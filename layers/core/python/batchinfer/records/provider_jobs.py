@@ -6,8 +6,8 @@ A request is in exactly one place: its lane until a job's fill advances the lane
 same transaction its request item is written held by the job: waiting, out of the `by_due` index and out of
 the model's `waiting` count, `job` naming the job); then the job's, until its outcome is landed through the
 ledger or it is handed back to run directly (due at once, counted as waiting). The batch's `offloaded` counts
-the requests held by jobs; a batch does not settle while any is. A request landed from its job keeps `job`
-(it ran at the tier's price); one handed back loses it."""
+the requests held by jobs; a batch does not settle while any is. A request landed from its job has `tier_job`
+(it ran at the tier's price) and an empty `job`; one handed back loses `job`."""
 
 from __future__ import annotations
 

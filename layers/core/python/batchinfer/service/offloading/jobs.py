@@ -78,7 +78,9 @@ def look(svc: Services, pk: str, sk: str, deadline: float | None = None, guard: 
             if current is not None and current["version"] == job["version"] and current["state"] != "done":
                 svc.table.transact([ProviderJob.change(svc.table, current, {"due_at": svc.now() + RETRY_SECONDS})])
             return ProviderJob.get(svc.table, pk, sk)
-        job = ProviderJob.get(svc.table, pk, sk) if changed else job
+        job = ProviderJob.get(svc.table, pk, sk)
+        if not changed:  # it waits on its provider (or its batch's resume) until its next look
+            return job
     return job
 
 
@@ -138,8 +140,11 @@ def _fill(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
     now = svc.now()
     late = now >= guard_at(svc, batch, model, int(job["count"]))
     taken_elsewhere = int(lane["next"]) != at
-    if (late or _stopped(svc, batch) or batch.get("paused_at") or taken_elsewhere
-            or int(job["filled"]) >= int(job["count"])):
+    if batch.get("paused_at") and not taken_elsewhere and not late:  # a paused batch's part waits for its resume
+        svc.table.transact([ProviderJob.change(svc.table, job, {
+            "due_at": now + math.ceil(model.provider_batch.poll_seconds)})])  # type: ignore[union-attr]
+        return False
+    if late or _stopped(svc, batch) or taken_elsewhere or int(job["filled"]) >= int(job["count"]):
         if int(job["filled"]) == 0:
             _state(svc, job, "done")
             _lane_rest_to_direct(svc, job["batch_id"])
@@ -271,7 +276,9 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
             back.append((req, 1, outcome.error))
             continue
         at_tier = tier.cost_usd(outcome.input_tokens, outcome.output_tokens) if not outcome.cost_unknown else 0.0
-        settled.append((req, replace(outcome, cost_usd=at_tier, saved_usd=outcome.cost_usd - at_tier, offloaded=-1)))
+        # Out of the job's hold (`job` emptied: a retry in place later runs it as any other), marked as run there.
+        settled.append((req, replace(outcome, cost_usd=at_tier, saved_usd=outcome.cost_usd - at_tier, offloaded=-1,
+                                     extra={**outcome.extra, "job": "", "tier_job": job["sk"]})))
     for at in range(0, len(settled), SETTLE_MAX):
         _settle(svc, settled[at:at + SETTLE_MAX])
     for at in range(0, len(back), HAND_BACK_STEP):
