@@ -77,3 +77,16 @@ def test_an_unknown_execution_is_refused_naming_it(svc, api, value):
                                       "messages": [{"role": "user", "content": "hi"}]}}]},
                 headers={"anthropic-version": "2023-06-01"})
     anthropic_error(reply, 400, "invalid_request_error", "execution")
+
+
+def test_an_estimate_prices_the_part_that_would_go_to_the_tier_at_its_price(svc, api):
+    _, key = new_key(svc)
+    body = {"requests": [req(f"e{i}", "the same question", max_tokens=100) for i in range(4)]}
+    direct = ok(api("POST", "/v1/batches/estimate", key, json_body=body))["models"][0]
+    tier = ok(api("POST", "/v1/batches/estimate", key, json_body={**body, "execution": "provider_batch"}))["models"][0]
+    assert (direct["execution"], tier["execution"]) == ("direct", "provider_batch")
+    assert tier["cost_usd"]["min"] == pytest.approx(direct["cost_usd"]["min"] / 2, abs=1e-12)
+    assert tier["cost_usd"]["max"] == pytest.approx(direct["cost_usd"]["max"] / 2, abs=1e-12)
+    # A high priority batch under `auto` runs directly, and so is it estimated.
+    auto = ok(api("POST", "/v1/batches/estimate", key, json_body={**body, "execution": "auto", "priority": "high"}))
+    assert auto["models"][0]["execution"] == "direct"

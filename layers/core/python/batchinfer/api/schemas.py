@@ -314,6 +314,9 @@ class ModelEstimate(BaseModel):
     max_output_tokens: int | None
     cost_usd: CostRange
     tokenizer: str = Field(description="The tiktoken encoding input tokens were counted with")
+    execution: Literal["direct", "provider_batch"] = Field("direct", description=(
+        "An extension: how this part would run (provider_batch: on the model's provider batch tier, cost_usd at "
+        "its price)"))
     queue_ahead: int = Field(description="Unstarted batch requests of all accounts on the model now, rounded "
                                          "down to 0, 1, 2, 5, 10, 20, 50, 100, ... (a lower bound)")
     batch_budget: int = Field(description="The model's batch slots (the catalog)")

@@ -108,7 +108,9 @@ def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> d
         raise PermissionDenied("Message Batches are not enabled.", code="message_batches_disabled")
     batch, extra = _prepared(svc, principal, intake.parse_json_body(raw), version)
     intake.check_cap(svc, batch, extra)
-    answer = forecast.estimate(svc, principal, batch)
+    window = batch.window_seconds or svc.settings.batch_completion_window_seconds
+    answer = forecast.estimate(svc, principal, batch, on_tier=execution.estimate_rule(
+        svc, batch.endpoint, extra.execution, extra.priority, window, extra.max_cost_usd is not None))
     intake.check_room(svc, principal, answer["request_count"])
     return answer
 

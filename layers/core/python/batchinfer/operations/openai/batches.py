@@ -77,7 +77,9 @@ def _estimate(svc: Services, principal: Principal, batch: ValidatedBatch, extras
     """The estimate of a checked batch; a file batch's lines are read and checked now, as its validation would."""
     lines = forecast.file_requests(svc, principal, batch.endpoint, extras.input_file_id) \
         if extras.input_file_id else None
-    return forecast.estimate(svc, principal, batch, lines)
+    window = batch.window_seconds or svc.settings.batch_completion_window_seconds
+    return forecast.estimate(svc, principal, batch, lines, execution.estimate_rule(
+        svc, batch.endpoint, extras.execution, extras.priority, window, extras.max_cost_usd is not None))
 
 
 def estimate_batch(svc: Services, principal: Principal, raw: bytes) -> dict:

@@ -14,7 +14,7 @@ counts against no quota.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ...catalog import Model
@@ -51,6 +51,7 @@ class ModelFigures:
     request_count: int = 0
     input_tokens: int = 0
     max_output_tokens: int | None = 0  # None: a request has no output limit of its own nor in the catalog
+    on_tier: bool = False  # the part would run on the model's provider batch tier, at its price
 
     def add(self, endpoint: str, body: dict) -> None:
         self.request_count += 1
@@ -64,9 +65,9 @@ class ModelFigures:
         return self.model.tokenizer or DEFAULT_TOKENIZER
 
     def cost(self) -> dict:
-        low = self.model.cost_usd(self.input_tokens, 0)
-        high = None if self.max_output_tokens is None else self.model.cost_usd(self.input_tokens,
-                                                                              self.max_output_tokens)
+        priced = self.model.provider_batch if self.on_tier and self.model.provider_batch else self.model
+        low = priced.cost_usd(self.input_tokens, 0)
+        high = None if self.max_output_tokens is None else priced.cost_usd(self.input_tokens, self.max_output_tokens)
         return {"min": round(low, 10), "max": None if high is None else round(high, 10)}
 
 
@@ -195,8 +196,11 @@ def seconds_to_finish(queue: Queue, account_id: str, own_limit: int, count: int)
 
 
 def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
-             requests: Iterable[ValidRequest | RejectedRequest] | None = None) -> dict:
-    """The estimate of `batch` (its requests, or `requests` for a file batch's lines) for `principal`."""
+             requests: Iterable[ValidRequest | RejectedRequest] | None = None,
+             on_tier: Callable[[Model, int], bool] | None = None) -> dict:
+    """The estimate of `batch` (its requests, or `requests` for a file batch's lines) for `principal`.
+    `on_tier(model, count)`: whether a model's part would run on its provider batch tier (its `execution`),
+    priced there."""
     now = svc.now()
     endpoint = batch.endpoint
     figures: dict[str, ModelFigures] = {}
@@ -212,12 +216,14 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
     window = batch.window_seconds or svc.settings.batch_completion_window_seconds
     models, longest = [], 0.0
     for model_id, fig in figures.items():
+        fig.on_tier = bool(on_tier and on_tier(fig.model, fig.request_count))
         queue = read_queue(svc, fig.model)
         seconds = seconds_to_finish(queue, principal.account_id, own_limit, fig.request_count)
         longest = max(longest, seconds)
         models.append({
             "model": model_id, "request_count": fig.request_count, "input_tokens": fig.input_tokens,
             "max_output_tokens": fig.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
+            "execution": "provider_batch" if fig.on_tier else "direct",
             "queue_ahead": coarse_count(queue.ahead), "batch_budget": fig.model.batch_budget,
             "batch_cap_now": queue.cap, "tier_limit": own_limit, "mean_latency_seconds": queue.measured,
             "latency_used_seconds": round(queue.latency, 4),

@@ -6,6 +6,8 @@ directly. Absent: each model's catalog `default`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...catalog import Model
 from ...errors import InvalidRequest
 from ...providers.batch_tiers import tier_takes
@@ -69,3 +71,11 @@ def plan(svc: Services, batch: BatchItem, lanes: dict[str, int], now: int) -> tu
             job = ProviderJob.new(batch, model_id, seq, lane_from, min(tier.max_requests, total - lane_from), now)
             ops.append(ProviderJob.create(svc.table, job))
     return held, ops
+
+
+def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority: str, window_seconds: int,
+                  capped: bool) -> Callable[[Model, int], bool]:
+    """For an estimate: whether a model's part of `count` requests of a batch created now would go to its tier."""
+    now = svc.now()
+    batch = {"endpoint": endpoint, "execution": execution, "priority": priority, "expires_at": now + window_seconds}
+    return lambda model, count: not capped and goes_to_tier(batch, model, count, now)
