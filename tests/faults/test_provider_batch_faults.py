@@ -11,6 +11,7 @@ import pytest
 
 from batchinfer.operations.openai import batches
 from batchinfer.records.provider_jobs import ProviderJob
+from batchinfer.service import accounts
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.offloading import jobs
 from batchinfer.service.offloading.execution import goes_to_tier
@@ -239,3 +240,20 @@ def test_a_pause_leaves_a_submitted_job_running_and_its_answers_land(svc, tier_s
     assert final["status"] == "completed" and final["completed"] == 4 and tier_stats(tier_sim)["jobs"] == 1
     assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_revoked_key_fails_the_batch_and_cancels_its_job(svc, tier_sim):
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"r-{i}", f"revoked {i}") for i in range(3)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    accounts.revoke_key(svc, key)
+    svc.clock.advance(2)  # its next look
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "failed" and final["stop"] == "fail"
+    assert tier_stats(tier_sim)["cancels"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert final["completed"] == 0 and final.get("offloaded", 0) == 0

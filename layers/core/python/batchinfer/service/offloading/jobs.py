@@ -23,16 +23,18 @@ import time
 from dataclasses import replace
 
 from ...catalog import Model
-from ...domain import FINAL_BATCH, RequestState, new_token
+from ...domain import FINAL_BATCH, RequestState, Stop, new_token, utc_day
 from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, requests_object
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
 from ...providers.batch_tiers import LineAnswer, TierError, tier_of
-from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem
+from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem, key_account_and_usage
 from ...records.provider_jobs import ProviderJob
 from ...runtime import Services
 from ...storage.dynamo import ConditionFailed
+from ..accounts import key_problem
 from ..creating.forecast import read_queue, seconds_to_finish
+from ..lifecycle import stop_batch
 from ..running.backend_call import backend_key
 from ..running.run_request import answered_outcome
 
@@ -141,9 +143,7 @@ def _fill(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
     late = now >= guard_at(svc, batch, model, int(job["count"]))
     taken_elsewhere = int(lane["next"]) != at
     if batch.get("paused_at") and not taken_elsewhere and not late:  # a paused batch's part waits for its resume
-        svc.table.transact([ProviderJob.change(svc.table, job, {
-            "due_at": now + math.ceil(model.provider_batch.poll_seconds)})])  # type: ignore[union-attr]
-        return False
+        return _later(svc, job, model)
     if late or _stopped(svc, batch) or taken_elsewhere or int(job["filled"]) >= int(job["count"]):
         if int(job["filled"]) == 0:
             _state(svc, job, "done")
@@ -205,9 +205,33 @@ def _job_key(job: dict) -> str:
     return f"{job['batch_id']}:{job['sk']}"
 
 
+def _owner(svc: Services, batch: BatchItem) -> str:
+    """The checks a direct request gets before each attempt, for a job's requests: "ok"; "fail" when the key
+    was revoked or the account suspended (the batch is failed here, as a worker fails it); "wait" while the
+    account has no batch access or its day's quota is used up."""
+    now = svc.now()
+    key_item, account, usage = key_account_and_usage(svc.table, batch["key_hash"], batch["account_id"], utc_day(now))
+    if key_problem(svc, key_item, account):
+        stop_batch(svc, batch, Stop.FAIL)
+        return "fail"
+    if not account.get("batch_access") or (
+            float((usage or {}).get("cost_usd", 0)) >= float(account.get("daily_quota_usd", 0))):
+        return "wait"
+    return "ok"
+
+
+def _later(svc: Services, job: dict, model: Model) -> bool:
+    svc.table.transact([ProviderJob.change(svc.table, job, {
+        "due_at": svc.now() + math.ceil(model.provider_batch.poll_seconds)})])  # type: ignore[union-attr]
+    return False
+
+
 def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
     if _stopped(svc, batch) or svc.now() >= guard_at(svc, batch, model, int(job["count"])):
         return _state(svc, job, "handing_back")
+    owner = _owner(svc, batch)
+    if owner != "ok":  # failed: handed back and closed with the batch; waiting: looked at again later
+        return _state(svc, job, "handing_back") if owner == "fail" else _later(svc, job, model)
     tier, key = tier_of(model), backend_key(svc, model)
     found = tier.find(model, key, _job_key(job))  # made already, by a worker that died before recording it
     if found is None:
@@ -232,12 +256,12 @@ def _poll(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
         return _state(svc, job, "collecting", provider_status=view.status, output_file=view.output_file,
                       error_file=view.error_file, cursor_output=0, cursor_error=0)
     unfinished = sum(1 for _ in ProviderJob.held(svc.table, job))
+    if job["state"] == "running" and not _stopped(svc, batch) and _owner(svc, batch) == "fail":
+        batch = Batch.get(svc.table, job["batch_id"]) or batch
     if job["state"] == "running" and (_stopped(svc, batch) or svc.now() >= guard_at(svc, batch, model, unfinished)):
         tier.cancel(model, key, job["provider_id"])  # what it finished is taken once it has ended
         return _state(svc, job, "cancelling")
-    svc.table.transact([ProviderJob.change(svc.table, job, {
-        "due_at": svc.now() + math.ceil(model.provider_batch.poll_seconds)})])  # type: ignore[union-attr]
-    return False
+    return _later(svc, job, model)
 
 
 # --- collecting and handing back ---------------------------------------------------------------------------
