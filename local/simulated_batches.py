@@ -133,10 +133,18 @@ def mount(app: FastAPI) -> None:
         return JSONResponse({k: v for k, v in sim.files[file_id].items() if k != "content"})
 
     @app.get("/v1/files/{file_id}/content")
-    async def content(file_id: str) -> Response:
+    async def content(file_id: str, request: Request) -> Response:
         if file_id not in sim.files:
             return _error(404, f"No such File object: {file_id}")
-        return Response(sim.files[file_id]["content"], media_type="application/octet-stream")
+        data = sim.files[file_id]["content"].encode()
+        asked = request.headers.get("range", "")
+        if asked.startswith("bytes=") and asked.endswith("-") and asked[6:-1].isdigit():  # bytes=N- only
+            start = int(asked[6:-1])
+            if start >= len(data):
+                return Response(status_code=416, headers={"content-range": f"bytes */{len(data)}"})
+            return Response(data[start:], status_code=206, media_type="application/octet-stream",
+                            headers={"content-range": f"bytes {start}-{len(data) - 1}/{len(data)}"})
+        return Response(data, media_type="application/octet-stream")
 
     @app.post("/v1/batches")
     async def create(request: Request) -> Response:

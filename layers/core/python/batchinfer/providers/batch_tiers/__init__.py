@@ -27,7 +27,9 @@ class BatchTier(Protocol):
 
     def cancel(self, model: Model, api_key: str | None, provider_id: str) -> JobView: ...
 
-    def results(self, model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page: ...
+    def results(self, model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
+        """Up to `limit` answers from `start` (the kind's own cursor: a byte offset, a line, a token)."""
+        ...
 
 
 BATCH_TIERS: dict[str, BatchTier] = {"openai": openai_batches}  # type: ignore[dict-item]

@@ -37,7 +37,7 @@ class LineAnswer:
 
 @dataclass
 class Page:
-    """Answers from `start`; `next` is where the next page starts, None at the file's end."""
+    """Answers from a cursor; `next` is where the next page starts, None at the file's end."""
 
     answers: list[LineAnswer] = field(default_factory=list)
     next: int | None = None

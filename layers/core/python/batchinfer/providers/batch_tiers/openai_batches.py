@@ -92,24 +92,33 @@ def cancel(model: Model, api_key: str | None, provider_id: str) -> JobView:
 
 
 def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
-    """Lines `start` to `start + limit` of an output or error file, read as a stream (the lines before are
-    skipped, never held), each as the Attempt a direct call would have given."""
+    """Up to `limit` lines of an output or error file from byte `start` (a page's `next` is the byte after its
+    last line), each as the Attempt a direct call would have given. Asked with a `Range` header; a server that
+    sends the whole file anyway has the bytes before `start` skipped as they stream, never held."""
     url = f"{_base(model)}/files/{file_id}/content"
     page = Page()
+    headers = {**_headers(api_key), **({"Range": f"bytes={start}-"} if start else {})}
     try:
-        with httpx.stream("GET", url, headers=_headers(api_key), timeout=TIMEOUT) as answer:
+        with httpx.stream("GET", url, headers=headers, timeout=TIMEOUT) as answer:
+            if answer.status_code == 416:  # nothing from `start` on: the file ended there
+                return page
             if not answer.is_success:
                 raise TierError(f"GET {url}: HTTP {answer.status_code}")
-            at = 0
-            for line in answer.iter_lines():
-                if not line.strip():
-                    continue
-                if at >= start + limit:
-                    page.next = at
-                    return page
-                if at >= start:
-                    page.answers.append(_answer(line))
-                at += 1
+            at = start if answer.status_code == 206 else 0
+            pending = b""
+            for chunk in answer.iter_bytes():
+                pending += chunk
+                while (end := pending.find(b"\n")) != -1:
+                    raw, pending = pending[:end + 1], pending[end + 1:]
+                    at += len(raw)
+                    if at <= start or not raw.strip():
+                        continue
+                    page.answers.append(_answer(raw.decode()))
+                    if len(page.answers) >= limit:
+                        page.next = at
+                        return page
+            if pending.strip() and at + len(pending) > start:  # a last line without its newline
+                page.answers.append(_answer(pending.decode()))
     except httpx.HTTPError as error:
         raise TierError(f"GET {url}: {type(error).__name__}") from error
     return page
