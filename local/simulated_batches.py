@@ -14,6 +14,7 @@ in the output then), `fail_jobs` (jobs fail validation as a whole). `GET /_sim/b
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -83,7 +84,8 @@ class _Batches:
         for kind, rows in (("output", out), ("error", err)):
             if rows:
                 file_id = f"file-{uuid.uuid4().hex[:24]}"
-                self.files[file_id] = {"id": file_id, "purpose": "batch_output", "content": "\n".join(rows) + "\n"}
+                self.files[file_id] = {"id": file_id, "purpose": "batch_output",
+                                       "content": ("\n".join(rows) + "\n").encode()}
                 job[f"{kind}_file_id"] = file_id
         job["request_counts"] = {"total": len(job["_lines"]), "completed": len(out), "failed": len(err)}
         job["status"] = status
@@ -126,7 +128,7 @@ def mount(app: FastAPI) -> None:
         upload = form.get("file")
         if form.get("purpose") != "batch" or upload is None or isinstance(upload, str):
             return _error(400, "A batch input file needs purpose 'batch' and a file.")
-        content = (await upload.read()).decode()
+        content = await upload.read()
         file_id = f"file-{uuid.uuid4().hex[:24]}"
         sim.files[file_id] = {"id": file_id, "object": "file", "bytes": len(content), "created_at": int(time.time()),
                               "filename": upload.filename, "purpose": "batch", "content": content}
@@ -136,15 +138,16 @@ def mount(app: FastAPI) -> None:
     async def content(file_id: str, request: Request) -> Response:
         if file_id not in sim.files:
             return _error(404, f"No such File object: {file_id}")
-        data = sim.files[file_id]["content"].encode()
-        asked = request.headers.get("range", "")
-        if asked.startswith("bytes=") and asked.endswith("-") and asked[6:-1].isdigit():  # bytes=N- only
-            start = int(asked[6:-1])
+        data = memoryview(sim.files[file_id]["content"])
+        asked = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("range", ""))
+        if asked:  # bytes=N- or bytes=N-M
+            start = int(asked.group(1))
+            end = min(int(asked.group(2)) if asked.group(2) else len(data) - 1, len(data) - 1)
             if start >= len(data):
                 return Response(status_code=416, headers={"content-range": f"bytes */{len(data)}"})
-            return Response(data[start:], status_code=206, media_type="application/octet-stream",
-                            headers={"content-range": f"bytes {start}-{len(data) - 1}/{len(data)}"})
-        return Response(data, media_type="application/octet-stream")
+            return Response(bytes(data[start:end + 1]), status_code=206, media_type="application/octet-stream",
+                            headers={"content-range": f"bytes {start}-{end}/{len(data)}"})
+        return Response(bytes(data), media_type="application/octet-stream")
 
     @app.post("/v1/batches")
     async def create(request: Request) -> Response:
@@ -152,7 +155,7 @@ def mount(app: FastAPI) -> None:
         source = sim.files.get(body.get("input_file_id"))
         if source is None or body.get("endpoint") not in _BUILDERS or body.get("completion_window") != "24h":
             return _error(400, "Invalid input_file_id, endpoint or completion_window.")
-        lines = [json.loads(line) for line in source["content"].splitlines() if line.strip()]
+        lines = [json.loads(line) for line in source["content"].decode().splitlines() if line.strip()]
         now = int(time.time())
         job = {"id": f"batch_{uuid.uuid4().hex[:24]}", "object": "batch", "endpoint": body["endpoint"],
                "input_file_id": source["id"], "completion_window": "24h", "status": "validating",

@@ -93,11 +93,22 @@ def cancel(model: Model, api_key: str | None, provider_id: str) -> JobView:
 
 def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
     """Up to `limit` lines of an output or error file from byte `start` (a page's `next` is the byte after its
-    last line), each as the Attempt a direct call would have given. Asked with a `Range` header; a server that
-    sends the whole file anyway has the bytes before `start` skipped as they stream, never held."""
+    last line), each as the Attempt a direct call would have given. Asked for RANGE_BYTES at a time with a
+    `Range` header (a line longer than that: for the rest of the file); a server that sends the whole file
+    anyway has the bytes before `start` skipped as they stream, never held."""
+    page = _read(model, api_key, file_id, start, limit, start + RANGE_BYTES - 1)
+    if not page.answers and page.next is not None:  # one line longer than a range
+        page = _read(model, api_key, file_id, start, limit, None)
+    return page
+
+
+RANGE_BYTES = 1 << 20  # what one page asks for at most (a page of 200 typical lines is about 100 KB)
+
+
+def _read(model: Model, api_key: str | None, file_id: str, start: int, limit: int, last: int | None) -> Page:
     url = f"{_base(model)}/files/{file_id}/content"
     page = Page()
-    headers = {**_headers(api_key), **({"Range": f"bytes={start}-"} if start else {})}
+    headers = {**_headers(api_key), "Range": f"bytes={start}-{'' if last is None else last}"}
     try:
         with httpx.stream("GET", url, headers=headers, timeout=TIMEOUT) as answer:
             if answer.status_code == 416:  # nothing from `start` on: the file ended there
@@ -117,7 +128,11 @@ def results(model: Model, api_key: str | None, file_id: str, start: int, limit: 
                     if len(page.answers) >= limit:
                         page.next = at
                         return page
-            if pending.strip() and at + len(pending) > start:  # a last line without its newline
+            ranged = answer.status_code == 206 and last is not None and \
+                not answer.headers.get("content-range", "").endswith(f"/{last + 1}")
+            if ranged and at > last:  # the range ended mid-file: the next page starts after its last whole line
+                page.next = at
+            elif pending.strip() and at + len(pending) > start:  # a last line without its newline
                 page.answers.append(_answer(pending.decode()))
     except httpx.HTTPError as error:
         raise TierError(f"GET {url}: {type(error).__name__}") from error
