@@ -54,6 +54,12 @@ class Position:
     offset: int
     length: int
     worst_usd: float | None = None  # the most one attempt can cost, when its batch has a spending cap
+    prefix: str | None = None  # its prefix key (what a prompt cache shares), kept fifth in its group's positions
+
+    def stored(self) -> list:
+        """Its place in its group's `positions`: [index, custom_id, offset, length(, prefix key)]."""
+        kept = [self.index, self.custom_id, self.offset, self.length]
+        return kept if self.prefix is None else [*kept, self.prefix]
 
 
 @dataclass(frozen=True)
@@ -278,7 +284,7 @@ def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: l
                 left.pop(0)
         pk, sk = group_key(batch["id"], members[0].index)
         group = Group.new(pk=pk, sk=sk, batch=batch, model_id=model_id,
-                          positions=[[p.index, p.custom_id, p.offset, p.length] for p in members], running=running,
+                          positions=[p.stored() for p in members], running=running,
                           token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
                           item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None,
                           budget_shards=held)
@@ -332,7 +338,7 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
                   stop: Stop | None = None, token: str | None = None) -> RequestItem:
     """The request item a group member's outcome creates. `tally` keeps what the outcome adds to the
     counters, so that a group whose worker died after writing it is counted from its items, once."""
-    index, custom_id, offset, length = position
+    index, custom_id, offset, length = position[:4]
     now = svc.now()
     pk, sk = request_key(group["batch_id"], index)
     item = {"pk": pk, "sk": sk, "batch_id": group["batch_id"], "index": index, "custom_id": custom_id,
@@ -341,6 +347,8 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
             "updated_at": now, "group_token": group["token"]}
     if group.get("item_ttl"):
         item["ttl"] = group["item_ttl"]
+    if len(position) > 4 and position[4]:  # its prefix key: a retry of it is ordered by it too
+        item["prefix"] = position[4]
     error = unstarted_error(stop) if outcome.to is RequestState.UNSTARTED else outcome.error
     for name, value in (("error", error), ("response", outcome.response),
                         ("response_object", outcome.response_object)):

@@ -101,7 +101,7 @@ class GroupItem(TypedDict, total=False):
     model: str
     account_id: str
     first: int
-    positions: list[list]  # [index, custom_id, offset, length] per member
+    positions: list[list]  # [index, custom_id, offset, length(, prefix key)] per member
     state: str  # RequestState: dispatched or running
     token: str  # the lease's fence
     due_pk: str
@@ -123,6 +123,7 @@ class RequestItem(TypedDict, total=False):
     account_id: str
     offset: int  # the body's place in the batch's requests object
     length: int
+    prefix: str  # its prefix key (service.creating.prefix_key), when it has one
     state: str  # RequestState
     token: str
     attempt: int

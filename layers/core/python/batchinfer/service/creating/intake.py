@@ -30,6 +30,7 @@ from ...spending import CAP_PARAM, output_bound
 from ...storage.dynamo import ConditionFailed, ItemTooLarge
 from ..accounts import Principal, quota_used_up
 from ..lifecycle import fail_validation
+from .prefix_key import prefix_key
 from .validation import (
     UNPAIRED_SURROGATE,
     RejectedRequest,
@@ -200,9 +201,11 @@ def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | R
             continue
         line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
         lines.append(line)
-        # Last: the most output tokens it can be charged for (a spending cap's worst case).
+        # Then the most output tokens it can be charged for (a spending cap's worst case), and last what a
+        # prompt cache would share of it (its prefix key), for the order its lane runs in.
         index.append(IndexEntry(req.custom_id, req.model_id, offset, len(line),
-                                output_bound(svc.catalog.get(req.model_id), endpoint, req.body)))
+                                output_bound(svc.catalog.get(req.model_id), endpoint, req.body),
+                                prefix_key(endpoint, req.body)))
         offset += len(line)
     svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
     for chunk in range(0, len(index), INDEX_CHUNK):
