@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 from batchinfer.scheduling.pump import SlotPump
-from batchinfer.service import run_request
+from batchinfer.service.running import run_request
 from tests.fake_clock import FakeClock
 from tests.faults.harness import GLM
 
