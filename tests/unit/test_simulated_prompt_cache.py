@@ -66,7 +66,7 @@ def test_shared_cache_serves_whole_blocks_to_every_later_request() -> None:
 
 def test_uncached_tokens_take_their_time() -> None:
     async def run() -> list[float]:
-        app = create_app(SimConfig(prompt_cache="shared", prompt_token_seconds=0.002))
+        app = create_app(SimConfig(prompt_cache="shared", prompt_token_seconds=0.005))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sim") as c:
             times = []
             for question in ("one", "two"):
@@ -76,7 +76,8 @@ def test_uncached_tokens_take_their_time() -> None:
             return times
 
     cold, warm = asyncio.run(run())
-    assert cold >= 107 * 0.002 and warm < cold / 3  # 11 uncached tokens against 107
+    # 107 uncached tokens (0.535 s), then 11 (0.055 s): the warm one is shorter by the 96 it found cached.
+    assert cold >= 107 * 0.005 and cold - warm >= 0.3
 
 
 def test_messages_report_cache_reads_as_anthropic_does() -> None:

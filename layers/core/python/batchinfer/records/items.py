@@ -25,6 +25,7 @@ class BatchItem(TypedDict, total=False):
     metadata: dict | None
     total: int
     lanes: dict[str, LaneState]  # model id -> lane progress
+    lane_ordered: bool  # its lanes run in prefix order: each has a lane object, even when it is alone
     completed: int
     failed: int
     rejected: int  # requests that failed at intake (a Message Batch's invalid ones): in no lane, never run

@@ -26,6 +26,7 @@ from ...layout import (
 from ...protocols import Protocol
 from ...records import Account, Batch, BatchExtras, BatchItem, Idempotency, Lane
 from ...runtime import Services
+from ...scheduling.prefix_order import prefix_waves, worth_ordering
 from ...spending import CAP_PARAM, output_bound
 from ...storage.dynamo import ConditionFailed, ItemTooLarge
 from ..accounts import Principal, quota_used_up
@@ -188,12 +189,22 @@ def unbounded_message(i: int, req: ValidRequest) -> str:
             "audio and documents do not follow from their size).")
 
 
+@dataclass(frozen=True)
+class StoredRequests:
+    """What `write_requests` stored: each model's positions in the order its lane runs them, and whether
+    any lane is in prefix order (`lane_ordered` on the batch: its lane object is read even when alone)."""
+
+    lanes: dict[str, list[int]]
+    ordered: bool
+
+
 def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest],
-                   endpoint: str) -> dict[str, list[int]]:
+                   endpoint: str) -> StoredRequests:
     """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
     chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
     far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
-    lane. Returns each model's positions (its lane)."""
+    lane. Each lane's positions are in the order they run: as they came, or, on a model with a prompt cache,
+    in waves of prefixes (scheduling.prefix_order)."""
     lines, index, offset = [], [], 0
     for req in requests:
         if isinstance(req, RejectedRequest):
@@ -215,10 +226,17 @@ def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | R
     for position, req in enumerate(requests):
         if isinstance(req, ValidRequest):
             lanes.setdefault(req.model_id, []).append(position)
-    if len(lanes) > 1 or sum(map(len, lanes.values())) < len(requests):  # else its one lane is simply 0..n-1
+    ordered = False
+    for model_id, positions in lanes.items():  # each lane in waves of prefixes, where its model has a cache
+        model = svc.catalog.get(model_id)
+        prefixes = [index[position].prefix for position in positions]
+        if model.cache_kind != "off" and worth_ordering(prefixes):
+            lanes[model_id] = [positions[i] for i in prefix_waves(prefixes, model.batch_budget)]
+            ordered = True
+    if ordered or len(lanes) > 1 or sum(map(len, lanes.values())) < len(requests):  # else 0..n-1
         for model_id, positions in lanes.items():
             svc.blobs.put(lane_object(batch_id, model_id), json.dumps(positions).encode())
-    return lanes
+    return StoredRequests(lanes, ordered)
 
 
 def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
@@ -227,7 +245,8 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     now = svc.now()
     if len(batch.requests) > s.max_unfinished_requests:
         raise BatchTooLarge(len(batch.requests), s.max_unfinished_requests)  # before anything is stored
-    lanes = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else {}
+    stored = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else None
+    lanes = stored.lanes if stored else {}
     rejected = sum(isinstance(r, RejectedRequest) for r in batch.requests)
     if extras.input_file_id is not None:  # the batch's own copy: deleting the upload must not affect it
         svc.blobs.copy(file_object(extras.input_file_id), input_file_copy(batch_id))
@@ -239,6 +258,8 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
                      owner_created_us=time.time_ns() // 1000,
                      idempotency_key=claim.key if claim else None, extras=extras, rejected=rejected,
                      status=batch.status)
+    if stored and stored.ordered:
+        item["lane_ordered"] = True
     t = svc.table
     ops = [Batch.create(t, item),
            Account.reserve_unfinished(t, principal.account_id, item["total"], s.max_unfinished_batches,
@@ -278,13 +299,14 @@ def validate_file_batch(svc: Services, batch: BatchItem) -> str:
                                                                       f"the file's request {unbounded[0] + 1}")}]
     if problems:
         return "failed" if fail_validation(svc, batch, problems) else "stale"
-    lanes = write_requests(svc, batch["id"], requests, batch["endpoint"])
+    stored = write_requests(svc, batch["id"], requests, batch["endpoint"])
+    lanes = stored.lanes
     t = svc.table
     for _ in range(3):
         # A paused batch gets no lanes yet: its resume creates them.
         paused = bool(batch.get("paused_at"))
         ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now(), paused=paused,
-                               seen=batch),
+                               seen=batch, ordered=stored.ordered),
                Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
         ops += [] if paused else [Lane.create(t, model_id, batch) for model_id in lanes]
         try:
