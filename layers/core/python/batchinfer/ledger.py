@@ -87,6 +87,7 @@ class Settlement:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     cost_usd: float = 0.0
+    cache_saved_usd: float = 0.0  # what its cached input cost less than uncached input would have
     cost_unknown: int = 0
     retry_at: int | None = None  # for WAITING
     result_bytes: int = 0  # size of a stored result, so the export knows when to go through S3
@@ -101,7 +102,7 @@ class Settlement:
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
 TALLIED = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "cost_usd", "cost_unknown",
-           "result_bytes", "committed_usd")
+           "result_bytes", "committed_usd", "cache_saved_usd")
 
 
 @dataclass

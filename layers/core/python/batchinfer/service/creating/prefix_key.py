@@ -37,6 +37,15 @@ def prefix_key(endpoint: str, body: dict[str, Any]) -> str | None:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+def shared_part(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The request without its last message (or input item): what a cache serves of it once its prefix is
+    written, to count the tokens of (an estimate's cached input)."""
+    for name in ("messages", "input"):
+        if isinstance(body.get(name), list) and body[name]:
+            return {**body, name: body[name][:-1]}
+    return body
+
+
 def _shared_part(endpoint: str, body: dict[str, Any]) -> list[Any]:
     tools = body.get("tools")
     if endpoint == MESSAGES_ENDPOINT:
