@@ -35,6 +35,8 @@ def test_a_grouped_file_runs_in_waves_and_answers_in_submission_order(svc, sim_c
     assert [keys[i] for i in lane[:3]] == [keys[0], keys[4], keys[8]]  # the first wave: a primer of each
     assert sorted(lane) == list(range(12))
     assert stored.get("lane_ordered") is True
+    # The bodies are stored in the lane's order: a group of consecutive lane positions is one ranged read.
+    assert [entries[i][2] for i in lane] == sorted(entries[i][2] for i in lane)
 
     final = drive(svc, obj["id"])
     assert final["status"] == "completed", final

@@ -128,3 +128,13 @@ def test_the_turns_between_batches_come_first() -> None:
     started = [run(queue, timing, "A") for _ in range(6)]
     assert Counter(m.run.batch["id"] for m in started) == {"one": 3, "two": 3}
     assert [prefix(m) for m in started if m.run.batch["id"] == "two"][:2] == ["X", "Y"]
+
+
+def test_work_without_keys_runs_first_queued_first_and_the_count_follows_the_queue() -> None:
+    timing, queue = queue_of("slot")
+    b = {"id": "b", "owner_sk": owner_sort(0, "b")}
+    queue.add([member(b, None, i) for i in range(3)] + [member(b, "A", 3)], {"b": b})
+    assert queue.keyed == 1
+    assert [run(queue, timing, None).position[0] for _ in range(2)] == [0, 1]
+    queue.leftover()
+    assert queue.keyed == 1 and queue.leftover().position[0] == 3 and queue.keyed == 0

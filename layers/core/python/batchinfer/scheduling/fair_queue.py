@@ -50,6 +50,7 @@ class FairQueue:
         self.cache = cache
         self.prefix_running: Counter = Counter()  # prefix key -> calls of it running here
         self.primed: OrderedDict[str, None] = OrderedDict()  # prefix keys a call has answered here
+        self.keyed = 0  # queued requests with a prefix key: none, and the order is first-queued-first
         self.members: deque[Member] = deque()
         self.running_of: Counter = Counter()  # batch id -> its group members' calls in flight here
         self.queued_of: Counter = Counter()  # batch id (None: retries) -> its requests in the queue
@@ -86,6 +87,7 @@ class FairQueue:
                                                              self.left_with.pop(batch_id, None))
         self.members.extend(members)
         self.queued_of.update(None if m.run is None else m.run.batch.get("id") for m in members)
+        self.keyed += sum(prefix_of(m) is not None for m in members)
 
     def take_next(self, after: str | None = None) -> Member:
         """The queued request a free runner starts (`policy.next_to_run`): the batches whose work is queued
@@ -93,16 +95,19 @@ class FairQueue:
         then, with a prompt cache, of that batch's work the request `prefix_order.pick` picks (`after`: the
         prefix of the call the runner has just run)."""
         if len(self.members) == 1 or len(+self.queued_of) <= 1:  # one batch's work (or retries alone)
-            if self.cache == "off" or len(self.members) == 1:
+            if not self._by_prefixes() or len(self.members) == 1:
                 return self._dequeued(self.members.popleft())
             return self._taken(self._by_prefix(range(len(self.members)), after))
         queued = [policy.Queued(batch=None, account=None) if m.run is None
                   else policy.Queued(batch=m.run.batch.get("id"), account=m.run.batch.get("account_id"),
                                      rank=policy.rank(m.run.batch.get("priority"))) for m in self.members]
         i = policy.next_to_run(queued, self.running_of, self.served)
-        if self.cache != "off" and queued[i].batch is not None:
+        if self._by_prefixes() and queued[i].batch is not None:
             i = self._by_prefix([j for j, q in enumerate(queued) if q.batch == queued[i].batch], after)
         return self._taken(i)
+
+    def _by_prefixes(self) -> bool:
+        return self.cache != "off" and self.keyed > 0
 
     def _by_prefix(self, places: range | list[int], after: str | None) -> int:
         """Of the queued requests at `places` (one batch's, or all when one batch's work is queued), the one a
@@ -118,11 +123,14 @@ class FairQueue:
 
     def _dequeued(self, member: Member) -> Member:
         self.queued_of[None if member.run is None else member.run.batch.get("id")] -= 1
+        self.keyed -= prefix_of(member) is not None
         return member
 
     def leftover(self) -> Member:
         """The next request never started (the pump is stopping): out of the queue, as it was claimed."""
-        return self.members.popleft()
+        member = self.members.popleft()
+        self.keyed -= prefix_of(member) is not None
+        return member
 
     def started(self, member: Member) -> None:
         """A call of the queue's work started: its batch is served one more."""

@@ -230,7 +230,8 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
         longest = max(longest, seconds)
         models.append({
             "model": model_id, "request_count": fig.request_count, "input_tokens": fig.input_tokens,
-            "cached_input_tokens": fig.cached_input_tokens, "max_output_tokens": fig.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
+            "cached_input_tokens": fig.cached_input_tokens, "max_output_tokens": fig.max_output_tokens,
+            "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
             "queue_ahead": coarse_count(queue.ahead), "batch_budget": fig.model.batch_budget,
             "batch_cap_now": queue.cap, "tier_limit": own_limit, "mean_latency_seconds": queue.measured,
             "latency_used_seconds": round(queue.latency, 4),

@@ -204,35 +204,45 @@ def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | R
     chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
     far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
     lane. Each lane's positions are in the order they run: as they came, or, on a model with a prompt cache,
-    in waves of prefixes (scheduling.prefix_order)."""
-    lines, index, offset = [], [], 0
-    for req in requests:
-        if isinstance(req, RejectedRequest):
-            index.append(IndexEntry(req.custom_id, None, 0, 0, req.error))
-            continue
-        line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
-        lines.append(line)
-        # Then the most output tokens it can be charged for (a spending cap's worst case), and last what a
-        # prompt cache would share of it (its prefix key), for the order its lane runs in.
-        index.append(IndexEntry(req.custom_id, req.model_id, offset, len(line),
-                                output_bound(svc.catalog.get(req.model_id), endpoint, req.body),
-                                prefix_key(endpoint, req.body)))
-        offset += len(line)
-    svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
-    for chunk in range(0, len(index), INDEX_CHUNK):
-        svc.blobs.put(index_object(batch_id, chunk // INDEX_CHUNK),
-                      json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
+    in waves of prefixes (scheduling.prefix_order); the bodies are stored in that order too, lane by lane
+    (the index, in submission order, says where each one is)."""
+    lines: dict[int, bytes] = {}
+    keys: dict[int, str | None] = {}
     lanes: dict[str, list[int]] = {}
     for position, req in enumerate(requests):
         if isinstance(req, ValidRequest):
+            lines[position] = json.dumps({"custom_id": req.custom_id, "body": req.body},
+                                         separators=(",", ":")).encode() + b"\n"
+            keys[position] = prefix_key(endpoint, req.body)  # what a prompt cache would share of it
             lanes.setdefault(req.model_id, []).append(position)
     ordered = False
     for model_id, positions in lanes.items():  # each lane in waves of prefixes, where its model has a cache
         model = svc.catalog.get(model_id)
-        prefixes = [index[position].prefix for position in positions]
+        prefixes = [keys[position] for position in positions]
         if model.cache_kind != "off" and worth_ordering(prefixes):
             lanes[model_id] = [positions[i] for i in prefix_waves(prefixes, model.batch_budget)]
             ordered = True
+    # The bodies in the order their lanes run (submission order for a lone lane as it came): the members of
+    # a group, consecutive in their lane, lie together, and a group's bodies are one ranged read.
+    offsets, offset = {}, 0
+    for positions in lanes.values():
+        for position in positions:
+            offsets[position] = offset
+            offset += len(lines[position])
+    svc.blobs.put(requests_object(batch_id), b"".join(lines[p] for ps in lanes.values() for p in ps),
+                  "application/x-ndjson")
+    index = []
+    for position, req in enumerate(requests):
+        if isinstance(req, RejectedRequest):
+            index.append(IndexEntry(req.custom_id, None, 0, 0, req.error))
+        else:
+            # Then the most output tokens it can be charged for (a spending cap's worst case), and last its
+            # prefix key.
+            index.append(IndexEntry(req.custom_id, req.model_id, offsets[position], len(lines[position]),
+                                    output_bound(svc.catalog.get(req.model_id), endpoint, req.body), keys[position]))
+    for chunk in range(0, len(index), INDEX_CHUNK):
+        svc.blobs.put(index_object(batch_id, chunk // INDEX_CHUNK),
+                      json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
     if ordered or len(lanes) > 1 or sum(map(len, lanes.values())) < len(requests):  # else 0..n-1
         for model_id, positions in lanes.items():
             svc.blobs.put(lane_object(batch_id, model_id), json.dumps(positions).encode())
