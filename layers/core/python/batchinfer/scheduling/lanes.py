@@ -284,8 +284,8 @@ class Lanes:
                                       running=scope.running, slot_lease=scope.slot_lease)
         except ConditionFailed:
             return []  # another dispatcher advanced the lane or took the slots; next pass
-        for draw, n in parts or []:
-            scope.draws.took(draw.shard, n)
+        for take, n in parts or []:
+            scope.draws.took(take.shard, n)
         scope.here[batch["id"]] = scope.here.get(batch["id"], 0) + len(positions)
         if lane_next + len(positions) >= int(batch["lanes"][model.id]["total"]):
             scope.emptied.add(batch["id"])

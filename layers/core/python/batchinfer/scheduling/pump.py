@@ -253,6 +253,9 @@ class SlotPump:
             if member is None:
                 return
             after = prefix_of(member)
+            if member.started is not None:
+                await self._run_started_retry(member)
+                continue
             if member.retry is not None:
                 await self._run_retry(member)
                 continue
@@ -281,6 +284,23 @@ class SlotPump:
         began = self._call_starts(member)
         try:
             attempt = await self.requests.call(self.model, started.batch, started.body, self.key)
+        finally:
+            self._call_ended(member)
+        self._measured(began)
+        self.outcomes.retry_answered(started, attempt)
+
+    async def _run_started_retry(self, member: Member) -> None:
+        """A retry claimed running and checked with others of its batch: its call in the slot, unless its batch
+        stopped or paused meanwhile (or its window closed, for one that never ran): then it is handed back."""
+        started = member.started
+        batch = started.batch
+        never_ran = int(started.running.get("attempt", 1)) <= 1
+        if batch.get("stop") or batch.get("paused_at") or (never_ran and self.svc.now() >= batch["expires_at"]):
+            self.outcomes.hand_back(member)
+            return
+        began = self._call_starts(member)
+        try:
+            attempt = await self.requests.call(self.model, batch, started.body, self.key)
         finally:
             self._call_ended(member)
         self._measured(began)
@@ -473,7 +493,11 @@ class SlotPump:
                       self.busy, dict(+self.queued_of), want,
                       dict(Counter(u.get("batch_id", "retry") for u in units for _ in u.get("positions", [u]))))
         queued = 0
+        claimed_running: dict[str, list[dict]] = {}  # batch id -> its retries claimed running, checked together
         for unit in units:
+            if "positions" not in unit and unit["state"] == RequestState.RUNNING.value:
+                claimed_running.setdefault(unit["batch_id"], []).append(unit)
+                continue
             if "positions" not in unit:
                 self._enqueue([Member(retry=unit)])
                 queued += 1
@@ -486,7 +510,20 @@ class SlotPump:
                 self.outcome.update(decided)
                 continue
             queued += await self._queue_group(unit, batch)
+        for batch_id, running in claimed_running.items():
+            queued += await self._queue_started_retries(running, self.dispatcher.batches_seen[batch_id])
         return queued
+
+    async def _queue_started_retries(self, running: list[dict], batch: dict) -> int:
+        """Retries of one batch claimed running: checked once for them all (the account as the claim read it),
+        their bodies read together, then queued ready for their calls."""
+        shared = self.batches.setdefault(batch["id"], dict(batch))
+        started, decided = await self._claiming(self.requests.start_claimed_retries, running, shared,
+                                                self.dispatcher.accounts_read.get(batch["account_id"]))
+        self.outcome.update(decided)
+        if started:
+            self._enqueue([Member(retry=one.running, started=one) for one in started])
+        return len(started)
 
     async def _queue_group(self, group: dict, batch: dict | None) -> int:
         if batch is None:
@@ -508,7 +545,8 @@ class SlotPump:
         """Look again, at most every half second, whether a batch with queued requests was stopped or
         paused."""
         now = self.clock.monotonic()
-        for batch_id in {m.run.batch["id"] for m in self.queue if m.run is not None}:
+        for batch_id in {m.run.batch["id"] if m.run is not None else m.started.batch["id"] for m in self.queue
+                         if m.run is not None or m.started is not None}:
             if now - self.looked_at.get(batch_id, 0.0) < self.config.stop_look_seconds:
                 continue
             self.looked_at[batch_id] = now
