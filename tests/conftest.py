@@ -27,11 +27,24 @@ from local.moto_patches import apply as patch_moto  # noqa: E402
 patch_moto()
 
 from batchinfer.runtime import use_services  # noqa: E402
-from batchinfer.storage.aws import client  # noqa: E402
 from local.servers import UvicornThread, free_port  # noqa: E402
 from local.simulated_backend import create_app as create_sim  # noqa: E402
+from tests import file_order  # noqa: E402
 from tests.helpers import make_services  # noqa: E402
 from tests.webhook_receiver import receiver  # noqa: E402,F401  (a fixture: the webhook tests' receiver)
+
+
+def pytest_configure(config):
+    # pytest-xdist's `--dist loadfile` hands the files out in collection order only without its own reordering
+    # (by test count); the order is set below, the longest files first (tests/file_order.py).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):  # the run's own process, not an xdist worker: it keeps the times
+        config.pluginmanager.register(file_order.FileTimes(config), "file-times")
+
+
+def pytest_collection_modifyitems(config, items):
+    file_order.reorder(items, file_order.last_times(config))
 
 
 class _Collected(logging.Handler):
@@ -74,7 +87,8 @@ def sim_control(sim):
     control.put("/_sim/config", json={"latency_seconds": 0, "latency_distribution": "fixed", "latency_sigma": 0.5,
                                       "rate_429": 0, "rate_500": 0, "rate_timeout": 0,
                                       "timeout_sleep_seconds": 30, "seed": 0, "answer_extra_json": "",
-                                      "stream_usage": True})
+                                      "stream_usage": True, "prompt_cache": "off", "cache_slots": 4,
+                                      "prompt_token_seconds": 0})
     control.post("/_sim/stats/reset")
     yield control
     control.close()
@@ -82,14 +96,16 @@ def sim_control(sim):
 
 @pytest.fixture
 def svc(sim, sim_control):
-    """Services on a fresh in-process moto, with the default catalog pointed at the simulated backend."""
-    client.cache_clear()
+    """Services on a fresh in-process moto, with the default catalog pointed at the simulated backend.
+
+    The boto3 clients are made once per process and kept (`storage.aws.client`'s cache): moto answers a client
+    made before its mock started as well, and each test's moto starts empty. Making them anew for every test
+    cost 0.6 s of CPU a test (botocore reads its service models and endpoint rules again)."""
     with mock_aws():
         services = make_services(sim.url)
         use_services(services)
         yield services
         use_services(None)
-    client.cache_clear()
 
 
 # The official SDKs at each major the e2e tests cover: "newest" is this interpreter (.venv, requirements-dev.txt);

@@ -11,7 +11,7 @@ class FakeClock:
     test moves it past their bound, or when their event is set."""
 
     def __init__(self, start: float = 1_000.0) -> None:
-        self.now = start
+        self.start = self.now = start
         self.wall_offset = time.time() - start  # its wall clock reads as the real one did when it started
         self._moved = asyncio.Event()
 

@@ -71,8 +71,15 @@ def stored_requests(svc: Services, batch_id: str) -> list[dict]:
 
 
 def _submitted_custom_ids(svc: Services, batch_id: str) -> list[str]:
+    """The custom ids in submission order: the index's (the bodies are stored in the order their lanes run),
+    each checked against its body's own line."""
     raw = svc.blobs.get(requests_object(batch_id)) or b""
-    return [json.loads(line)["custom_id"] for line in raw.splitlines() if line.strip()]
+    total = int((svc.table.get(*batch_key(batch_id)) or {}).get("total", 0))
+    entries = results_module.index_entries(svc, batch_id, 0, total) if total else []
+    for entry in entries:
+        if entry.model_id is not None:
+            assert json.loads(raw[entry.offset:entry.offset + entry.length])["custom_id"] == entry.custom_id
+    return [entry.custom_id for entry in entries if entry.model_id is not None]
 
 
 def _all_results(svc: Services, who: Principal, batch_id: str, page_size: int) -> list[dict]:

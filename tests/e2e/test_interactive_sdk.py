@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from batchinfer.service import accounts
 from tests.conftest import SDK_MAJORS
-from tests.e2e.conftest import local_stack
+from tests.e2e.conftest import SdkRuns, local_stack
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).with_name("sdk_scripts") / "interactive_calls.py"
@@ -26,23 +22,20 @@ def stack(tmp_path_factory):
         yield running
 
 
-@pytest.mark.parametrize("major", SDK_MAJORS)
-def sdk_env(stack, tmp_path) -> dict[str, str]:
-    """An SDK script's environment: a new key of a pro account, the stack's base URL, no PYTHONPATH."""
-    account = accounts.create_account(stack["svc"], tier="pro")
-    key = accounts.create_key(stack["svc"], account["id"])
-    env = {k: v for k, v in os.environ.items()
-           if k != "PYTHONPATH" and not k.startswith(("OPENAI_", "ANTHROPIC_"))}
-    env.update(HOME=str(tmp_path), FREEINFERENCE_BASE_URL=stack["base"], FREEINFERENCE_API_KEY=key)
-    return env
+@pytest.fixture(scope="module")
+def runs(stack, sdk_python, tmp_path_factory):
+    """Both scripts under every SDK major at once, each run under a new key of a pro account."""
+    started = {script: SdkRuns(stack, sdk_python, script, SDK_MAJORS, tmp_path_factory.mktemp("sdk"), 120,
+                               tier="pro", batch_access=None)
+               for script in (SCRIPT, DUPLICATE_KEYS)}
+    yield started
+    for each in started.values():
+        each.close()
 
 
 @pytest.mark.parametrize("major", SDK_MAJORS)
-def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_path):
-    env = sdk_env(stack, tmp_path)
-    run = subprocess.run([sdk_python(major), str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env)
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+def test_interactive_calls_with_the_official_sdks(runs, major):
+    out = runs[SCRIPT].result(major)
     assert out["chat"]["object"] == "chat.completion" and out["chat"]["content"] and out["chat"]["model"] == MODEL
     assert all(n > 0 for n in out["chat"]["usage"])
     assert len(out["embeddings"]) == 2 and out["embeddings"][0] > 0
@@ -71,13 +64,10 @@ def test_interactive_calls_with_the_official_sdks(stack, sdk_python, major, tmp_
 
 
 @pytest.mark.parametrize("major", SDK_MAJORS)
-def test_a_body_naming_a_key_twice_is_a_400_each_sdk_reads(stack, sdk_python, major, tmp_path):
+def test_a_body_naming_a_key_twice_is_a_400_each_sdk_reads(runs, major):
     """A key named twice (sent by rewriting the bytes the SDK sends, and by plain httpx) is refused before any
     model runs, with an error each SDK raises as its BadRequestError, naming the key."""
-    run = subprocess.run([sdk_python(major), str(DUPLICATE_KEYS)], capture_output=True, text=True, timeout=120,
-                         env=sdk_env(stack, tmp_path))
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+    out = runs[DUPLICATE_KEYS].result(major)
     status, body = out["raw"]
     assert status == 400 and body["error"]["code"] == "duplicate_key" and body["error"]["param"] == "model", body
     status, code, param, message = out["openai"]

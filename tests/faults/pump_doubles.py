@@ -1,26 +1,69 @@
 """Doubles a pump test moves by hand: a clock that moves only when the test says, and a backend whose calls
 wait at a gate until the test releases them. A pump test then says "this call is held; advance a poll; the
-pump must have grown" instead of sleeping and hoping the machine kept up."""
+pump must have grown" instead of sleeping and hoping the machine kept up.
+
+The clock is moved only once the pump is quiet: no work of the event loop on a thread (its pools and
+asyncio.to_thread all go through the loop's run_in_executor, which counts it), no call on its way to the
+backend, and the event loop run dry. What
+the pump does at a moment on its clock then never depends on how fast the machine got there."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
 
 from batchinfer.scheduling.pump import SlotPump
-from batchinfer.service import run_request
+from batchinfer.service.running import run_request
 from tests.fake_clock import FakeClock
 from tests.faults.harness import GLM
 
+__all__ = ["FakeClock", "Gate", "GatedRequests", "drive", "gated_pump", "run_gated"]
+
+
+class Work:
+    """The event loop's work on threads (`run_in_executor`, which asyncio.to_thread and the pump's pools go
+    through) not answered yet, counted on the loop: a piece ends once its answer has reached the loop, before
+    the coroutine awaiting it runs."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.finished = asyncio.Event()  # set whenever a piece of work ends
+
+    def count_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Count the work `loop` hands to threads from now on."""
+        real = loop.run_in_executor
+
+        def run_in_executor(executor, fn, *args):  # noqa: ANN001, ANN002, ANN202
+            answer = real(executor, fn, *args)
+            self.pending += 1
+            answer.add_done_callback(self._ended)
+            return answer
+
+        loop.run_in_executor = run_in_executor
+
+    def _ended(self, _: asyncio.Future) -> None:
+        self.pending -= 1
+        self.finished.set()
+        self.finished = asyncio.Event()
+
 
 class Gate:
-    """A backend double: calls `held` picks wait until the test releases them; the others go through at
-    once. Either way the call then runs on the simulated backend, so its outcome is a real one."""
+    """A backend double: calls `held` picks wait until the test releases them (or, with `latency`, until the
+    pump's clock has moved that far past their start: `drive` releases them then); the others go through at
+    once. Either way the call then runs on the simulated backend, so its outcome is a real one. `before` and
+    `after`, if given, run as each call comes (before it is held) and as it answers (a test's fault: a process
+    dying, a recovery, a window closing, ...)."""
 
-    def __init__(self, held: Callable[[dict], bool] = lambda body: True) -> None:
-        self.held = held
-        self.waiting: list[tuple[dict, asyncio.Event]] = []  # held calls, in the order they came
+    def __init__(self, held: Callable[[dict], bool] = lambda body: True, latency: float | None = None,
+                 before: Callable[[dict], Awaitable[None]] | None = None,
+                 after: Callable[[dict], Awaitable[None]] | None = None) -> None:
+        self.held, self.latency, self.before, self.after = held, latency, before, after
+        self.clock: FakeClock | None = None  # the pump's (gated_pump sets it): when held calls are due
+        self.work = Work()
+        self.waiting: list[tuple[dict, asyncio.Event, float]] = []  # held calls in the order they came, and due
         self.answered: list[dict] = []  # bodies of calls that answered, in order
+        self.started_at: list[float] = []  # when each call came, on the pump's clock
         self.changed = asyncio.Event()  # set whenever a call arrives or answers
         self.passing = 0  # calls let through (or released) that have not answered yet
         self.peak = 0  # the most calls held or past the gate at once (the test may reset it)
@@ -33,13 +76,30 @@ class Gate:
     def release(self, n: int | None = None) -> None:
         """Let the first `n` held calls (all if None) go on to the backend."""
         go, self.waiting = (self.waiting, []) if n is None else (self.waiting[:n], self.waiting[n:])
-        for _, event in go:
+        for _, event, _ in go:
+            event.set()
+
+    def next_due(self) -> float | None:
+        """When the next held call is due on the pump's clock (with `latency`), or None."""
+        return min((due for _, _, due in self.waiting), default=None) if self.latency is not None else None
+
+    def release_due(self, now: float) -> None:
+        """Let the held calls due by `now` go on (with `latency`; without, only the test releases them)."""
+        if self.latency is None:
+            return
+        go = [w for w in self.waiting if w[2] <= now]
+        self.waiting = [w for w in self.waiting if w[2] > now]
+        for _, event, _ in go:
             event.set()
 
     async def call(self, real, model, batch: dict, body: dict, key):  # noqa: ANN001, ANN201
+        now = self.clock.monotonic() if self.clock else 0.0
+        self.started_at.append(now)
+        if self.before is not None:
+            await self.before(body)
         if self.held(body):
             event = asyncio.Event()
-            self.waiting.append((body, event))
+            self.waiting.append((body, event, now + (self.latency or 0.0)))
             self.peak = max(self.peak, self.in_flight)
             self._changed()
             await event.wait()
@@ -47,6 +107,8 @@ class Gate:
         self.peak = max(self.peak, self.in_flight)
         try:
             answer = await real(model, batch, body, key)
+            if self.after is not None:
+                await self.after(body)
         finally:
             self.passing -= 1
         self.answered.append(body)
@@ -64,10 +126,26 @@ class Gate:
             while not condition():
                 await self.changed.wait()
 
+    async def quiet(self, seconds: float = 0.5) -> None:
+        """Wait until nothing more happens without the clock or the test: no work of the loop on a thread, no
+        call on its way to the backend, and the event loop has run dry. Work still out after `seconds` no
+        longer holds the clock back: a claim was seen to wait on the table until the pump's other threads
+        moved, which they do only once the clock does."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        calm = 0
+        while calm < 30:  # the loop's turns for a thread's answer to reach the coroutine that awaits it
+            if (self.work.pending or self.passing) and loop.time() < until:
+                calm = 0
+                await asyncio.sleep(0.002)  # polled: a thread's answer comes back on its own
+            else:
+                calm += 1
+                await asyncio.sleep(0)
+
 
 class GatedRequests:
-    """The service's way of running a request (`service.run_request.BatchRequests`), its backend calls
-    through a gate."""
+    """The service's way of running a request (`service.running.run_request.BatchRequests`), its backend
+    calls through a gate."""
 
     def __init__(self, svc, gate: Gate) -> None:  # noqa: ANN001
         self.real, self.gate = run_request.BatchRequests(svc), gate
@@ -81,21 +159,52 @@ class GatedRequests:
 
 def gated_pump(svc, gate: Gate, clock: FakeClock, seconds: float = 3_600.0) -> SlotPump:  # noqa: ANN001
     """A pump on GLM whose calls go through `gate`, on `clock`, until `seconds` on it (long: the tests end it
-    by running out of work)."""
-    return SlotPump(svc, svc.catalog.get(GLM), clock.monotonic() + seconds, GatedRequests(svc, gate), clock=clock)
+    by running out of work). Called in the test's event loop: the loop counts its work on threads for
+    `Gate.quiet`."""
+    gate.clock = clock
+    pump = SlotPump(svc, svc.catalog.get(GLM), clock.monotonic() + seconds, GatedRequests(svc, gate), clock=clock)
+    loop = asyncio.get_running_loop()
+    if getattr(loop, "counted_by", None) is not gate.work:
+        gate.work.count_on(loop)
+        loop.counted_by = gate.work
+    return pump
 
 
 async def drive(pump_task: asyncio.Task, clock: FakeClock, gate: Gate, step: float,
-                until: Callable[[], bool] | None = None, most_steps: int = 2000) -> None:
-    """Move the clock a step at a time, each once the pump has had its chance to act on the last (a call came
-    or answered, or it finished, or a moment passed), until `until` holds or else the pump has stopped. Use
-    it where how far the pump's clock moves is not what the test asserts: a slow machine takes more steps."""
-    done = until or pump_task.done
+                until: Callable[[], bool] | None = None, most_steps: int = 4000,
+                each: Callable[[], None] | None = None) -> None:
+    """Move the clock a step at a time (or to the next held call's due time, if sooner: it is released then),
+    each once the pump is quiet, until `until` holds or else the pump has stopped. `each`: what the test looks
+    at every time the pump is quiet."""
     for _ in range(most_steps):
-        if done():
+        await gate.quiet()
+        if each is not None:
+            each()
+        if until is not None and until():
             return
-        clock.advance(step)
-        changed = asyncio.ensure_future(gate.changed.wait())
-        await asyncio.wait({pump_task, changed}, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
-        changed.cancel()
+        if pump_task.done():
+            if until is None:
+                return
+            pump_task.result()  # a pump that failed says why
+            raise AssertionError("the pump stopped before the test's condition held")
+        due = gate.next_due()
+        clock.advance(step if due is None else max(0.0, min(step, due - clock.monotonic())))
+        gate.release_due(clock.monotonic())
     raise AssertionError(f"after {most_steps} steps of {step} s the pump had not got there")
+
+
+def run_gated(svc, slots: int, seconds: float = 3_600.0, gate: Gate | None = None,  # noqa: ANN001
+              step: float | None = None, each: Callable[[], None] | None = None) -> tuple[Counter, Gate, FakeClock]:
+    """A worker invocation's pump on GLM (as `harness.run_pump`) on a fake clock, its calls through `gate`
+    (by default none held), driven a poll at a time until it stops: what it did, the gate and the clock."""
+    from batchinfer.scheduling.config import scheduler_config
+
+    gate = gate or Gate(held=lambda body: False)
+    clock = FakeClock()
+
+    async def scenario() -> Counter:
+        running = asyncio.create_task(gated_pump(svc, gate, clock, seconds).run(slots))
+        await drive(running, clock, gate, step or scheduler_config(svc.settings).poll_seconds, each=each)
+        return running.result()
+
+    return asyncio.run(scenario()), gate, clock

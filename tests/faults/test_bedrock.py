@@ -5,7 +5,7 @@ after Bedrock answered is recovered by its lease, the lost answer counted as cos
 from __future__ import annotations
 
 from batchinfer.layout import model_budget_key
-from batchinfer.scheduling import pump as pump_module
+from batchinfer.scheduling import outcomes as pump_outcomes
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.background.sweep import sweep_once
@@ -46,7 +46,7 @@ def test_a_throttling_storm_backs_off_and_loses_or_doubles_nothing(svc, sim_cont
         real(svc_, model)
         backed_off.append(svc_.table.get(*model_budget_key(model.id)).get("adaptive_cap"))
 
-    for module in (run_request, pump_module):  # the worker's first group and its slot pump
+    for module in (run_request, pump_outcomes):  # the worker's first group and its slot pump's outcomes
         monkeypatch.setattr(module, "backend_said_429", watched)
     final = pump(svc, batch_id, clock_step=2)
 

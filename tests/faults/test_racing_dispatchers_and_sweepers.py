@@ -55,7 +55,7 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     tier_limit = svc.settings.tier_limits["free"]
     assert tier_limit == 8
     set_budgets(svc, budgets)
-    sim_config(sim_control, latency_seconds=0.3)
+    sim_config(sim_control, latency_seconds=0.1)
     account, key = new_key(svc, tier="free")
     who = authenticate(svc, key)
     requests = [chat_request(f"c-{i}", f"prompt {i}", model=GLM if i % 2 == 0 else QWEN) for i in range(60)]
@@ -94,6 +94,7 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
             if claim.__name__ == "claim_from_lane":
                 with sent_lock:
                     claimed.update(p[0] for group in units for p in group["positions"])
+                sample()  # the slots it took are held now
             return units
         return call
 
@@ -113,7 +114,7 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
                 dispatcher.pass_once()
             except Exception as error:
                 errors.append(error)
-            time.sleep(0.05)
+            stop.wait(0.05)  # a scheduled dispatcher's next pass
 
     async def run_all(messages: list[dict]) -> list:
         if pull:
@@ -128,7 +129,7 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
             while not stop.is_set():
                 messages = receive(svc, model)
                 if not messages:
-                    time.sleep(0.01)
+                    stop.wait(0.01)  # the event source mapping's next poll
                     continue
                 outcomes = loop.run_until_complete(run_all(messages))
                 errors.extend(o for o in outcomes if isinstance(o, BaseException))
@@ -137,19 +138,21 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
         finally:
             loop.close()
 
-    def sampler() -> None:  # the budget counters, as often as the table allows
-        while not stop.is_set():
-            for model in budgets:
-                budget = budget_of(svc, model)
-                peaks[f"counter:{model}"] = max(peaks[f"counter:{model}"], budget.get("in_flight", 0))
-                for k, shard in enumerate(budget["shards"]):
-                    peaks[f"shard:{model}:{k}"] = max(peaks[f"shard:{model}:{k}"], shard["in_flight"])
-            peaks["counter:account"] = max(peaks["counter:account"], account_counters(svc, account["id"])["in_flight"])
-            time.sleep(0.05)
+    def sample() -> None:  # the budget counters, at each claim and each call's start (slots are held then)
+        for model in budgets:
+            budget = budget_of(svc, model)
+            peaks[f"counter:{model}"] = max(peaks[f"counter:{model}"], budget.get("in_flight", 0))
+            for k, shard in enumerate(budget["shards"]):
+                peaks[f"shard:{model}:{k}"] = max(peaks[f"shard:{model}:{k}"], shard["in_flight"])
+        peaks["counter:account"] = max(peaks["counter:account"], account_counters(svc, account["id"])["in_flight"])
 
-    # What really runs at once: every backend call of the worker, per model and in all.
+    # What really runs at once: every backend call of the worker, per model and in all. The first calls wait
+    # at a gate until more than one model's budget is in flight (both models at once, within the tier), so
+    # the test sees them run together however slowly a busy machine starts them.
     calling: Counter = Counter()
     real_call = openai_compat.call
+    together = threading.Event()
+    answered = threading.Event()  # set at each answer: the test looks at the batch again then
 
     async def counted_call(model, *args, **kwargs):
         with sent_lock:
@@ -157,12 +160,17 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
             calling["all"] += 1
             for name in (model.id, "all"):
                 peaks[f"calling:{name}"] = max(peaks[f"calling:{name}"], calling[name])
+            if calling["all"] > max(budgets.values()):
+                together.set()
         try:
+            await asyncio.to_thread(sample)
+            await asyncio.to_thread(together.wait, 60)  # (a bound for a broken scheduler, not a timing)
             return await real_call(model, *args, **kwargs)
         finally:
             with sent_lock:
                 calling[model.id] -= 1
                 calling["all"] -= 1
+            answered.set()
 
     monkeypatch.setattr(openai_compat, "call", counted_call)
 
@@ -171,8 +179,7 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
     # mapping runs as many invocations at once as the model's budget).
     pollers = -(-max(budgets.values()) // shard_slots)
     threads = [threading.Thread(target=dispatcher_loop), threading.Thread(target=dispatcher_loop),
-               *(threading.Thread(target=worker_loop, args=(model,)) for model in (GLM, QWEN) for _ in range(pollers)),
-               threading.Thread(target=sampler)]
+               *(threading.Thread(target=worker_loop, args=(model,)) for model in (GLM, QWEN) for _ in range(pollers))]
     for thread in threads:
         thread.start()
     try:
@@ -180,7 +187,8 @@ def test_two_dispatchers_never_double_dispatch_nor_pass_budgets(svc, sim_control
         # runs them slower, and that alone must not fail the test.
         done, moved_at = 0, time.monotonic()
         while done < 60 and time.monotonic() - moved_at < 60:
-            time.sleep(0.1)
+            answered.wait(1.0)
+            answered.clear()
             now_done = get_batch(svc, batch_id)["completed"]
             if now_done > done:
                 done, moved_at = now_done, time.monotonic()
@@ -288,6 +296,16 @@ def test_two_sweepers_finish_a_batch_once(svc, sim_control):
     assert final["status"] == "completed" and final["completed"] == 4
 
 
+class CutOff:
+    """A run's deadline (compared as `time.monotonic() >= deadline`) that comes when the test says."""
+
+    def __init__(self) -> None:
+        self.come = False
+
+    def __le__(self, now: float) -> bool:
+        return self.come
+
+
 def test_a_run_that_writes_into_a_result_file_another_run_just_finished_stops_quietly(svc, sim_control):
     """The worker and the sweeper may both finish a file batch: both pass the writer's check, the first writes
     the output file's part, completes the upload and saves; the second's part then goes into an upload that no
@@ -301,12 +319,12 @@ def test_a_run_that_writes_into_a_result_file_another_run_just_finished_stops_qu
     Dispatcher(svc).pass_once()
     run_queued(svc)
     # A run cut off right after it started the output file's upload: both runs below go on from there.
-    deadline = time.monotonic() + 2
+    deadline = CutOff()
     real_start = svc.blobs.start_multipart
 
     def start_multipart(*args):
         upload_id = real_start(*args)
-        time.sleep(max(0.0, deadline - time.monotonic()))
+        deadline.come = True
         return upload_id
 
     svc.blobs.start_multipart = start_multipart

@@ -283,3 +283,61 @@ def test_an_ending_decided_before_a_retry_in_place_does_not_end_the_retried_run(
     assert final["status"] == "completed" and (final["completed"], final["failed"]) == (2, 0)
     assert final["completed_at"] >= final["retried_at"]  # ended by the retried run's own settle
     assert_ledger_consistent(svc, batch_id, who, ["flaky", "fine"])
+
+
+def test_a_pump_claims_a_retried_batchs_requests_together_already_running(svc, sim_control, monkeypatch):
+    """A pump takes the due retries of a batch as it takes a lane's requests: together, in claims of a few,
+    each already running (no claim and start per request), and every one of them runs and is counted once."""
+    from batchinfer.scheduling import dispatcher
+    configure(svc, max_attempts=1)
+    sim_config(sim_control, latency_seconds=0.05)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    ids = [f"f-{i}" for i in range(12)]
+    batch_id = submit(svc, who, [chat_request(c, f"{FLAKY} {c}") for c in ids])
+    assert pump(svc, batch_id)["failed"] == 12
+    batches.retry_batch(svc, who, batch_id, {}, None)
+    calls_before = sim_stats(sim_control, settle=True)["total_requests"]
+
+    together, one_by_one = [], []
+    real_together, real_one = dispatcher.claim_retries_running, dispatcher.claim_retry
+    monkeypatch.setattr(dispatcher, "claim_retries_running",
+                        lambda svc_, batch, reqs, *rest: together.append(len(reqs)) or real_together(svc_, batch, reqs,
+                                                                                                       *rest))
+    monkeypatch.setattr(dispatcher, "claim_retry", lambda *args, **kw: one_by_one.append(1) or real_one(*args, **kw))
+    outcome = run_pump(svc, slots=12, seconds=90)  # it ends once idle: the bound is for a busy machine
+    assert outcome["completed"] == 12, outcome
+    assert sum(together) == 12 and len(together) < 12 and not one_by_one, (together, one_by_one)
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and (final["completed"], final["failed"]) == (12, 0)
+    stored = requests_by_custom_id(svc, batch_id)
+    assert all(stored[c]["attempt"] == 1 and stored[c]["earlier_attempts"] == 1 for c in ids)
+    assert sim_stats(sim_control, settle=True)["total_requests"] == calls_before + 12
+    assert budget_of(svc, GLM)["waiting"] == 0 and budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    assert_ledger_consistent(svc, batch_id, who, ids)
+
+
+def test_retries_claimed_running_whose_key_was_revoked_never_run_and_use_no_attempt(svc, sim_control):
+    """The checks made before every attempt hold for retries a pump claimed running: their key revoked after
+    the retry, none is sent, the batch fails as a first run would, and none of them counts an attempt."""
+    from batchinfer.service import accounts
+    configure(svc, max_attempts=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    ids = [f"f-{i}" for i in range(6)]
+    batch_id = submit(svc, who, [chat_request(c, f"{FLAKY} {c}") for c in ids])
+    assert pump(svc, batch_id)["failed"] == 6
+    batches.retry_batch(svc, who, batch_id, {}, None)
+    calls_before = sim_stats(sim_control, settle=True)["total_requests"]
+    accounts.revoke_key(svc, key)
+
+    outcome = run_pump(svc, slots=6, seconds=90)
+    assert outcome == {"unstarted": 6}, outcome
+    invoke("sweeper", {})
+    final = get_batch(svc, batch_id)
+    assert final["status"] == "failed" and final["failed"] == 6, final
+    stored = requests_by_custom_id(svc, batch_id)
+    assert all(stored[c]["attempt"] == 0 and stored[c]["state"] == "unstarted" for c in ids), stored
+    assert sim_stats(sim_control, settle=True)["total_requests"] == calls_before
+    assert budget_of(svc, GLM)["waiting"] == 0 and budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    assert_ledger_consistent(svc, batch_id, who, ids)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import threading
 import time
 from collections import Counter
 
@@ -27,14 +25,12 @@ from tests.faults.harness import (
     budget_in_flight,
     configure,
     pump,
-    run_pump,
     set_budgets,
-    sim_config,
     sim_stats,
     slot_leases,
     submit,
 )
-from tests.faults.pump_doubles import FakeClock, Gate, drive, gated_pump
+from tests.faults.pump_doubles import FakeClock, Gate, drive, gated_pump, run_gated
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, budget_of
 
@@ -43,16 +39,16 @@ from tests.invariants import assert_ledger_consistent, budget_of
 
 def test_pump_runs_a_batch_within_its_slots_and_gives_them_back(svc, sim_control):
     set_budgets(svc, {GLM: 4})
-    sim_config(sim_control, latency_seconds=0.05)
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request(f"p-{i}", f"pumped {i}" + (" [[sim:flaky:1:500]]" if i == 5 else "")) for i in range(30)]
     batch_id = submit(svc, who, requests)
 
-    outcome = run_pump(svc, slots=10)
+    outcome, gate, _ = run_gated(svc, slots=10, gate=Gate(latency=0.5))  # each call takes 0.5 s of the pump's clock
 
     assert outcome["completed"] >= 29, outcome
-    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 4  # the budget's 4, not the 10 asked for
+    assert gate.peak == 4, gate.peak  # the budget's 4 busy, not the 10 asked for
+    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 4
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 30
@@ -63,7 +59,6 @@ def test_a_pumps_claim_reads_the_account_once_and_its_start_reads_the_key_again(
     """The checks before a group the pump has just claimed starts go by the account and its usage as the claim
     read them (strongly consistent, a moment before): only the key is read again."""
     set_budgets(svc, {GLM: 4})
-    sim_config(sim_control, latency_seconds=0.05)
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request(f"a-{i}", f"read once {i}") for i in range(24)]
@@ -79,7 +74,7 @@ def test_a_pumps_claim_reads_the_account_once_and_its_start_reads_the_key_again(
 
         monkeypatch.setattr(module, name, counted)
 
-    outcome = run_pump(svc, slots=4)
+    outcome, _, _ = run_gated(svc, slots=4, gate=Gate(latency=0.5))
 
     assert outcome["completed"] == 24, outcome
     assert reads["key_account_and_usage"] == 0, reads  # the account is not read again at the start
@@ -91,7 +86,6 @@ def test_a_pumps_claim_reads_the_account_once_and_its_start_reads_the_key_again(
 
 def test_a_key_revoked_after_the_claim_read_the_account_still_stops_the_batch(svc, sim_control, monkeypatch):
     set_budgets(svc, {GLM: 4})
-    sim_config(sim_control, latency_seconds=0.05)
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request(f"k-{i}", f"revoked {i}") for i in range(8)]
@@ -105,7 +99,7 @@ def test_a_key_revoked_after_the_claim_read_the_account_still_stops_the_batch(sv
 
     monkeypatch.setattr(lanes.Account, "with_usage", read_then_revoke)
 
-    run_pump(svc, slots=4)
+    run_gated(svc, slots=4, gate=Gate(latency=0.5))
 
     final = pump(svc, batch_id)
     assert final["status"] == "failed" and final["error"]["code"] == "owner_unauthorized"
@@ -119,7 +113,6 @@ def test_a_pump_with_few_slots_claims_whole_quanta_and_leaves_no_lane_a_stub(svc
     groups, 8 and 12, rather than groups of what the pump wanted and stubs (each pays a claim and a close);
     the budget is never passed and every request ends once."""
     set_budgets(svc, {GLM: 2})
-    sim_config(sim_control, latency_seconds=0.02)
     who = authenticate(svc, new_key(svc, tier="internal")[1])
     requests = {b: [chat_request(f"s{b}-{i}", f"stub {b} {i}") for i in range(20)] for b in range(3)}
     batch_ids = {submit(svc, who, rs): b for b, rs in requests.items()}
@@ -131,19 +124,16 @@ def test_a_pump_with_few_slots_claims_whole_quanta_and_leaves_no_lane_a_stub(svc
         return real_claim(svc, batch, model_id, positions, *args, **kwargs)
 
     monkeypatch.setattr(lanes, "claim_from_lane", claim_from_lane)
-    # The pump's measured averages kept at their first figures (a claim 0.05 s, a call 1 s), so that it wants
-    # few: on a busy machine slow claims beside 20 ms calls make it claim further ahead (`policy.ahead`), and a
-    # claim of a quantum or more per lane read is shared a slot at a time (`policy.water_fill`), not in quanta.
-    # And a deadline no claim comes near (at 1 s a call, 30 s would cut claims after 15): a claim cut to what
-    # can start in time is the next test's. The pump ends once the work has run out, long before it.
-    monkeypatch.setattr(slot_pump, "scheduler_config",
-                        lambda settings: dataclasses.replace(scheduler_config(settings), average_weight=0.0))
-    outcome = run_pump(svc, slots=2, seconds=600)
+    # Calls of 1 s on the pump's clock, and claims that take none of it, so that it wants few (a claim of a
+    # quantum or more per lane read is shared a slot at a time, `policy.water_fill`, not in quanta); and a
+    # deadline no claim comes near (a claim cut to what can start in time is the next test's). The pump ends
+    # once the work has run out, long before it.
+    outcome, gate, _ = run_gated(svc, slots=2, gate=Gate(latency=1.0))
 
     assert outcome["completed"] == 60, outcome
     assert sorted(n for _, n in sizes) == [8, 8, 8, 12, 12, 12], sizes
     assert {batch_id for batch_id, n in sizes if n == 12} == set(batch_ids)
-    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 2
+    assert gate.peak == 2 and sim_stats(sim_control, settle=True)["max_in_flight"] <= 2
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     for batch_id, b in batch_ids.items():
         final = pump(svc, batch_id)
@@ -156,14 +146,14 @@ def test_a_pump_near_its_deadline_claims_only_what_its_slots_can_start_before_it
     not a whole quantum, so nothing it claimed is handed back at the deadline (each handed-back request
     would wait as a retry, claimed and written alone); the rest of the batch runs later, once."""
     set_budgets(svc, {GLM: 2})
-    sim_config(sim_control, latency_seconds=0.5)
     who = authenticate(svc, new_key(svc, tier="internal")[1])
     requests = [chat_request(f"t-{i}", f"in time {i}") for i in range(20)]
     batch_id = submit(svc, who, requests)
 
-    outcome = run_pump(svc, slots=2, seconds=1.5)
+    outcome, gate, clock = run_gated(svc, slots=2, seconds=1.5, gate=Gate(latency=0.5))
 
     assert outcome["handed_back"] == 0 and outcome["completed"] >= 1, outcome
+    assert max(gate.started_at) < clock.start + 1.5  # nothing started past the deadline
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 20
@@ -176,20 +166,29 @@ def test_a_pump_whose_claims_are_only_retries_runs_them_at_once(svc, sim_control
     slots at once, rather than leaving its runners asleep beside them until its deadline."""
     set_budgets(svc, {GLM: slots})
     configure(svc, retry_base_seconds=30.0)  # the first pump ends before any retry is due
-    sim_config(sim_control, latency_seconds=0.02)
     who = authenticate(svc, new_key(svc, tier="internal")[1])
     requests = [chat_request(f"r-{i}", f"retried {i} [[sim:flaky:1:500]]") for i in range(6)]
     batch_id = submit(svc, who, requests)
-    first = run_pump(svc, slots=slots, seconds=10)
+    first, _, _ = run_gated(svc, slots=slots, seconds=10)
     assert first["waiting"] == 6, first  # each failed once and waits for its retry
     svc.clock.advance(120)  # every retry is due
 
-    started = time.monotonic()
-    outcome = run_pump(svc, slots=slots, seconds=60)
-    took = time.monotonic() - started
+    async def scenario() -> tuple[Counter, float]:
+        clock, gate = FakeClock(), Gate()  # every call held until the test releases it
+        running = asyncio.create_task(gated_pump(svc, gate, clock, seconds=60).run(slots))
+        # The pump's clock stands still: each wave of retries starts on the idle slots without waiting for it.
+        while len(gate.answered) < 6:
+            await gate.until(lambda: len(gate.waiting) == min(slots, 6 - len(gate.answered)))
+            gate.release()
+            await gate.until(lambda: not gate.passing)
+        stood_still = clock.monotonic() - clock.start
+        await drive(running, clock, gate, scheduler_config(svc.settings).poll_seconds)
+        return running.result(), stood_still
+
+    outcome, took = asyncio.run(scenario())
 
     assert outcome["completed"] == 6, outcome
-    assert took < 10, f"the retries took {took:.1f} s of a 60 s pump"
+    assert took == 0, f"the retries waited {took:.1f} s of the pump's clock"
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 6
@@ -242,7 +241,6 @@ def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_s
     holds more than its 2, none goes below 0, and every slot goes back to the shard it came from."""
     configure(svc, budget_shard_slots=2)
     set_budgets(svc, {GLM: 8})
-    sim_config(sim_control, latency_seconds=0.2)
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request(f"s-{i}", f"sharded {i}") for i in range(64)]
@@ -258,28 +256,19 @@ def test_a_pump_on_a_sharded_budget_grows_across_its_shards_and_gives_each_its_s
 
         monkeypatch.setattr(held_slots, name, watched)
     peaks: Counter = Counter()
-    stop = threading.Event()
 
-    def sampler() -> None:
-        while not stop.is_set():
-            for k, shard in enumerate(budget_of(svc, GLM)["shards"]):
-                peaks[k] = max(peaks[k], shard["in_flight"])
-                peaks["lowest"] = min(peaks["lowest"], shard["in_flight"])
-            time.sleep(0.02)
+    def sample() -> None:  # the shards, each time the pump is quiet (calls held 0.2 s of its clock)
+        for k, shard in enumerate(budget_of(svc, GLM)["shards"]):
+            peaks[k] = max(peaks[k], shard["in_flight"])
+            peaks["lowest"] = min(peaks["lowest"], shard["in_flight"])
 
-    watcher = threading.Thread(target=sampler)
-    watcher.start()
-    try:
-        outcome = run_pump(svc, slots=3)
-    finally:
-        stop.set()
-        watcher.join()
+    outcome, gate, _ = run_gated(svc, slots=3, gate=Gate(latency=0.2), each=sample)
 
     assert sorted(lease_shards(leases[0]).values()) == [1, 2] and leases[0]["slots"] == 3  # two shards to start
     assert lease_shards(leases[-1]) == {0: 2, 1: 2, 2: 2, 3: 2}, leases[-1]  # then the others'
     assert outcome["completed"] == 64, outcome
     assert [peaks[k] for k in range(4)] == [2, 2, 2, 2] and peaks["lowest"] == 0, peaks
-    assert sim_stats(sim_control, settle=True)["max_in_flight"] == 8
+    assert gate.peak == 8 and sim_stats(sim_control, settle=True)["max_in_flight"] <= 8
     assert budget_of(svc, GLM)["shards"] == [{"in_flight": 0, "interactive": 0}] * 4
     assert slot_leases(svc) == []
     final = pump(svc, batch_id)
@@ -341,15 +330,12 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
     requests = [chat_request(f"d-{i}", f"dies pumping {i}") for i in range(12)]
     batch_id = submit(svc, who, requests)
     calls = []
-    real_attempt = run_request._attempt
 
-    async def attempt_then_die(*args, **kwargs):
+    async def call_then_die(body: dict) -> None:
         calls.append(1)
         if len(calls) > 3:  # the process dies: nothing it does from here on reaches the table
             raise SystemExit("worker process died")
-        return await real_attempt(*args, **kwargs)
 
-    monkeypatch.setattr(run_request, "_attempt", attempt_then_die)
     for module, name in ((run_request, "close_group"), (held_slots, "give_back_slots"),
                          (run_request, "record_position")):
         real = getattr(module, name)
@@ -361,7 +347,7 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
 
         monkeypatch.setattr(module, name, dead)
     with pytest.raises(BaseException):  # noqa: B017 - whatever the dying process raised
-        run_pump(svc, slots=4)
+        run_gated(svc, slots=4, gate=Gate(latency=0.5, before=call_then_die))
     monkeypatch.undo()
     assert budget_in_flight(svc) == 4 and len(slot_leases(svc)) == 1  # slots held by a dead worker
 
@@ -375,7 +361,7 @@ def test_worker_dying_while_pumping_is_recovered_by_the_leases(svc, sim_control,
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
-def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_control, monkeypatch):
+def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_control):
     from batchinfer.service.background.sweep import _recover_group
 
     configure(svc, lease_seconds=3600)
@@ -384,20 +370,16 @@ def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_cont
     who = authenticate(svc, key)
     requests = [chat_request(f"h-{i}", f"hand back {i}") for i in range(8)]
     batch_id = submit(svc, who, requests)
-    real_attempt = run_request._attempt
     recovered = []
 
-    async def attempt(model, batch, body, *args, **kwargs):
+    async def recovery(body: dict) -> None:
         if not recovered:  # the sweeper recovers the first group while its members are queued or running
             groups = list(svc.table.query_all("pk = :pk AND begins_with(sk, :g)",
                                               {":pk": f"BATCH#{batch_id}", ":g": "GRP#"}, consistent=True))
             recovered.append(groups[0]["sk"])
             await asyncio.to_thread(_recover_group, svc, groups[0])
-        return await real_attempt(model, batch, body, *args, **kwargs)
 
-    monkeypatch.setattr(run_request, "_attempt", attempt)
-    outcome = run_pump(svc, slots=2, seconds=5)
-    monkeypatch.undo()
+    outcome, _, _ = run_gated(svc, slots=2, seconds=5, gate=Gate(latency=0.1, before=recovery))
 
     assert outcome["lease_lost"] > 0, outcome  # the pump's writes for that group lost to the recovery
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
@@ -406,26 +388,23 @@ def test_pump_hand_back_racing_a_recovery_counts_each_request_once(svc, sim_cont
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
-def test_pump_starts_nothing_after_the_window_closes(svc, sim_control, monkeypatch):
+def test_pump_starts_nothing_after_the_window_closes(svc, sim_control):
     configure(svc, batch_completion_window_seconds=600, lease_seconds=3600)
     set_budgets(svc, {GLM: 2})
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request(f"w-{i}", f"window {i}") for i in range(20)]
     batch_id = submit(svc, who, requests)
-    real_attempt = run_request._attempt
     after_close = []
 
-    async def attempt(*args, **kwargs):
+    async def started(body: dict) -> None:
         if svc.clock.offset:
             after_close.append(1)
-        answer = await real_attempt(*args, **kwargs)
-        svc.clock.advance(601) if not svc.clock.offset else None  # the window closes after the first answer
-        return answer
 
-    monkeypatch.setattr(run_request, "_attempt", attempt)
-    outcome = run_pump(svc, slots=2, seconds=5)
-    monkeypatch.undo()
+    async def answered(body: dict) -> None:
+        svc.clock.advance(601) if not svc.clock.offset else None  # the window closes after the first answer
+
+    outcome, _, _ = run_gated(svc, slots=2, seconds=5, gate=Gate(latency=0.5, before=started, after=answered))
 
     assert outcome["handed_back"] > 0, outcome  # claimed ahead, never started: handed back
     assert len(after_close) <= 1  # at most the call that was already running on the other slot

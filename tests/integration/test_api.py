@@ -178,7 +178,8 @@ def test_create_spec_example(api, svc, sim_control):
         "execution": None, "saved_usd": 0.0,
         "analytics": {"started_at": None, "last_finished_at": None, "running_seconds": 0, "requests_per_minute": None,
                       "output_tokens_per_second": None, "p50_ms": None, "p95_ms": None, "max_ms": None,
-                      "attempts": 0, "retries": 0, "errors_by_code": {}},
+                      "attempts": 0, "retries": 0, "errors_by_code": {}, "cached_input_share": None,
+                      "cache_saved_usd": 0.0},
     }
     assert ok(api("GET", f"/v1/batches/{batch['id']}", key)) == batch
     assert sim_requests(sim_control) == 0  # creating runs no inference

@@ -121,6 +121,9 @@ class Backend(_Strict):
 class Price(_Strict):
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
+    # Input the backend reports served from its prompt cache (`cached_tokens`), where it is sold for less
+    # (hosted providers: a tenth of the input price); None: charged as any input.
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)
 
 
 # Backend kinds whose provider sells a batch tier this service can hand requests to (`providers.batch_tiers`
@@ -179,6 +182,11 @@ class Model(_Strict):
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     # Its provider's own batch tier, if the catalog offers one (docs/provider-batch.md).
     provider_batch: ProviderBatch | None = None
+    # What kind of prompt cache its backend has, which decides the order a batch's work runs in
+    # (scheduling.prefix_order): `slot` (a cache per slot, llama.cpp's server), `shared` (one cache across
+    # sequences, vLLM, SGLang), `provider` (Anthropic's or OpenAI's prompt caching) or `off` (submission
+    # order). None: its backend kind's default (`cache_kind`).
+    prompt_cache: Literal["slot", "shared", "provider", "off"] | None = None
 
     def serves(self, endpoint: str) -> bool:
         """Whether batches may send this model requests of `endpoint`. Anthropic Messages requests
@@ -222,11 +230,32 @@ class Model(_Strict):
         return self
 
     @property
+    def cache_kind(self) -> str:
+        """Its `prompt_cache`, or its backend kind's default: an `openai` backend is most often a server of
+        our own (llama.cpp's, vLLM's): `slot`, whose order (each prefix primed once, then kept on the runner
+        that holds it) serves a shared cache as well; an `anthropic` backend caches what `cache_control` marks:
+        `provider`; a `bedrock` one is sent no cache points by this service (Converse refuses `cache_control`
+        here): `off`."""
+        if self.prompt_cache is not None:
+            return self.prompt_cache
+        kind = self.backend.kind if self.backend is not None else "openai"
+        return {"openai": "slot", "anthropic": "provider"}.get(kind, "off")
+
+    @property
     def backend_model(self) -> str:
         return (self.backend.model if self.backend else None) or self.id
 
-    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.price.input_per_mtok + output_tokens * self.price.output_per_mtok) / 1e6
+    def cost_usd(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
+        """What the tokens cost; `cached_tokens` (of the input) at the cached input price where there is one."""
+        return (input_tokens * self.price.input_per_mtok + output_tokens * self.price.output_per_mtok) / 1e6 \
+            - self.cache_saving_usd(input_tokens, cached_tokens)
+
+    def cache_saving_usd(self, input_tokens: int, cached_tokens: int) -> float:
+        """What `cached_tokens` of the input cost less at the cached input price than at the input price."""
+        if self.price.cached_input_per_mtok is None:
+            return 0.0
+        cached = max(0, min(cached_tokens, input_tokens))
+        return cached * (self.price.input_per_mtok - self.price.cached_input_per_mtok) / 1e6
 
 
 class Catalog(_Strict):

@@ -8,7 +8,8 @@ transactions, so budgets can never drift from the requests that hold them.
 First attempts travel in groups (a lease over up to GROUP_MAX requests of one batch): the claim, the start
 and the outcome of a group are one transaction each whatever its size, and each member's result is one
 plain conditional put, so a request costs a few write units rather than one transaction per change.
-Retries travel alone, request by request.
+Retries travel alone, request by request, but for the due retries of a batch that a pump claims together,
+already running (`claim_retries_running`), and whose answers it writes together (`settle_many`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from .domain import RequestState, Stop, counts_as_failed_unstarted, new_token, request_transition, unstarted_error
-from .layout import group_key, request_key, retry_due
+from .layout import group_key, lease_due, request_key, retry_due
 from .records import (
     Account,
     Batch,
@@ -54,10 +55,16 @@ class Position:
     offset: int
     length: int
     worst_usd: float | None = None  # the most one attempt can cost, when its batch has a spending cap
+    prefix: str | None = None  # its prefix key (what a prompt cache shares), kept fifth in its group's positions
+
+    def stored(self) -> list:
+        """Its place in its group's `positions`: [index, custom_id, offset, length(, prefix key)]."""
+        kept = [self.index, self.custom_id, self.offset, self.length]
+        return kept if self.prefix is None else [*kept, self.prefix]
 
 
 @dataclass(frozen=True)
-class Draw:
+class ShardTake:
     """Where a take of the model's batch slots comes from: one shard of its budget, within the shard's share
     of the cap (`cap`), fenced on the shard's interactive count as the taker read it (`interactive_seen`);
     `room`: how many it had free then (scheduling.capacity.Draws picks them)."""
@@ -81,6 +88,7 @@ class Settlement:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     cost_usd: float = 0.0
+    cache_saved_usd: float = 0.0  # what its cached input cost less than uncached input would have
     cost_unknown: int = 0
     retry_at: int | None = None  # for WAITING
     result_bytes: int = 0  # size of a stored result, so the export knows when to go through S3
@@ -99,12 +107,13 @@ class Settlement:
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
 TALLIED = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "cost_usd", "cost_unknown",
-           "result_bytes", "committed_usd", "saved_usd", "offloaded")
+           "result_bytes", "committed_usd", "cache_saved_usd", "saved_usd", "offloaded")
 
 
 @dataclass
-class Moves:
-    """The counters a set of request state changes moves, summed so that one transaction writes them."""
+class CounterDeltas:
+    """What a set of request state changes adds to each counter (the batch's, the model's budget, the
+    account's slots and usage), summed so that one transaction writes them."""
 
     batch: dict[str, float] = field(default_factory=dict)
     model: dict[str, int] = field(default_factory=dict)
@@ -190,7 +199,7 @@ def settle_many(svc: Services, settled: list[tuple[RequestItem, Settlement]], st
     them moved meanwhile (a lease recovered): ConditionFailed, and none is written."""
     now = svc.now()
     first = settled[0][0]
-    ops, moves, shards, finished = [], Moves(), Counter(), []
+    ops, deltas, shards, finished = [], CounterDeltas(), Counter(), []
     for req, outcome in settled:
         if outcome.to is RequestState.UNSTARTED:
             outcome.error = unstarted_error(stop)
@@ -207,7 +216,7 @@ def settle_many(svc: Services, settled: list[tuple[RequestItem, Settlement]], st
             outcome = replace(outcome, committed_usd=settled_delta(
                 float(req["worst_usd"]), req["state"] == RequestState.RUNNING.value, outcome.cost_usd,
                 not outcome.cost_unknown))
-        moves.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")),
+        deltas.add(RequestState(req["state"]), outcome, stop, leased=bool(req.get("slot_lease")),
                   counted=not req.get("uncounted"))
         shards[int(req.get("budget_shard", 0))] += 1
         finished.append({**req, "state": outcome.to.value, "token": token})
@@ -215,7 +224,7 @@ def settle_many(svc: Services, settled: list[tuple[RequestItem, Settlement]], st
     # wait while its batch is paused is written only while the batch still is.
     paused = any(outcome.uncounted for _, outcome in settled)
     transact_counted(svc.table, first["batch_id"],
-                     ops + moves.ops(svc, first["batch_id"], first["model"], first["account_id"], dict(shards),
+                     ops + deltas.ops(svc, first["batch_id"], first["model"], first["account_id"], dict(shards),
                                      still_paused=paused),
                      finished_members(finished), now, first.get("ttl"))
 
@@ -234,22 +243,22 @@ def start(svc: Services, req: RequestItem) -> RequestItem:
     return running
 
 
-def _budget_takes(svc: Services, model_id: str, parts: list[tuple[Draw, int]], from_waiting: bool = False
+def _budget_takes(svc: Services, model_id: str, parts: list[tuple[ShardTake, int]], from_waiting: bool = False
                   ) -> list[dict]:
-    """So many of the model's slots from each draw's shard, within its cap (see `Budget.take`)."""
-    return [Budget.take(svc.table, model_id, draw.shard, n, draw.cap, draw.interactive_seen, from_waiting)
-            for draw, n in parts]
+    """So many of the model's slots from each take's shard, within its cap (see `Budget.take`)."""
+    return [Budget.take(svc.table, model_id, take.shard, n, take.cap, take.interactive_seen, from_waiting)
+            for take, n in parts]
 
 
-def _take_ops(svc: Services, model_id: str, account_id: str, parts: list[tuple[Draw, int]], account_cap: int,
+def _take_ops(svc: Services, model_id: str, account_id: str, parts: list[tuple[ShardTake, int]], account_cap: int,
               from_waiting: bool = False) -> list[dict]:
-    """Take slots of the model (so many from each draw's shard) and as many of the account, within their caps."""
+    """Take slots of the model (so many from each take's shard) and as many of the account, within their caps."""
     return _budget_takes(svc, model_id, parts, from_waiting) + [
         Account.take(svc.table, account_id, sum(n for _, n in parts), account_cap)]
 
 
 def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: list[Position], lane_next: int,
-                    parts: list[tuple[Draw, int]] | None, account_cap: int, running: bool = False,
+                    parts: list[tuple[ShardTake, int]] | None, account_cap: int, running: bool = False,
                     slot_lease: dict | None = None) -> list[GroupItem]:
     """Dispatch the lane's next positions as groups: take their slots, advance the lane, create the groups.
 
@@ -270,7 +279,7 @@ def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: l
     else:
         ops.append(Account.take(t, batch["account_id"], k, account_cap))
     groups = []
-    left = [[draw.shard, n] for draw, n in parts or []]  # the slots each group's members take, in order
+    left = [[take.shard, n] for take, n in parts or []]  # the slots each group's members take, in order
     for at in range(0, k, GROUP_MAX):
         members = positions[at:at + GROUP_MAX]
         held: dict[int, int] = {}
@@ -282,7 +291,7 @@ def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: l
                 left.pop(0)
         pk, sk = group_key(batch["id"], members[0].index)
         group = Group.new(pk=pk, sk=sk, batch=batch, model_id=model_id,
-                          positions=[[p.index, p.custom_id, p.offset, p.length] for p in members], running=running,
+                          positions=[p.stored() for p in members], running=running,
                           token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
                           item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None,
                           budget_shards=held)
@@ -336,7 +345,7 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
                   stop: Stop | None = None, token: str | None = None) -> RequestItem:
     """The request item a group member's outcome creates. `tally` keeps what the outcome adds to the
     counters, so that a group whose worker died after writing it is counted from its items, once."""
-    index, custom_id, offset, length = position
+    index, custom_id, offset, length = position[:4]
     now = svc.now()
     pk, sk = request_key(group["batch_id"], index)
     item = {"pk": pk, "sk": sk, "batch_id": group["batch_id"], "index": index, "custom_id": custom_id,
@@ -345,6 +354,8 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
             "updated_at": now, "group_token": group["token"]}
     if group.get("item_ttl"):
         item["ttl"] = group["item_ttl"]
+    if len(position) > 4 and position[4]:  # its prefix key: a retry of it is ordered by it too
+        item["prefix"] = position[4]
     error = unstarted_error(stop) if outcome.to is RequestState.UNSTARTED else outcome.error
     for name, value in (("error", error), ("response", outcome.response),
                         ("response_object", outcome.response_object)):
@@ -385,28 +396,28 @@ def close_group(svc: Services, group: GroupItem, written: list[RequestItem],
     this same transaction writes."""
     t = svc.table
     ops = [Group.end(t, group)] + [Request.create(t, item) for item in new]
-    moves = Moves()
+    deltas = CounterDeltas()
     for item in (*written, *new):
         outcome, stop = tallied(item)
-        moves.add(RequestState(group["state"]), outcome, stop, leased=bool(group.get("slot_lease")))
+        deltas.add(RequestState(group["state"]), outcome, stop, leased=bool(group.get("slot_lease")))
     # Its members' final outcomes join the batch's finished-order log in the same transaction.
     # Members put off because the batch is paused: while it still is.
     paused = any(item.get("uncounted") for item in new)
-    transact_counted(t, group["batch_id"], ops + moves.ops(svc, group["batch_id"], group["model"], group["account_id"],
+    transact_counted(t, group["batch_id"], ops + deltas.ops(svc, group["batch_id"], group["model"], group["account_id"],
                                                            group_shards(group), still_paused=paused),
                      finished_members((*written, *new)), svc.now(), group.get("item_ttl"))
 
 
-def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap: int,
+def claim_retry(svc: Services, req: RequestItem, shard_take: ShardTake | None, account_cap: int,
                 slot_lease: dict | None = None) -> RequestItem:
-    """waiting -> dispatched: a request whose wait is over takes a slot again (from `draw`'s shard), or runs
+    """waiting -> dispatched: a request whose wait is over takes a slot again (from `shard_take`'s shard), or runs
     in `slot_lease`'s."""
     now = svc.now()
     t = svc.table
     token = new_token()
     lease_id = slot_lease["id"] if slot_lease else None
     # Under a lease, the count of retries waiting goes down on one of the lease's shards (only the sum is read).
-    shard = next(iter(lease_shards(slot_lease))) if slot_lease else draw.shard if draw else 0
+    shard = next(iter(lease_shards(slot_lease))) if slot_lease else shard_take.shard if shard_take else 0
     # A request a pause put off left the model's `waiting` count then (`put_off`): it does not leave it twice.
     counted = not req.get("uncounted")
     # A capped batch's retry commits its worst case against the cap it reads now (a read only for those).
@@ -415,8 +426,8 @@ def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap:
                                   budget_shard=shard),
            Batch.take_retry_slot(t, req["batch_id"], capped, float(req["worst_usd"]) if capped else None)]
     if slot_lease is None:
-        assert draw is not None
-        ops += _take_ops(svc, req["model"], req["account_id"], [(draw, 1)], account_cap, from_waiting=counted)
+        assert shard_take is not None
+        ops += _take_ops(svc, req["model"], req["account_id"], [(shard_take, 1)], account_cap, from_waiting=counted)
     else:
         ops.append(Account.take(t, req["account_id"], 1, account_cap))
         if counted:
@@ -427,6 +438,39 @@ def claim_retry(svc: Services, req: RequestItem, draw: Draw | None, account_cap:
     if lease_id:
         return {**claimed, "slot_lease": lease_id}
     return {**claimed, "budget_shard": shard}
+
+
+def claim_retries_running(svc: Services, batch: BatchItem, reqs: list[RequestItem], account_cap: int,
+                          slot_lease: dict) -> list[RequestItem]:
+    """waiting -> running for due retries of one batch on one model (at most GROUP_MAX) that a pump claims in its
+    SlotLease's slots and runs at once: one transaction for them all, their start in their claim, as a group's
+    (`batch`: as the claimant read it, for a spending cap). Fenced on each request's state and token and on
+    the batch letting them start (not stopped, paused or being deleted; its window open when one of them never
+    ran); ConditionFailed when any of them moved meanwhile, and none is claimed. Returns them running."""
+    now = svc.now()
+    t = svc.table
+    lease_ends = now + svc.settings.lease_seconds
+    ops, running = [], []
+    for req in reqs:
+        claimed = {**req, "state": RequestState.RUNNING.value, "token": new_token(),
+                   "attempt": int(req.get("attempt", 0)) + 1, "due_pk": lease_due(req["pk"], req["sk"]),
+                   "due_at": lease_ends, "started_at": now, "slot_lease": slot_lease["id"]}
+        claimed.pop("uncounted", None)
+        ops.append(Request.claim_running(t, req, claimed))
+        running.append(claimed)
+    worst = [float(req["worst_usd"]) for req in reqs if req.get("worst_usd") is not None]
+    capped = batch if worst and batch.get("max_cost_usd") is not None else None
+    never_ran = any(int(req.get("attempt", 0)) == 0 for req in reqs)
+    ops.append(Batch.take_retry_slot(t, batch["id"], capped, sum(worst) if capped else None, k=len(reqs),
+                                     window_open_at=now if never_ran else None))
+    ops.append(Account.take(t, batch["account_id"], len(reqs), account_cap))
+    # The count of retries waiting goes down on one of the lease's shards (only the sum is read), but for those
+    # a pause put off, which left it then (`put_off`).
+    counted = sum(1 for req in reqs if not req.get("uncounted"))
+    if counted:
+        ops.append(Budget.add(t, reqs[0]["model"], {"waiting": -counted}, next(iter(lease_shards(slot_lease)))))
+    t.transact([op for op in ops if op is not None])
+    return running
 
 
 # A request of a paused batch whose window has already closed is due again this long after it was put back:
@@ -467,20 +511,20 @@ def defer_while_paused(svc: Services, req: RequestItem, batch: BatchItem) -> boo
     return False
 
 
-def take_slots(svc: Services, model_id: str, parts: list[tuple[Draw, int]]) -> dict:
-    """A SlotLease of so many of the model's slots from each draw's shard, within their caps (ConditionFailed:
+def take_slots(svc: Services, model_id: str, parts: list[tuple[ShardTake, int]]) -> dict:
+    """A SlotLease of so many of the model's slots from each take's shard, within their caps (ConditionFailed:
     not that many are free)."""
     now = svc.now()
-    lease = SlotLease.new(model_id, new_token(), {draw.shard: n for draw, n in parts}, new_token(), now,
+    lease = SlotLease.new(model_id, new_token(), {take.shard: n for take, n in parts}, new_token(), now,
                           now + svc.settings.lease_seconds)
     svc.table.transact(_budget_takes(svc, model_id, parts) + [SlotLease.create(svc.table, lease)])
     return lease
 
 
-def grow_slots(svc: Services, lease: dict, parts: list[tuple[Draw, int]]) -> dict:
-    """So many more free slots of each draw's shard into the lease; returns the lease as it is now.
+def grow_slots(svc: Services, lease: dict, parts: list[tuple[ShardTake, int]]) -> dict:
+    """So many more free slots of each take's shard into the lease; returns the lease as it is now.
     ConditionFailed: not that many are free, or the sweeper recovered the lease."""
-    more = {draw.shard: n for draw, n in parts}
+    more = {take.shard: n for take, n in parts}
     svc.table.transact([SlotLease.grow(svc.table, lease, more)] + _budget_takes(svc, lease["model"], parts))
     held = lease_shards(lease)
     for shard, n in more.items():

@@ -114,6 +114,10 @@ class _BatchAnalytics(BaseModel):
     retries: int = Field(..., description="Attempts that were not their request's first")
     errors_by_code: dict[str, int] = Field(..., description="Attempts that ended in each error code, final or "
                                                             "retried")
+    cached_input_share: float | None = Field(..., description="Of its input tokens, the share the backend served "
+                                                              "from its prompt cache; null before any input")
+    cache_saved_usd: float = Field(..., description="What its cached input cost less than input, where the catalog "
+                                                    "prices cached input lower (cached_input_per_mtok)")
 
 
 class BatchAnalytics(_BatchAnalytics):
@@ -302,7 +306,8 @@ def _ok(model: type[BaseModel], description: str) -> dict:
 # --- Estimates before running (an extension): POST .../batches/estimate ---------------------------------
 
 class CostRange(BaseModel):
-    min: float = Field(description="Input tokens at the input price")
+    min: float = Field(description="Input tokens at the input price (cached input at the cached input price, "
+                                   "where the catalog has one)")
     max: float | None = Field(description="Plus every output token allowed at the output price (null: a request "
                                           "has no output limit of its own nor in the catalog)")
 
@@ -311,6 +316,9 @@ class ModelEstimate(BaseModel):
     model: str
     request_count: int
     input_tokens: int
+    cached_input_tokens: int = Field(description="Of the input, what a prompt cache would serve: the shared part "
+                                                "(system prompt, tools, leading messages) of each request after "
+                                                "its prefix's first, on a model whose backend has a cache")
     max_output_tokens: int | None
     cost_usd: CostRange
     tokenizer: str = Field(description="The tiktoken encoding input tokens were counted with")
@@ -339,6 +347,9 @@ class BatchEstimate(BaseModel):
     created_at: int
     request_count: int
     input_tokens: int
+    cached_input_tokens: int = Field(description="Of the input, what a prompt cache would serve: the shared part "
+                                                "(system prompt, tools, leading messages) of each request after "
+                                                "its prefix's first, on a model whose backend has a cache")
     max_output_tokens: int | None
     cost_usd: CostRange
     tokenizer: str = Field(description="The tiktoken encoding(s) input tokens were counted with (o200k_base unless "

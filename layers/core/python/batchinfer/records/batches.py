@@ -151,12 +151,16 @@ class Batch:
                           "AND attribute_not_exists(paused_at)")
 
     @staticmethod
-    def take_retry_slot(t: Table, batch_id: str, capped: BatchItem | None = None, worst_usd: float | None = None
-                        ) -> Op:
-        """A retry's slot on its batch; `capped`: its batch as read, whose spending cap `worst_usd` is
-        committed against (see `claim_lane`)."""
+    def take_retry_slot(t: Table, batch_id: str, capped: BatchItem | None = None, worst_usd: float | None = None,
+                        k: int = 1, window_open_at: int | None = None) -> Op:
+        """`k` retries' slots on their batch; `capped`: its batch as read, whose spending cap `worst_usd` (theirs
+        together) is committed against (see `claim_lane`); `window_open_at`: retries started in their claim,
+        one of which never ran, are fenced on the window still open then, as a first attempt's start is."""
         add, fence, vals = Batch._commit(capped, worst_usd) if capped else ("", "", {})
-        return t.op_update(*batch_key(batch_id), "ADD in_flight :one" + add, vals={":one": 1, **vals},
+        if window_open_at is not None:
+            fence += " AND expires_at > :now"
+            vals[":now"] = window_open_at
+        return t.op_update(*batch_key(batch_id), "ADD in_flight :k" + add, vals={":k": k, **vals},
                            condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting) "
                                      "AND attribute_not_exists(paused_at)" + fence)
 
@@ -322,13 +326,16 @@ class Batch:
 
     @staticmethod
     def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int, paused: bool = False,
-                  seen: BatchItem | None = None) -> Op:
+                  seen: BatchItem | None = None, ordered: bool = False) -> Op:
         """A file batch whose every line is valid: its requests may now be dispatched. Fenced on it being
         paused or not as `paused` says (a paused one gets its lanes when it is resumed), and on the priority
-        of `seen` (the batch as read, from which the same transaction makes its lanes)."""
+        of `seen` (the batch as read, from which the same transaction makes its lanes). `ordered`: its lanes
+        are in prefix order (`lane_ordered`: their lane objects say the order)."""
         same, vals = Batch._same_priority(seen) if seen is not None else ("", {})
-        return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now "
-                           "REMOVE awaiting_validation",
+        if ordered:
+            vals = {**vals, ":ordered": True}
+        return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now"
+                           + (", lane_ordered = :ordered" if ordered else "") + " REMOVE awaiting_validation",
                            vals={":n": sum(lanes.values()), ":lanes": {m: {"next": 0, "total": n}
                                                                        for m, n in lanes.items()},
                                  ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True, **vals},

@@ -25,6 +25,7 @@ class BatchItem(TypedDict, total=False):
     metadata: dict | None
     total: int
     lanes: dict[str, LaneState]  # model id -> lane progress
+    lane_ordered: bool  # its lanes run in prefix order: each has a lane object, even when it is alone
     completed: int
     failed: int
     rejected: int  # requests that failed at intake (a Message Batch's invalid ones): in no lane, never run
@@ -107,7 +108,7 @@ class GroupItem(TypedDict, total=False):
     model: str
     account_id: str
     first: int
-    positions: list[list]  # [index, custom_id, offset, length] per member
+    positions: list[list]  # [index, custom_id, offset, length(, prefix key)] per member
     state: str  # RequestState: dispatched or running
     token: str  # the lease's fence
     due_pk: str
@@ -129,6 +130,7 @@ class RequestItem(TypedDict, total=False):
     account_id: str
     offset: int  # the body's place in the batch's requests object
     length: int
+    prefix: str  # its prefix key (service.creating.prefix_key), when it has one
     state: str  # RequestState
     token: str
     attempt: int

@@ -152,6 +152,21 @@ class Request:
                            condition="#state = :w AND #token = :old")
 
     @staticmethod
+    def claim_running(t: Table, req: RequestItem, running: RequestItem) -> Op:
+        """waiting -> running in a SlotLease's slots: a retry claimed by the pump that runs it at once (its
+        start in its claim, as a group's), from the retry partition of `by_due` to the lease partition, its
+        attempt counted (`running` holds the new values)."""
+        request_transition(req["state"], RequestState.RUNNING)
+        return t.op_update(*request_key(req["batch_id"], req["index"]),
+                           "SET #state = :running, #token = :new, due_pk = :lease, due_at = :at, attempt = :attempt, "
+                           "started_at = :now, slot_lease = :sl REMOVE uncounted",
+                           vals={":running": running["state"], ":new": running["token"], ":lease": running["due_pk"],
+                                 ":at": running["due_at"], ":attempt": running["attempt"],
+                                 ":now": running["started_at"], ":sl": running["slot_lease"],
+                                 ":w": RequestState.WAITING.value, ":old": req["token"]},
+                           condition="#state = :w AND #token = :old")
+
+    @staticmethod
     def defer(t: Table, req: RequestItem, due_at: int) -> Op:
         """Move a waiting request's due time (its batch was paused or resumed); fenced on its state and
         token, so a claim made meanwhile wins. Not a state change: it keeps its token."""

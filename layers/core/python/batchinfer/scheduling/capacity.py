@@ -15,7 +15,7 @@ from collections import deque
 
 from ..catalog import Model
 from ..layout import budget_share
-from ..ledger import Draw
+from ..ledger import ShardTake
 from ..records import Budget
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed
@@ -45,16 +45,16 @@ class Draws:
         self.held = [int(shard.get("in_flight", 0)) for shard in shards]
         self.seen = [int(shard.get("interactive", 0)) for shard in shards]
 
-    def of(self, shard: int) -> Draw:
+    def of(self, shard: int) -> ShardTake:
         count = len(self.held)
         room = budget_share(self.cap, shard, count) - self.held[shard] if shard < count else 0
-        return Draw(shard=shard, cap=budget_share(self.cap, shard, count), room=max(0, room),
+        return ShardTake(shard=shard, cap=budget_share(self.cap, shard, count), room=max(0, room),
                     interactive_seen=self.seen[shard] if shard < count else None)
 
-    def split(self, k: int) -> list[tuple[Draw, int]]:
-        """Up to k slots from the roomiest shards, as few shards as will do: (the shard's draw, how many)."""
-        draws = [self.of(shard) for shard in range(len(self.held))]
-        return [(draws[shard], n) for shard, n in policy.split_take([draw.room for draw in draws], k)]
+    def split(self, k: int) -> list[tuple[ShardTake, int]]:
+        """Up to k slots from the roomiest shards, as few shards as will do: (the shard's take, how many)."""
+        takes = [self.of(shard) for shard in range(len(self.held))]
+        return [(takes[shard], n) for shard, n in policy.split_take([take.room for take in takes], k)]
 
     def took(self, shard: int, k: int) -> None:
         self.held[shard] += k

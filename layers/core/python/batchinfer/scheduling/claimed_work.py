@@ -27,6 +27,12 @@ class RunsRequests(Protocol):
         """A claimed retry's checks and start, before its call: it started (what `finish_retry` takes, with
         `batch` and `body` for its call), or a str saying what happened instead."""
 
+    def start_claimed_retries(self, running: list[dict], batch: dict,
+                              account_read: tuple[str, dict | None, dict | None] | None = None) -> tuple[list, Counter]:
+        """Retries of one batch claimed running (their start in their claim): the checks before their calls,
+        once for them all, and their bodies. (Those that may run, started as `start_retry` starts one; what
+        happened to the others.)"""
+
     def finish_retries(self, answered: list[tuple[Any, Attempt]]) -> Counter:
         """Write started retries' answered attempts (of one batch together); what they became."""
 
@@ -78,9 +84,11 @@ class GroupRun:
 
 @dataclass
 class Member:
-    """One claimed request waiting in the pump's queue for a slot: a group member, or a retry."""
+    """One claimed request waiting in the pump's queue for a slot: a group member, or a retry (`started`: one
+    claimed running and checked, as `RunsRequests.start_retry` returns it, ready for its call)."""
 
     run: GroupRun | None = None
     position: list | None = None
     body: dict | None = None
     retry: dict | None = None
+    started: Any = None

@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from ..catalog import Model
 from ..domain import RequestState
-from ..ledger import claim_retry, defer_while_paused, queue_message
+from ..ledger import GROUP_MAX, claim_retries_running, claim_retry, defer_while_paused, queue_message
 from ..observability import Bulkhead
 from ..records import Batch, Request
 from ..runtime import Services
@@ -160,6 +161,13 @@ class Dispatcher:
         current: dict = {}
         for at in range(0, len(keys), 100):
             current.update(svc.table.get_many(keys[at:at + 100]))
+        if slot_lease is not None and self.runs_what_it_claims:
+            # A pump that runs what it claims takes the due retries of a batch together, already running, as it
+            # takes a lane's requests: one transaction for up to a group's worth, not a claim and a start each.
+            # Those it could not take so (one moved meanwhile) go on below, one at a time.
+            together, waiting, throttled = self._retries_together(waiting, current, free, accounts, slot_lease)
+            dispatched += together
+            free = 0 if throttled else free - len(together)
         for stale in waiting:
             if free <= 0:
                 break
@@ -172,11 +180,11 @@ class Dispatcher:
             one = None if slot_lease else scope.draws.split(1)  # a slot of the roomiest shard
             if one == []:
                 break
-            draw = one[0][0] if one else None
+            take = one[0][0] if one else None
             try:
-                dispatched.append(claim_retry(svc, req, draw, accounts.cap(req["account_id"]), slot_lease=slot_lease))
-                if draw is not None:
-                    scope.draws.took(draw.shard, 1)
+                dispatched.append(claim_retry(svc, req, take, accounts.cap(req["account_id"]), slot_lease=slot_lease))
+                if take is not None:
+                    scope.draws.took(take.shard, 1)
             except ConditionFailed:
                 # Another dispatcher took it, the budget filled, or the batch stopped; look again next pass.
                 # A paused batch's request is put off until its window's end (a resume brings it back), so
@@ -197,3 +205,45 @@ class Dispatcher:
             except Throttled:
                 log.warning("throttled while claiming for %s", model.id)
         return dispatched
+
+    def _retries_together(self, waiting: list[dict], current: dict, free: int, accounts: AccountSlots,
+                          slot_lease: dict) -> tuple[list[dict], list[dict], bool]:
+        """Claim the due retries (`waiting`, as the index has them; `current`: as they are now) within `free`
+        and their accounts' free slots, a batch's together (`ledger.claim_retries_running`), running in the
+        slot lease. Returns (those claimed, the index entries left for a claim one at a time, whether DynamoDB
+        said it was busy: then the claim stops, and sends what it claimed)."""
+        svc = self.svc
+        of_batch: dict[str, list[tuple[dict, dict]]] = {}
+        taking: Counter = Counter()
+        reached = 0
+        for stale in waiting:
+            if sum(taking.values()) >= free:
+                break
+            reached += 1
+            req = current.get((stale["pk"], stale["sk"]))
+            if not req or req.get("state") != RequestState.WAITING.value:
+                continue
+            if accounts.free(req["account_id"]) - taking[req["account_id"]] <= 0:
+                continue
+            of_batch.setdefault(req["batch_id"], []).append((stale, req))
+            taking[req["account_id"]] += 1
+        claimed: list[dict] = []
+        left: list[dict] = waiting[reached:]
+        try:
+            for batch_id, entries in of_batch.items():
+                batch = Batch.get(svc.table, batch_id)
+                if batch is None or batch.get("stop") or batch.get("paused_at"):
+                    left += [stale for stale, _ in entries]  # decided one at a time, as ever
+                    continue
+                self.batches_seen[batch_id] = batch
+                for at in range(0, len(entries), GROUP_MAX):
+                    part = entries[at:at + GROUP_MAX]
+                    try:
+                        claimed += claim_retries_running(svc, batch, [req for _, req in part],
+                                                         accounts.cap(batch["account_id"]), slot_lease)
+                        accounts.took(batch["account_id"], len(part))
+                    except ConditionFailed:
+                        left += [stale for stale, _ in part]
+        except Throttled:
+            return claimed, [], True
+        return claimed, left, False

@@ -30,7 +30,7 @@ from .claimed_work import GroupRun, Member, RunsRequests
 from .clock import REAL_CLOCK, Clock
 from .config import SchedulerConfig, scheduler_config
 from .dispatcher import Dispatcher
-from .fair_queue import FairQueue, created_us
+from .fair_queue import FairQueue, created_us, prefix_of
 from .held_slots import HeldSlots
 from .outcomes import Outcomes
 from .threads import on_pool
@@ -79,7 +79,7 @@ class SlotPump:
         config = self.config
         self.held = HeldSlots(svc, model.id)  # the lease and its slots
         self.timing = CallTiming(lambda: self.config, clock)
-        self.fair = FairQueue(clock, self.timing.memory)
+        self.fair = FairQueue(clock, self.timing.memory, model.cache_kind)
         self.watch = BudgetWatch(svc, model, config, clock)
         self.done_claiming = False
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
@@ -247,10 +247,15 @@ class SlotPump:
             self._add_runners(await held.grow(parts, self.watch.on_thread))
 
     async def _runner(self) -> None:
+        after = None  # the prefix key of the call this runner ran last: its backend slot holds it
         while True:
-            member = await self._next()
+            member = await self._next(after)
             if member is None:
                 return
+            after = prefix_of(member)
+            if member.started is not None:
+                await self._run_started_retry(member)
+                continue
             if member.retry is not None:
                 await self._run_retry(member)
                 continue
@@ -284,6 +289,23 @@ class SlotPump:
         self._measured(began)
         self.outcomes.retry_answered(started, attempt)
 
+    async def _run_started_retry(self, member: Member) -> None:
+        """A retry claimed running and checked with others of its batch: its call in the slot, unless its batch
+        stopped or paused meanwhile (or its window closed, for one that never ran): then it is handed back."""
+        started = member.started
+        batch = started.batch
+        never_ran = int(started.running.get("attempt", 1)) <= 1
+        if batch.get("stop") or batch.get("paused_at") or (never_ran and self.svc.now() >= batch["expires_at"]):
+            self.outcomes.hand_back(member)
+            return
+        began = self._call_starts(member)
+        try:
+            attempt = await self.requests.call(self.model, batch, started.body, self.key)
+        finally:
+            self._call_ended(member)
+        self._measured(began)
+        self.outcomes.retry_answered(started, attempt)
+
     def _measured(self, started: float) -> None:
         """A call answered: how long calls take moves (the first answer replaces the guess)."""
         self.timing.measured(started)
@@ -297,10 +319,10 @@ class SlotPump:
         if self.timing.ends(member):
             self.fair.ended(member)
 
-    def _take_next(self) -> Member:
-        return self.fair.take_next()
+    def _take_next(self, after: str | None = None) -> Member:
+        return self.fair.take_next(after)
 
-    async def _next(self) -> Member | None:
+    async def _next(self, after: str | None = None) -> Member | None:
         """The next claimed request for a free slot, or None when this runner must stop (its slot goes back)."""
         while True:
             if self.held.release > 0:
@@ -314,7 +336,7 @@ class SlotPump:
                 continue
             if self.queue:
                 self.need.set()
-                return self._take_next()
+                return self._take_next(after)
             if self.done_claiming:
                 return None
             self.wake.clear()
@@ -471,7 +493,11 @@ class SlotPump:
                       self.busy, dict(+self.queued_of), want,
                       dict(Counter(u.get("batch_id", "retry") for u in units for _ in u.get("positions", [u]))))
         queued = 0
+        claimed_running: dict[str, list[dict]] = {}  # batch id -> its retries claimed running, checked together
         for unit in units:
+            if "positions" not in unit and unit["state"] == RequestState.RUNNING.value:
+                claimed_running.setdefault(unit["batch_id"], []).append(unit)
+                continue
             if "positions" not in unit:
                 self._enqueue([Member(retry=unit)])
                 queued += 1
@@ -484,7 +510,20 @@ class SlotPump:
                 self.outcome.update(decided)
                 continue
             queued += await self._queue_group(unit, batch)
+        for batch_id, running in claimed_running.items():
+            queued += await self._queue_started_retries(running, self.dispatcher.batches_seen[batch_id])
         return queued
+
+    async def _queue_started_retries(self, running: list[dict], batch: dict) -> int:
+        """Retries of one batch claimed running: checked once for them all (the account as the claim read it),
+        their bodies read together, then queued ready for their calls."""
+        shared = self.batches.setdefault(batch["id"], dict(batch))
+        started, decided = await self._claiming(self.requests.start_claimed_retries, running, shared,
+                                                self.dispatcher.accounts_read.get(batch["account_id"]))
+        self.outcome.update(decided)
+        if started:
+            self._enqueue([Member(retry=one.running, started=one) for one in started])
+        return len(started)
 
     async def _queue_group(self, group: dict, batch: dict | None) -> int:
         if batch is None:
@@ -506,7 +545,8 @@ class SlotPump:
         """Look again, at most every half second, whether a batch with queued requests was stopped or
         paused."""
         now = self.clock.monotonic()
-        for batch_id in {m.run.batch["id"] for m in self.queue if m.run is not None}:
+        for batch_id in {m.run.batch["id"] if m.run is not None else m.started.batch["id"] for m in self.queue
+                         if m.run is not None or m.started is not None}:
             if now - self.looked_at.get(batch_id, 0.0) < self.config.stop_look_seconds:
                 continue
             self.looked_at[batch_id] = now

@@ -270,6 +270,8 @@ def _sweep_batch(svc: Services, batch_id: str, now: int, deadline: float | None 
     after = settle_batch(svc, batch_id, deadline)
     failures = bool(after and after.get("step_failures"))
     if after is not None and after.get("retrying"):  # a retry still re-queueing its requests: carry it on
+        if retry.call_walking(after, now):  # once the call that retried it has stopped walking
+            return _went_through(svc, batch_id, failures, done)
         guard.step = "retry"
         after = retry.carry_on(svc, after, deadline)
         if after is None or after.get("retrying"):

@@ -26,6 +26,7 @@ from ...scheduling.capacity import effective_budget, read_budget
 from ...scheduling.config import scheduler_config
 from ...spending import output_limit
 from ..accounts import Principal
+from .prefix_key import prefix_key, shared_part
 from .tokenizer import DEFAULT_TOKENIZER, count_body
 from .validation import RejectedRequest, ValidatedBatch, ValidRequest, problem_count, validate_file_lines
 
@@ -52,10 +53,21 @@ class ModelFigures:
     input_tokens: int = 0
     max_output_tokens: int | None = 0  # None: a request has no output limit of its own nor in the catalog
     on_tier: bool = False  # the part would run on the model's provider batch tier, at its price
+    # Input a prompt cache would serve: the shared part (`prefix_key`) of every request after its prefix's
+    # first, where the model's backend has a cache (`prompt_cache` not off); the batch runs in the order that
+    # lets it (scheduling.prefix_order).
+    cached_input_tokens: int = 0
+    shared: dict = field(default_factory=dict)  # prefix key -> the tokens of its shared part
 
     def add(self, endpoint: str, body: dict) -> None:
         self.request_count += 1
         self.input_tokens += count_body(body, endpoint, self.tokenizer)
+        key = prefix_key(endpoint, body) if self.model.cache_kind != "off" else None
+        if key is not None:
+            if key in self.shared:
+                self.cached_input_tokens += self.shared[key]
+            else:
+                self.shared[key] = count_body(shared_part(endpoint, body), endpoint, self.tokenizer)
         limit = output_limit(self.model, endpoint, body)
         self.max_output_tokens = None if limit is None or self.max_output_tokens is None \
             else self.max_output_tokens + limit
@@ -65,9 +77,16 @@ class ModelFigures:
         return self.model.tokenizer or DEFAULT_TOKENIZER
 
     def cost(self) -> dict:
-        priced = self.model.provider_batch if self.on_tier and self.model.provider_batch else self.model
-        low = priced.cost_usd(self.input_tokens, 0)
-        high = None if self.max_output_tokens is None else priced.cost_usd(self.input_tokens, self.max_output_tokens)
+        if self.on_tier and self.model.provider_batch:  # a provider job: the tier's price, no cache counted
+            tier = self.model.provider_batch
+            low = tier.cost_usd(self.input_tokens, 0)
+            high = None if self.max_output_tokens is None else tier.cost_usd(self.input_tokens,
+                                                                             self.max_output_tokens)
+        else:
+            low = self.model.cost_usd(self.input_tokens, 0, self.cached_input_tokens)
+            high = None if self.max_output_tokens is None else self.model.cost_usd(self.input_tokens,
+                                                                                  self.max_output_tokens,
+                                                                                  self.cached_input_tokens)
         return {"min": round(low, 10), "max": None if high is None else round(high, 10)}
 
 
@@ -222,6 +241,7 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
         longest = max(longest, seconds)
         models.append({
             "model": model_id, "request_count": fig.request_count, "input_tokens": fig.input_tokens,
+            "cached_input_tokens": 0 if fig.on_tier else fig.cached_input_tokens,
             "max_output_tokens": fig.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
             "execution": "provider_batch" if fig.on_tier else "direct",
             "queue_ahead": coarse_count(queue.ahead), "batch_budget": fig.model.batch_budget,
@@ -235,6 +255,7 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
         "object": OBJECT, "endpoint": endpoint, "created_at": now,
         "request_count": sum(m["request_count"] for m in models) + len(rejected),
         "input_tokens": sum(m["input_tokens"] for m in models),
+        "cached_input_tokens": sum(m["cached_input_tokens"] for m in models),
         "max_output_tokens": None if None in outputs else sum(outputs),
         "cost_usd": {"min": round(sum(c["min"] for c in costs), 10),
                      "max": None if any(c["max"] is None for c in costs) else round(sum(c["max"] for c in costs), 10)},

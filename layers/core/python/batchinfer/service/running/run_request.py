@@ -143,7 +143,8 @@ def _outcome_of(svc: Services, req: dict, batch_id: str, model: Model, attempt: 
     cost = backend_call.cost_of(model, attempt)
     common = {"input_tokens": attempt.input_tokens, "output_tokens": attempt.output_tokens,
               "cached_tokens": attempt.cached_tokens, "reasoning_tokens": attempt.reasoning_tokens, "cost_usd": cost,
-              "cost_unknown": 0 if attempt.cost_known else 1}
+              "cost_unknown": 0 if attempt.cost_known else 1,
+              "cache_saved_usd": backend_call.cache_saving_of(model, attempt)}
     if attempt.ok:
         head = {"status_code": attempt.status_code, "request_id": attempt.request_id or f"req_{req['token']}"}
         # The body is kept as the text the backend sent (a string, never DynamoDB numbers, which would turn
@@ -274,6 +275,41 @@ def start_retry(svc: Services, message: dict, claimed: dict | None = None, batch
     return StartedRetry(running=running, batch=batch, body=body, model=model, key=backend_key(svc, model))
 
 
+def start_claimed_retries(svc: Services, running: list[dict], batch: dict, account_read: tuple | None = None
+                          ) -> tuple[list[StartedRetry], Counter]:
+    """Retries of one batch a pump claimed running (`ledger.claim_retries_running`): the checks made before
+    every attempt, once for them all as for a group's members (`account_read`: the account as the claim read
+    it), then their bodies in one read. Returns (those that may run, started; what happened to the others):
+    when the checks refuse, each is recorded as a dispatched retry would be, its attempt not counted."""
+    if _precheck(svc, _unclaimed(running[0]), batch, account_read) is not None:
+        return [], Counter(_settle_claimed_without_running(svc, req, batch) for req in running)
+    model = svc.catalog.get(running[0]["model"])
+    key = backend_key(svc, model)
+    bodies = _bodies(svc, {"batch_id": batch["id"],
+                           "positions": [[r["index"], r.get("custom_id"), r["offset"], r["length"]] for r in running]})
+    return [StartedRetry(running=req, batch=batch, body=body, model=model, key=key)
+            for req, body in zip(running, bodies, strict=True)], Counter()
+
+
+def _unclaimed(req: dict) -> dict:
+    """A retry claimed running as it was before its claim counted its attempt."""
+    return {**req, "attempt": int(req["attempt"]) - 1}
+
+
+def _settle_claimed_without_running(svc: Services, req: dict, batch: dict) -> str:
+    """Record why a retry claimed running must not run (the checks made before every attempt), its attempt not
+    counted: what it became."""
+    early = _precheck(svc, _unclaimed(req), batch)
+    outcome, stop = early or (Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=svc.now()), None)
+    try:
+        settle(svc, req, replace(outcome, extra={**outcome.extra, "attempt": int(req["attempt"]) - 1}), stop)
+    except ConditionFailed:
+        return "stale"
+    if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
+        pausing.after_wait(svc, batch["id"], [req["index"]])
+    return outcome.to.value
+
+
 def finish_retries(svc: Services, answered: list[tuple[StartedRetry, Attempt]]) -> Counter:
     """Write started retries' answered attempts: those of one batch together (`settle_many`: one transaction
     and one entry of the finished-order log, not one each racing the others for the log's next number), each
@@ -325,9 +361,12 @@ def finish_retry(svc: Services, started: StartedRetry, attempt: Attempt) -> str:
 
 
 def _hand_back_request(svc: Services, req: dict) -> None:
-    """A dispatched request that did not start: waiting again, due at once (it keeps its last error)."""
+    """A dispatched request that did not start, or a retry claimed running whose call never started: waiting
+    again, due at once (it keeps its last error; the attempt its claim counted is not)."""
+    uncounted = {"attempt": int(req["attempt"]) - 1} if req["state"] == RequestState.RUNNING.value else {}
     try:
-        settle(svc, req, Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=svc.now()))
+        settle(svc, req, Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=svc.now(),
+                                    extra=uncounted))
     except ConditionFailed:
         pass  # recovered meanwhile
 
@@ -483,6 +522,10 @@ class BatchRequests:
 
     def start_retry(self, retry: dict) -> StartedRetry | str:
         return start_retry(self.svc, queue_message(retry), claimed=retry)
+
+    def start_claimed_retries(self, running: list[dict], batch: dict, account_read: tuple | None = None
+                              ) -> tuple[list[StartedRetry], Counter]:
+        return start_claimed_retries(self.svc, running, batch, account_read)
 
     def finish_retries(self, answered: list[tuple[StartedRetry, Attempt]]) -> Counter:
         return finish_retries(self.svc, answered)

@@ -15,7 +15,8 @@ lanes, re-created at their cursor when the walk ends, or stay as they ended (`pa
 when the filter leaves them out.
 
 The call walks for a few seconds (a batch holds up to 50,000 requests) and answers; the sweeper carries the
-walk on where it stopped (`carry_on`), and the batch does not settle until the walk is over. The walk only
+walk on where it stopped (`carry_on`) once the call has stopped walking (`call_walking`), and the batch does
+not settle until the walk is over. The walk only
 reads items ahead of its cursor, all of them from the earlier run: the lanes come back after it, and what it
 re-queued lies behind it. The old result files and export go when the walk ends; new ones are written when
 the batch ends again, under new ids.
@@ -24,8 +25,10 @@ the batch ends again, under new ids.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ...domain import (
@@ -42,7 +45,7 @@ from ...errors import BatchNotFound, Conflict, InvalidRequest, RateLimited, quot
 from ...layout import REQUEST_PREFIX, export_object, file_prefix, retry_filter_object
 from ...records import Account, Batch, BatchItem, Budget, File, Idempotency, Lane, Request, RequestItem
 from ...runtime import Services
-from ...storage.dynamo import ConditionFailed, Throttled
+from ...storage.dynamo import ConditionFailed, Table, Throttled
 from ..accounts import Principal
 from ..creating.intake import IdempotencyClaim, body_hash, check_idempotency_key, replay
 from ..lifecycle import never_dispatched_count
@@ -336,6 +339,12 @@ def _any_item_taken(svc: Services, batch: BatchItem, wanted: RetryFilter, deadli
 
 # --- The walk -----------------------------------------------------------------------------------------
 
+def call_walking(batch: BatchItem, now: int) -> bool:
+    """Whether the call that retried the batch may still be walking (for CALL_SECONDS from its retry, stamped
+    to the second): the sweeper leaves the walk to it until then, rather than race it for every step."""
+    return CALL_SECONDS > 0 and now <= int(batch.get("retried_at", 0)) + math.ceil(CALL_SECONDS) + 1
+
+
 def carry_on(svc: Services, batch: BatchItem | None, deadline: float | None) -> BatchItem | None:
     """Go on with the batch's retry walk until it is over or `deadline` (time.monotonic()) comes; returns the
     batch as it is now. Safe to run in several places at once: each step is fenced on the walk's cursor."""
@@ -356,14 +365,13 @@ def _step(svc: Services, batch: BatchItem) -> BatchItem | None:
         except ConditionFailed:
             pass
         return Batch.get(t, batch["id"])
-    items, more = t.query("pk = :pk AND sk > :after", {":pk": batch["pk"], ":after": cursor or REQUEST_PREFIX},
-                          limit=READ_PAGE, consistent=True)
-    items = [i for i in items if i["sk"].startswith(REQUEST_PREFIX)]
     wanted = walk_filter(svc, walk)
     now = svc.now()
     ops, counters, waiting = [], Counter(), Counter()
     last = cursor
-    for item in items:
+    items = []
+    for item in _items_ahead(t, batch["pk"], cursor):
+        items.append(item)
         if len(ops) == RETRY_PAGE:
             break  # the step is full: the next one goes on from the last item it looked at
         last = item["sk"]
@@ -378,7 +386,7 @@ def _step(svc: Services, batch: BatchItem) -> BatchItem | None:
                 counters["failed"] -= 1
         counters["#open"] += 1
         waiting[item["model"]] += 1
-    done = not items and more is None
+    done = not items
     if done:  # what the ending it undoes wrote goes before the walk ends (safe to repeat)
         _drop_old_results(svc, batch, walk)
     ops.append(Batch.requeue_step(t, batch["id"], n, cursor, None if done else last, dict(counters)))
@@ -390,6 +398,20 @@ def _step(svc: Services, batch: BatchItem) -> BatchItem | None:
     except ConditionFailed:
         pass  # another walker moved this step first, or the batch stopped: read it again
     return Batch.get(t, batch["id"])
+
+
+def _items_ahead(t: Table, pk: str, cursor: str | None) -> Iterator[RequestItem]:
+    """The request items after the walk's cursor, up to READ_PAGE of them, read a step's worth at a time (a
+    step of a batch whose requests all failed reads no more than it moves; one of a batch that mostly
+    succeeded reads on past the successes it passes over)."""
+    start, read = None, 0
+    while read < READ_PAGE:
+        items, start = t.query("pk = :pk AND sk > :after", {":pk": pk, ":after": cursor or REQUEST_PREFIX},
+                               limit=RETRY_PAGE + 1, consistent=True, start=start)
+        read += len(items)
+        yield from (item for item in items if item["sk"].startswith(REQUEST_PREFIX))  # type: ignore[misc]
+        if start is None:
+            return
 
 
 def _drop_old_results(svc: Services, batch: BatchItem, walk: dict) -> None:
