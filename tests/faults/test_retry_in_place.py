@@ -341,3 +341,37 @@ def test_retries_claimed_running_whose_key_was_revoked_never_run_and_use_no_atte
     assert sim_stats(sim_control, settle=True)["total_requests"] == calls_before
     assert budget_of(svc, GLM)["waiting"] == 0 and budget_in_flight(svc) == 0 and slot_leases(svc) == []
     assert_ledger_consistent(svc, batch_id, who, ids)
+
+
+def test_retries_claimed_running_against_a_stale_pause_go_back_to_wait_and_run(svc, sim_control, monkeypatch):
+    """A pump's copy of a batch may still say paused after a resume: retries it claimed running are then judged
+    again on a fresh read of the batch, put back to wait (no attempt counted) and run; none is left running
+    until its lease runs out."""
+    from batchinfer.service.running import run_request
+    configure(svc, max_attempts=1)
+    sim_config(sim_control, latency_seconds=0.05)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    ids = [f"f-{i}" for i in range(6)]
+    batch_id = submit(svc, who, [chat_request(c, f"{FLAKY} {c}") for c in ids])
+    assert pump(svc, batch_id)["failed"] == 6
+    batches.retry_batch(svc, who, batch_id, {}, None)
+
+    stale = []
+    real_start = run_request.start_claimed_retries
+
+    def start_with_a_stale_pause(svc_, running, batch, *rest):
+        if not stale:  # the first claim's checks read a copy kept from before a resume
+            stale.append(len(running))
+            batch = {**batch, "paused_at": svc_.now() - 5}
+        return real_start(svc_, running, batch, *rest)
+
+    monkeypatch.setattr(run_request, "start_claimed_retries", start_with_a_stale_pause)
+    outcome = run_pump(svc, slots=6, seconds=90)
+    assert stale and outcome["completed"] == 6, (stale, outcome)
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and (final["completed"], final["failed"]) == (6, 0)
+    stored = requests_by_custom_id(svc, batch_id)
+    assert all(stored[c]["attempt"] == 1 for c in ids), stored
+    assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
+    assert_ledger_consistent(svc, batch_id, who, ids)

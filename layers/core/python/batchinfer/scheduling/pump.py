@@ -517,7 +517,7 @@ class SlotPump:
     async def _queue_started_retries(self, running: list[dict], batch: dict) -> int:
         """Retries of one batch claimed running: checked once for them all (the account as the claim read it),
         their bodies read together, then queued ready for their calls."""
-        shared = self.batches.setdefault(batch["id"], dict(batch))
+        shared = self._shared_batch(batch["id"], batch)
         started, decided = await self._claiming(self.requests.start_claimed_retries, running, shared,
                                                 self.dispatcher.accounts_read.get(batch["account_id"]))
         self.outcome.update(decided)
@@ -529,11 +529,20 @@ class SlotPump:
         if batch is None:
             batch = await self._claiming(Batch.get, self.svc.table, group["batch_id"])
         bodies = await self._claiming(self.requests.bodies, group)
-        shared = self.batches.setdefault(group["batch_id"], dict(batch or {}))
+        shared = self._shared_batch(group["batch_id"], batch)
         run = GroupRun(group=group, batch=shared, left=len(group["positions"]))
         self._enqueue([Member(run=run, position=position, body=body)
                        for position, body in zip(group["positions"], bodies, strict=True)])
         return len(group["positions"])
+
+    def _shared_batch(self, batch_id: str, read: dict | None) -> dict:
+        """The one dict of a batch that its queued work here shares, made current with the batch as a claim has
+        just read it (`read`): a copy kept from before a pause or a resume must not decide the new work's fate."""
+        shared = self.batches.setdefault(batch_id, {})
+        if read is not None:
+            shared.clear()
+            shared.update(read)
+        return shared
 
     def _enqueue(self, members: list[Member]) -> None:
         """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,

@@ -298,16 +298,23 @@ def _unclaimed(req: dict) -> dict:
 
 def _settle_claimed_without_running(svc: Services, req: dict, batch: dict) -> str:
     """Record why a retry claimed running must not run (the checks made before every attempt), its attempt not
-    counted: what it became."""
-    early = _precheck(svc, _unclaimed(req), batch)
-    outcome, stop = early or (Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=svc.now()), None)
-    try:
-        settle(svc, req, replace(outcome, extra={**outcome.extra, "attempt": int(req["attempt"]) - 1}), stop)
-    except ConditionFailed:
-        return "stale"
-    if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
-        pausing.after_wait(svc, batch["id"], [req["index"]])
-    return outcome.to.value
+    counted: what it became. Decided again on a fresh read when the batch was paused or resumed meanwhile (a
+    request put back while paused is written only while its batch still is), so none is left running."""
+    for _ in range(3):
+        early = _precheck(svc, _unclaimed(req), batch)
+        outcome, stop = early or (Settlement(to=RequestState.WAITING, error=req.get("error"), retry_at=svc.now()),
+                                  None)
+        try:
+            settle(svc, req, replace(outcome, extra={**outcome.extra, "attempt": int(req["attempt"]) - 1}), stop)
+        except ConditionFailed:
+            batch = Batch.get(svc.table, req["batch_id"])
+            if batch is None:
+                return "stale"
+            continue
+        if batch.get("paused_at") and outcome.to is RequestState.WAITING:  # put back while paused
+            pausing.after_wait(svc, batch["id"], [req["index"]])
+        return outcome.to.value
+    return "stale"  # it moved meanwhile (its lease recovered)
 
 
 def finish_retries(svc: Services, answered: list[tuple[StartedRetry, Attempt]]) -> Counter:
