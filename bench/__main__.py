@@ -1,8 +1,8 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
 Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness priority cap yield
-file spread lanes short estimate retry (all fourteen by default: ~110 min on 2 cores). `--quick` runs small sizes (~6
-minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its
+file spread lanes short estimate retry cache (all fifteen by default: ~120 min on 2 cores). `--quick` runs small
+sizes (~9 minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its
 ratios against its goal and the command that reproduces it; a summary of every goal line comes at the end.
 docs/benchmarks.md has the current figures and what bounds each one.
 """
@@ -38,6 +38,8 @@ BENCHMARKS = {
     "estimate": ("bench.estimate", ["--sizes", "200", "--ahead", "400", "--runs", "1"]),
     # a retry in place of a batch whose every request failed once, against its first run
     "retry": ("bench.retry_run", ["--requests", "100", "--runs", "1"]),
+    # 8 system prompts x 6 questions on a per-slot prompt cache: grouped and shuffled files, against a direct client
+    "cache": ("bench.prompt_cache", ["--runs", "1"]),
 }
 # Arguments a benchmark always gets (before the quick ones): what makes it the benchmark it is.
 ALWAYS = {"spread": ["--latency", "1", "--distribution", "lognormal", "--sigma", "0.5"]}

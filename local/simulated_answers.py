@@ -49,6 +49,7 @@ class Prompt:  # what an endpoint extracted from a request body
     last_user: str
     max_tokens: int | None = None
     n_messages: int = 0
+    cached_tokens: int | None = None  # what the prompt cache held of it (None: no cache modelled)
 
     @cached_property
     def digest(self) -> bytes:
@@ -361,7 +362,9 @@ def _chat_usage(p: Prompt, body: dict[str, Any], n_out: int) -> dict[str, Any]:
     usage: dict[str, Any] = {"prompt_tokens": p.prompt_tokens, "completion_tokens": n_out,
                              "total_tokens": p.prompt_tokens + n_out}
     system = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") in ("system", "developer")]
-    if system:
+    if p.cached_tokens is not None:  # the modelled prompt cache's count (local.simulated_cache)
+        usage["prompt_tokens_details"] = {"cached_tokens": p.cached_tokens}
+    elif system:
         cached = sum(len(_text_of(m.get("content"), "messages").split()) + 3 for m in system)
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     if body.get("reasoning_effort"):
@@ -390,7 +393,15 @@ def build_anthropic(p: Prompt, body: dict[str, Any]) -> dict[str, Any]:
         stop, n_out = "tool_use", len(json.dumps(tool_input).split())
     return {"id": f"msg_{p.digest.hex()[:16]}", "type": "message", "role": "assistant", "model": p.model,
             "content": content, "stop_reason": stop,
-            "stop_sequence": None, "usage": {"input_tokens": p.prompt_tokens, "output_tokens": n_out}}
+            "stop_sequence": None, "usage": _anthropic_usage(p, n_out)}
+
+
+def _anthropic_usage(p: Prompt, n_out: int) -> dict[str, Any]:
+    """As Anthropic counts: `input_tokens` are those after the last cache read (with a modelled cache)."""
+    if p.cached_tokens is None:
+        return {"input_tokens": p.prompt_tokens, "output_tokens": n_out}
+    return {"input_tokens": p.prompt_tokens - p.cached_tokens, "cache_read_input_tokens": p.cached_tokens,
+            "cache_creation_input_tokens": 0, "output_tokens": n_out}
 
 
 def _words(text: str) -> list[str]:

@@ -33,6 +33,12 @@ Faults, set at start-up (CLI / SimConfig) or at run time through the control API
                          own way (`12500.0`, `1e-7`)
   stream_usage           false: a streamed chat completion never sends its usage chunk, even when asked
                          (llama-cpp-python's server does not), and a streamed message has no token counts
+  prompt_cache           off (the default), slot or shared: a prompt cache (local.simulated_cache) of
+                         cache_slots slots (slot: llama.cpp's server) or across sequences (shared: vLLM's);
+                         its cached tokens are reported in the answer's usage. A change, or a stats reset,
+                         empties it
+  prompt_token_seconds   each prompt token not found in the cache takes this long to evaluate (on top of
+                         latency_seconds), so an order that finds the cache more finishes sooner
 Every answer carries a request id header, as OpenAI's and Anthropic's do: `x-request-id` (OpenAI shapes),
 `request-id` (Anthropic's).
 Markers inside message content:
@@ -58,13 +64,16 @@ Anthropic tool_result blocks count as the text of their content; tool_use blocks
 Control API:
   GET/PUT /_sim/config      read / update any subset of the SimConfig fields (seed re-seeds)
   GET /_sim/stats           total_requests, by_status, by_path, in_flight, max_in_flight, busy_seconds (the sum
-                            of every request's time in flight), first_started_at, last_ended_at (epoch seconds)
+                            of every request's time in flight), first_started_at, last_ended_at (epoch seconds),
+                            prompt_tokens and prompt_tokens_cached (of model requests: evaluated = their
+                            difference)
   GET /_sim/timeline        [started, ended] (epoch seconds) of every request since the last reset, and
                             beside them each one's [[sim:tag:NAME]] (or null)
-  POST /_sim/stats/reset    reset the counters, the timeline and the flaky-attempt memory
+  POST /_sim/stats/reset    reset the counters, the timeline, the flaky-attempt memory and the prompt cache
 Run: python -m local.simulated_backend --host 127.0.0.1 --port 8100 [--latency 0.0]
      [--latency-distribution fixed|lognormal|long_tail] [--latency-sigma 0.5] [--rate-429 0]
-     [--rate-500 0] [--rate-timeout 0] [--timeout-sleep 30] [--seed 0]   (defaults from SIM_* env vars)
+     [--rate-500 0] [--rate-timeout 0] [--timeout-sleep 30] [--seed 0] [--prompt-cache off|slot|shared]
+     [--cache-slots 4] [--prompt-token-seconds 0]   (defaults from SIM_* env vars)
 """
 
 from __future__ import annotations
@@ -88,6 +97,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from local import simulated_batches
 from local.simulated_answers import (
     BEDROCK_BY_STATUS,
     BEDROCK_ERRORS,
@@ -116,6 +126,7 @@ from local.simulated_answers import (
     parse_invoke,
     parse_responses,
 )
+from local.simulated_cache import PromptCache, tokens_of
 
 TIMELINE_MAX = 200_000  # requests whose start and end times GET /_sim/timeline keeps (since the last reset)
 # status -> (OpenAI error type, OpenAI error code, Anthropic error type)
@@ -139,6 +150,9 @@ class SimConfig(BaseModel):
     seed: int = 0
     answer_extra_json: str = ""
     stream_usage: bool = True
+    prompt_cache: Literal["off", "slot", "shared"] = "off"
+    cache_slots: int = Field(4, ge=1, le=256)
+    prompt_token_seconds: float = Field(0.0, ge=0)
 
     @field_validator("answer_extra_json")
     @classmethod
@@ -175,6 +189,8 @@ class _SimState:
         self.config = config
         self.rng = random.Random(config.seed)
         self.in_flight = 0
+        self.cache = PromptCache()
+        self.cache.configure(config.prompt_cache, config.cache_slots)
         self.reset()
 
     def reset(self) -> None:
@@ -188,12 +204,16 @@ class _SimState:
         self.last_ended_at: float | None = None
         self.timeline: list[tuple[float, float]] = []  # (started, ended) of each request, the last TIMELINE_MAX
         self.tags: list[str | None] = []  # beside each: its [[sim:tag:NAME]]
+        self.prompt_tokens = 0  # of the model requests that got as far as their prompt's evaluation
+        self.prompt_tokens_cached = 0
+        self.cache.clear()
 
     def stats(self) -> dict[str, Any]:
         return {"total_requests": self.total, "by_status": dict(sorted(self.by_status.items())),
                 "by_path": dict(sorted(self.by_path.items())), "in_flight": self.in_flight,
                 "max_in_flight": self.max_in_flight, "busy_seconds": round(self.busy_seconds, 6),
-                "first_started_at": self.first_started_at, "last_ended_at": self.last_ended_at}
+                "first_started_at": self.first_started_at, "last_ended_at": self.last_ended_at,
+                "prompt_tokens": self.prompt_tokens, "prompt_tokens_cached": self.prompt_tokens_cached}
 
 
 def _error_response(err: SimError, flavour: str) -> Response:
@@ -264,6 +284,26 @@ async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body
         raise SimError(int(fault), f"Simulated HTTP {fault} error", headers=headers)
 
 
+async def _evaluate_prompt(state: _SimState, prompt: Prompt) -> Any:
+    """The prompt's evaluation: its place in the prompt cache (a slot, waited for when all are busy), the time
+    its uncached tokens take, and the cached count its answer reports (only while a cache is on: off, the
+    answers' usage stays as it always was)."""
+    cfg = state.config
+    held = await state.cache.take(tokens_of(prompt.texts, prompt.n_messages > 0))
+    try:
+        if cfg.prompt_cache != "off":
+            prompt.cached_tokens = held.cached
+        state.prompt_tokens += prompt.prompt_tokens
+        state.prompt_tokens_cached += held.cached
+        if cfg.prompt_token_seconds > 0:
+            await asyncio.sleep((prompt.prompt_tokens - held.cached) * cfg.prompt_token_seconds)
+        state.cache.evaluated(held)
+    except BaseException:
+        await state.cache.give(held)
+        raise
+    return held
+
+
 def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[..., dict[str, Any]],
               flavour: str) -> Callable[..., Any]:
     async def handle(request: Request) -> Response:
@@ -280,7 +320,11 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
                 if named and named.group(1) in BEDROCK_ERRORS:
                     raise SimError(BEDROCK_ERRORS[named.group(1)], f"Simulated {named.group(1)}", code=named.group(1))
             prompt = parse(body)
-            await _apply_faults(request, state, prompt, body)
+            held = await _evaluate_prompt(state, prompt)
+            try:
+                await _apply_faults(request, state, prompt, body)
+            finally:
+                await state.cache.give(held)
             if request.url.path.endswith("/converse-stream"):
                 frames = converse_events(build(prompt, body), cut="[[sim:cut-stream]]" in "\n".join(prompt.texts))
                 return StreamingResponse(iter(frames), media_type="application/vnd.amazon.eventstream")
@@ -343,6 +387,7 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
     }
     for path, (parse, build, flavour) in routes.items():
         app.add_api_route(path, _endpoint(state, parse, build, flavour), methods=["POST"])
+    simulated_batches.mount(app)  # OpenAI's Files and Batches API: the batch tier of `provider_batch` models
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -362,6 +407,7 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         if "seed" in update:
             state.rng.seed(new.seed)
         state.config = new
+        state.cache.configure(new.prompt_cache, new.cache_slots)
         return JSONResponse(new.model_dump())
 
     @app.get("/_sim/stats")
@@ -386,7 +432,10 @@ _CLI_OPTIONS = (("--latency", "latency_seconds", "SIM_LATENCY_SECONDS", float),
                 ("--rate-429", "rate_429", "SIM_RATE_429", float), ("--rate-500", "rate_500", "SIM_RATE_500", float),
                 ("--rate-timeout", "rate_timeout", "SIM_RATE_TIMEOUT", float),
                 ("--timeout-sleep", "timeout_sleep_seconds", "SIM_TIMEOUT_SLEEP_SECONDS", float),
-                ("--seed", "seed", "SIM_SEED", int))
+                ("--seed", "seed", "SIM_SEED", int),
+                ("--prompt-cache", "prompt_cache", "SIM_PROMPT_CACHE", str),
+                ("--cache-slots", "cache_slots", "SIM_CACHE_SLOTS", int),
+                ("--prompt-token-seconds", "prompt_token_seconds", "SIM_PROMPT_TOKEN_SECONDS", float))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -87,7 +87,8 @@ def sim_control(sim):
     control.put("/_sim/config", json={"latency_seconds": 0, "latency_distribution": "fixed", "latency_sigma": 0.5,
                                       "rate_429": 0, "rate_500": 0, "rate_timeout": 0,
                                       "timeout_sleep_seconds": 30, "seed": 0, "answer_extra_json": "",
-                                      "stream_usage": True})
+                                      "stream_usage": True, "prompt_cache": "off", "cache_slots": 4,
+                                      "prompt_token_seconds": 0})
     control.post("/_sim/stats/reset")
     yield control
     control.close()

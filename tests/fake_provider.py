@@ -135,7 +135,7 @@ def on_fake(catalog: Catalog, budgets: dict[str, int] | None = None) -> Catalog:
     for model in catalog.models:
         if not model.auto and model.backend is not None:
             backend = model.backend.model_copy(update={"kind": KIND, "base_url": NO_SERVER})
-            update: dict = {"backend": backend}
+            update: dict = {"backend": backend, "provider_batch": None}  # the fake kind has no batch tier
             if model.id in budgets:
                 update |= {"batch_budget": budgets[model.id], "batch_floor": 1}
             model = model.model_copy(update=update)

@@ -71,8 +71,15 @@ def stored_requests(svc: Services, batch_id: str) -> list[dict]:
 
 
 def _submitted_custom_ids(svc: Services, batch_id: str) -> list[str]:
+    """The custom ids in submission order: the index's (the bodies are stored in the order their lanes run),
+    each checked against its body's own line."""
     raw = svc.blobs.get(requests_object(batch_id)) or b""
-    return [json.loads(line)["custom_id"] for line in raw.splitlines() if line.strip()]
+    total = int((svc.table.get(*batch_key(batch_id)) or {}).get("total", 0))
+    entries = results_module.index_entries(svc, batch_id, 0, total) if total else []
+    for entry in entries:
+        if entry.model_id is not None:
+            assert json.loads(raw[entry.offset:entry.offset + entry.length])["custom_id"] == entry.custom_id
+    return [entry.custom_id for entry in entries if entry.model_id is not None]
 
 
 def _all_results(svc: Services, who: Principal, batch_id: str, page_size: int) -> list[dict]:
@@ -294,7 +301,7 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
 
     # --- Usage and cost add up to the stored request records ----------------------------------------
     input_tokens = output_tokens = 0
-    cost = 0.0
+    cost = saved = 0.0
     attempts = 0
     for item in by_index.values():
         attempts += item.get("attempt", 0) + item.get("earlier_attempts", 0)  # and those before a retry
@@ -305,11 +312,17 @@ def assert_ledger_consistent(svc: Services, batch_id: str, who: Principal,
         completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
         input_tokens += prompt
         output_tokens += completion
-        cost += svc.catalog.get(item["model"]).cost_usd(prompt, completion)
+        model = svc.catalog.get(item["model"])
+        if item.get("tier_job"):  # landed from a provider job: at its tier's price, the difference saved
+            cost += model.provider_batch.cost_usd(prompt, completion)
+            saved += model.cost_usd(prompt, completion) - model.provider_batch.cost_usd(prompt, completion)
+        else:
+            cost += model.cost_usd(prompt, completion)
     assert obj["usage"]["input_tokens"] == input_tokens, (obj["usage"], input_tokens)
     assert obj["usage"]["output_tokens"] == output_tokens, (obj["usage"], output_tokens)
     assert obj["usage"]["total_tokens"] == input_tokens + output_tokens
     assert _close(batch.get("cost_usd", 0), cost), (batch.get("cost_usd"), cost)
+    assert _close(batch.get("saved_usd", 0), saved), (batch.get("saved_usd"), saved)
     assert 0 <= obj["cost_unknown_attempts"] <= attempts, (obj["cost_unknown_attempts"], attempts)
 
     # --- A spending cap: never passed; what was committed is what was spent (and unknown costs' worst) ---

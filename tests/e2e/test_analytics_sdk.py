@@ -15,7 +15,7 @@ from tests.e2e.conftest import SdkRuns, local_stack
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).with_name("sdk_scripts") / "batch_analytics.py"
 KEYS = {"started_at", "last_finished_at", "running_seconds", "requests_per_minute", "output_tokens_per_second",
-        "p50_ms", "p95_ms", "max_ms", "attempts", "retries", "errors_by_code"}
+        "p50_ms", "p95_ms", "max_ms", "attempts", "retries", "errors_by_code", "cached_input_share", "cache_saved_usd"}
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def test_a_batch_with_known_latencies_and_failures_shows_its_counts_errors_and_p
     assert batch["analytics"] == {
         "started_at": None, "last_finished_at": None, "running_seconds": 0, "requests_per_minute": None,
         "output_tokens_per_second": None, "p50_ms": None, "p95_ms": None, "max_ms": None, "attempts": 0,
-        "retries": 0, "errors_by_code": {}}
+        "retries": 0, "errors_by_code": {}, "cached_input_share": None, "cache_saved_usd": 0.0}
     settings(svc, max_attempts=3)  # the always-failing request: three attempts, then failed
     for _ in range(6):
         step_by_record(svc)

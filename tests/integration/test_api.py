@@ -41,6 +41,7 @@ SPEC_BATCH_FIELDS = {
     "paused_at",  # an extension (pause and resume): null unless paused
     "priority",  # an extension: the batch's priority among its account's batches
     "analytics",  # an extension: how the batch ran (rates, latencies, attempts, errors by code)
+    "execution", "saved_usd",  # extensions: how its parts run (provider batch tiers) and what that saved
 }
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
 
@@ -174,9 +175,11 @@ def test_create_spec_example(api, svc, sim_control):
         "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}, "cost_usd": 0.0,
         "cost_unknown_attempts": 0, "results_expires_at": None, "error": None, "paused_at": None,
         "priority": "normal",
+        "execution": None, "saved_usd": 0.0,
         "analytics": {"started_at": None, "last_finished_at": None, "running_seconds": 0, "requests_per_minute": None,
                       "output_tokens_per_second": None, "p50_ms": None, "p95_ms": None, "max_ms": None,
-                      "attempts": 0, "retries": 0, "errors_by_code": {}},
+                      "attempts": 0, "retries": 0, "errors_by_code": {}, "cached_input_share": None,
+                      "cache_saved_usd": 0.0},
     }
     assert ok(api("GET", f"/v1/batches/{batch['id']}", key)) == batch
     assert sim_requests(sim_control) == 0  # creating runs no inference

@@ -127,7 +127,7 @@ def test_create_run_and_read_as_the_sdk_does(messages, svc):
     assert set(batch) == {"id", "type", "processing_status", "request_counts", "ended_at", "created_at",
                           "expires_at", "archived_at", "cancel_initiated_at", "results_url",
                           "usage", "cost_usd", "cost_unknown_attempts", "paused_at",
-                          "priority", "analytics"}  # the last six: extensions
+                          "priority", "analytics", "execution", "saved_usd"}  # the last eight: extensions
     assert batch["usage"] == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
     assert batch["cost_usd"] == 0 and batch["cost_unknown_attempts"] == 0
     assert batch["priority"] == "normal"

@@ -151,7 +151,7 @@ def test_the_service_is_its_use_cases():
     service = ROOT / PACKAGE / "service"
     assert {p.stem for p in service.glob("*.py")} - {"__init__"} == SERVICE_SHARED
     folders = sorted(p for p in service.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert [f.name for f in folders] == ["background", "creating", "reading", "running", "steering"]
+    assert [f.name for f in folders] == ["background", "creating", "offloading", "reading", "running", "steering"]
     for folder in folders:
         module = ast.parse((folder / "__init__.py").read_text())
         assert ast.get_docstring(module), f"{folder.name} says what its use case is"

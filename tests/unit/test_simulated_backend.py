@@ -383,7 +383,8 @@ def test_stats_counters(client: TestClient) -> None:
     assert 0 < stats["busy_seconds"] <= stats["last_ended_at"] - stats["first_started_at"] + 0.5
     reset = client.post("/_sim/stats/reset").json()
     assert reset == {"total_requests": 0, "by_status": {}, "by_path": {}, "in_flight": 0, "max_in_flight": 0,
-                     "busy_seconds": 0.0, "first_started_at": None, "last_ended_at": None}
+                     "busy_seconds": 0.0, "first_started_at": None, "last_ended_at": None,
+                     "prompt_tokens": 0, "prompt_tokens_cached": 0}
 
 
 def test_stats_busy_seconds_add_up_the_time_requests_spend_in_flight(client: TestClient) -> None:

@@ -121,6 +121,42 @@ class Backend(_Strict):
 class Price(_Strict):
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
+    # Input the backend reports served from its prompt cache (`cached_tokens`), where it is sold for less
+    # (hosted providers: a tenth of the input price); None: charged as any input.
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)
+
+
+# Backend kinds whose provider sells a batch tier this service can hand requests to (`providers.batch_tiers`
+# holds a client for each); the catalog refuses a `provider_batch` on any other kind.
+BATCH_TIER_KINDS = ("openai",)
+# The longest completion window a batch has (24 h): a guard at least this long could never let a job run.
+LONGEST_WINDOW_SECONDS = 24 * 3600
+# The most requests one provider job may carry, by kind (OpenAI: 50,000 lines per input file).
+BATCH_TIER_MAX_REQUESTS = {"openai": 50_000}
+
+
+class ProviderBatch(_Strict):
+    """A model's provider batch tier (docs/provider-batch.md): its price, which parts of a batch go to it,
+    how often a job is looked at and how long before the window's end unfinished work comes back."""
+
+    price: Price
+    min_requests: int = Field(default=100, ge=1)
+    max_requests: int = Field(default=50_000, ge=1)
+    poll_seconds: float = Field(default=60.0, gt=0)
+    guard_seconds: float = Field(default=7200.0, ge=0)
+    default: Literal["direct", "auto"] = "direct"
+
+    @model_validator(mode="after")
+    def _honourable(self) -> ProviderBatch:
+        if self.max_requests < self.min_requests:
+            raise ValueError("provider_batch.max_requests is below min_requests")
+        if self.guard_seconds >= LONGEST_WINDOW_SECONDS:
+            raise ValueError(f"provider_batch.guard_seconds ({self.guard_seconds:g}) is not shorter than a batch's "
+                             f"window ({LONGEST_WINDOW_SECONDS} s): no job could ever run")
+        return self
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.price.input_per_mtok + output_tokens * self.price.output_per_mtok) / 1e6
 
 
 class Model(_Strict):
@@ -144,6 +180,13 @@ class Model(_Strict):
     # The tiktoken encoding a batch estimate counts this model's input tokens with (None: o200k_base). Only
     # encodings whose rank files ship with the service (service/creating/tokenizer.py) can be named.
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
+    # Its provider's own batch tier, if the catalog offers one (docs/provider-batch.md).
+    provider_batch: ProviderBatch | None = None
+    # What kind of prompt cache its backend has, which decides the order a batch's work runs in
+    # (scheduling.prefix_order): `slot` (a cache per slot, llama.cpp's server), `shared` (one cache across
+    # sequences, vLLM, SGLang), `provider` (Anthropic's or OpenAI's prompt caching) or `off` (submission
+    # order). None: its backend kind's default (`cache_kind`).
+    prompt_cache: Literal["slot", "shared", "provider", "off"] | None = None
 
     def serves(self, endpoint: str) -> bool:
         """Whether batches may send this model requests of `endpoint`. Anthropic Messages requests
@@ -169,12 +212,50 @@ class Model(_Strict):
                 raise ValueError(f"model {self.id!r}: /v1/embeddings on a bedrock backend needs embedding_format")
         return self
 
+    @model_validator(mode="after")
+    def _batch_tier_it_can_honour(self) -> Model:
+        tier = self.provider_batch
+        if tier is None:
+            return self
+        kind = self.backend.kind if self.backend else None
+        if kind not in BATCH_TIER_KINDS:
+            raise ValueError(f"model {self.id!r}: provider_batch: the {kind or 'no'} backend kind has no batch tier "
+                             f"this service can use (only {', '.join(BATCH_TIER_KINDS)})")
+        for name in ("input_per_mtok", "output_per_mtok"):
+            if getattr(tier.price, name) > getattr(self.price, name):
+                raise ValueError(f"model {self.id!r}: provider_batch.price.{name} is above the model's own price")
+        if tier.max_requests > BATCH_TIER_MAX_REQUESTS[kind]:
+            raise ValueError(f"model {self.id!r}: provider_batch.max_requests is above what one {kind} job "
+                             f"takes ({BATCH_TIER_MAX_REQUESTS[kind]})")
+        return self
+
+    @property
+    def cache_kind(self) -> str:
+        """Its `prompt_cache`, or its backend kind's default: an `openai` backend is most often a server of
+        our own (llama.cpp's, vLLM's): `slot`, whose order (each prefix primed once, then kept on the runner
+        that holds it) serves a shared cache as well; an `anthropic` backend caches what `cache_control` marks:
+        `provider`; a `bedrock` one is sent no cache points by this service (Converse refuses `cache_control`
+        here): `off`."""
+        if self.prompt_cache is not None:
+            return self.prompt_cache
+        kind = self.backend.kind if self.backend is not None else "openai"
+        return {"openai": "slot", "anthropic": "provider"}.get(kind, "off")
+
     @property
     def backend_model(self) -> str:
         return (self.backend.model if self.backend else None) or self.id
 
-    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.price.input_per_mtok + output_tokens * self.price.output_per_mtok) / 1e6
+    def cost_usd(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
+        """What the tokens cost; `cached_tokens` (of the input) at the cached input price where there is one."""
+        return (input_tokens * self.price.input_per_mtok + output_tokens * self.price.output_per_mtok) / 1e6 \
+            - self.cache_saving_usd(input_tokens, cached_tokens)
+
+    def cache_saving_usd(self, input_tokens: int, cached_tokens: int) -> float:
+        """What `cached_tokens` of the input cost less at the cached input price than at the input price."""
+        if self.price.cached_input_per_mtok is None:
+            return 0.0
+        cached = max(0, min(cached_tokens, input_tokens))
+        return cached * (self.price.input_per_mtok - self.price.cached_input_per_mtok) / 1e6
 
 
 class Catalog(_Strict):

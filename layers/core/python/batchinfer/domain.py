@@ -120,10 +120,10 @@ REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     ),
     # WAITING -> RUNNING: retries claimed running by the slot pump that runs them at once (their start in
     # their claim, as a group's); stopped by the checks made just before their call, they go on as a
-    # dispatched request would.
-    RequestState.WAITING: frozenset(
-        {RequestState.DISPATCHED, RequestState.RUNNING, RequestState.FAILED, RequestState.UNSTARTED}
-    ),
+    # dispatched request would. WAITING -> COMPLETED: a request held by a provider job (service.offloading)
+    # waits, holding no slot, until its provider's answer lands (a final error lands as FAILED).
+    RequestState.WAITING: frozenset({RequestState.DISPATCHED, RequestState.RUNNING, RequestState.COMPLETED,
+                                     RequestState.FAILED, RequestState.UNSTARTED}),
     # Retry in place: a request of an ended batch that failed or never started waits to run again (its batch
     # was retried, service.steering.retry); a success is never run again.
     RequestState.FAILED: frozenset({RequestState.WAITING}),

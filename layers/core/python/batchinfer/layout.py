@@ -256,13 +256,16 @@ def index_object(batch_id: str, chunk: int) -> str:
 class IndexEntry(NamedTuple):
     """One request's entry in its batch's index, stored as a JSON list in this order. A request rejected at
     intake has no model, no bytes in requests.jsonl and its error last; a valid one its place in
-    requests.jsonl and last the most output tokens it may be charged for (None: unbounded)."""
+    requests.jsonl, the most output tokens it may be charged for (None: unbounded) and its prefix key."""
 
     custom_id: str
     model_id: str | None
     offset: int  # of its line in requests.jsonl
     length: int
     last: Any = None  # absent from entries stored before output bounds were kept
+    # Its prefix key (service.creating.prefix_key): what a prompt cache shares with other requests; None when
+    # nothing is, and in entries stored before keys were kept.
+    prefix: str | None = None
 
     @classmethod
     def read(cls, stored: list) -> IndexEntry:
@@ -276,6 +279,12 @@ class IndexEntry(NamedTuple):
     def error(self) -> dict | None:
         """A request rejected at intake: its error."""
         return self.last if self.model_id is None else None
+
+
+def lane_in_order(batch: dict) -> bool:
+    """Whether a batch's one lane is simply its positions 0..n-1, with no lane object: one model, no request
+    rejected at intake, and not put in prefix order (`lane_ordered`, scheduling.prefix_order)."""
+    return len(batch["lanes"]) == 1 and not batch.get("rejected") and not batch.get("lane_ordered")
 
 
 def lane_object(batch_id: str, model_id: str) -> str:

@@ -55,6 +55,12 @@ class Position:
     offset: int
     length: int
     worst_usd: float | None = None  # the most one attempt can cost, when its batch has a spending cap
+    prefix: str | None = None  # its prefix key (what a prompt cache shares), kept fifth in its group's positions
+
+    def stored(self) -> list:
+        """Its place in its group's `positions`: [index, custom_id, offset, length(, prefix key)]."""
+        kept = [self.index, self.custom_id, self.offset, self.length]
+        return kept if self.prefix is None else [*kept, self.prefix]
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class Settlement:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     cost_usd: float = 0.0
+    cache_saved_usd: float = 0.0  # what its cached input cost less than uncached input would have
     cost_unknown: int = 0
     retry_at: int | None = None  # for WAITING
     result_bytes: int = 0  # size of a stored result, so the export knows when to go through S3
@@ -92,11 +99,15 @@ class Settlement:
     # `waiting` count, in the write that puts it back, fenced on the batch still paused; so that a worker
     # dying after that write leaves no count to fix.
     uncounted: bool = False
+    # A request run on a provider's batch tier (service.offloading): what it saved against the model's price,
+    # and -1 as it leaves its job's hold (the batch's `offloaded` count).
+    saved_usd: float = 0.0
+    offloaded: int = 0
 
 
 # The Settlement figures that add to the batch's counters (a group member's item keeps them in `tally`).
 TALLIED = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "cost_usd", "cost_unknown",
-           "result_bytes", "committed_usd")
+           "result_bytes", "committed_usd", "cache_saved_usd", "saved_usd", "offloaded")
 
 
 @dataclass
@@ -280,7 +291,7 @@ def claim_from_lane(svc: Services, batch: BatchItem, model_id: str, positions: l
                 left.pop(0)
         pk, sk = group_key(batch["id"], members[0].index)
         group = Group.new(pk=pk, sk=sk, batch=batch, model_id=model_id,
-                          positions=[[p.index, p.custom_id, p.offset, p.length] for p in members], running=running,
+                          positions=[p.stored() for p in members], running=running,
                           token=new_token(), now=now, lease_ends=now + svc.settings.lease_seconds,
                           item_ttl=_items_ttl(svc, batch), slot_lease=slot_lease["id"] if slot_lease else None,
                           budget_shards=held)
@@ -334,7 +345,7 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
                   stop: Stop | None = None, token: str | None = None) -> RequestItem:
     """The request item a group member's outcome creates. `tally` keeps what the outcome adds to the
     counters, so that a group whose worker died after writing it is counted from its items, once."""
-    index, custom_id, offset, length = position
+    index, custom_id, offset, length = position[:4]
     now = svc.now()
     pk, sk = request_key(group["batch_id"], index)
     item = {"pk": pk, "sk": sk, "batch_id": group["batch_id"], "index": index, "custom_id": custom_id,
@@ -343,6 +354,8 @@ def position_item(svc: Services, group: GroupItem, position: list, outcome: Sett
             "updated_at": now, "group_token": group["token"]}
     if group.get("item_ttl"):
         item["ttl"] = group["item_ttl"]
+    if len(position) > 4 and position[4]:  # its prefix key: a retry of it is ordered by it too
+        item["prefix"] = position[4]
     error = unstarted_error(stop) if outcome.to is RequestState.UNSTARTED else outcome.error
     for name, value in (("error", error), ("response", outcome.response),
                         ("response_object", outcome.response_object)):

@@ -45,6 +45,11 @@ class OutputExpiresAfter(BaseModel):
 Priority = Literal["high", "normal", "low"]
 PRIORITY_DESCRIPTION = ("An extension beyond the OpenAI and Anthropic APIs: the batch's priority among its own "
                         "account's batches (`normal` by default); never over another account's")
+Execution = Literal["direct", "provider_batch", "auto"]
+EXECUTION_DESCRIPTION = ("An extension: how each model's part runs. `direct`: request by request; `provider_batch`: "
+                         "on the model's provider batch tier where the catalog offers one (at its price); `auto`: "
+                         "as provider_batch but a high priority batch runs directly. Absent: each model's default")
+SAVED_DESCRIPTION = "An extension: what running on a provider's batch tier saved against the model's price, in USD"
 
 
 class CreateBatch(BaseModel):
@@ -65,6 +70,7 @@ class CreateBatch(BaseModel):
         "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
         "max_cost_reached."))
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
     admission: Literal["always", "reject_if_late"] = Field("always", description=(
         "An extension: `reject_if_late` refuses the batch (429 `batch_would_be_late`, not retried by the SDKs) "
         "when its estimate says it would not end within its completion window at the capacity there is now."))
@@ -108,6 +114,10 @@ class _BatchAnalytics(BaseModel):
     retries: int = Field(..., description="Attempts that were not their request's first")
     errors_by_code: dict[str, int] = Field(..., description="Attempts that ended in each error code, final or "
                                                             "retried")
+    cached_input_share: float | None = Field(..., description="Of its input tokens, the share the backend served "
+                                                              "from its prompt cache; null before any input")
+    cache_saved_usd: float = Field(..., description="What its cached input cost less than input, where the catalog "
+                                                    "prices cached input lower (cached_input_per_mtok)")
 
 
 class BatchAnalytics(_BatchAnalytics):
@@ -156,6 +166,8 @@ class BatchObject(BaseModel):
                                                     "null unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
+    saved_usd: float = Field(0.0, description=SAVED_DESCRIPTION)
     analytics: BatchAnalytics = Field(..., description="An extension: how the batch ran")
 
 
@@ -294,7 +306,8 @@ def _ok(model: type[BaseModel], description: str) -> dict:
 # --- Estimates before running (an extension): POST .../batches/estimate ---------------------------------
 
 class CostRange(BaseModel):
-    min: float = Field(description="Input tokens at the input price")
+    min: float = Field(description="Input tokens at the input price (cached input at the cached input price, "
+                                   "where the catalog has one)")
     max: float | None = Field(description="Plus every output token allowed at the output price (null: a request "
                                           "has no output limit of its own nor in the catalog)")
 
@@ -303,9 +316,15 @@ class ModelEstimate(BaseModel):
     model: str
     request_count: int
     input_tokens: int
+    cached_input_tokens: int = Field(description="Of the input, what a prompt cache would serve: the shared part "
+                                                "(system prompt, tools, leading messages) of each request after "
+                                                "its prefix's first, on a model whose backend has a cache")
     max_output_tokens: int | None
     cost_usd: CostRange
     tokenizer: str = Field(description="The tiktoken encoding input tokens were counted with")
+    execution: Literal["direct", "provider_batch"] = Field("direct", description=(
+        "An extension: how this part would run (provider_batch: on the model's provider batch tier, cost_usd at "
+        "its price)"))
     queue_ahead: int = Field(description="Unstarted batch requests of all accounts on the model now, rounded "
                                          "down to 0, 1, 2, 5, 10, 20, 50, 100, ... (a lower bound)")
     batch_budget: int = Field(description="The model's batch slots (the catalog)")
@@ -328,6 +347,9 @@ class BatchEstimate(BaseModel):
     created_at: int
     request_count: int
     input_tokens: int
+    cached_input_tokens: int = Field(description="Of the input, what a prompt cache would serve: the shared part "
+                                                "(system prompt, tools, leading messages) of each request after "
+                                                "its prefix's first, on a model whose backend has a cache")
     max_output_tokens: int | None
     cost_usd: CostRange
     tokenizer: str = Field(description="The tiktoken encoding(s) input tokens were counted with (o200k_base unless "
@@ -439,6 +461,7 @@ class CreateMessageBatch(BaseModel):
         "could take the batch's spend past it; then the batch stops as a cancel does, with error code "
         "max_cost_reached."))
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
 
 
 class MessageBatchRequestCounts(BaseModel):
@@ -472,6 +495,8 @@ class MessageBatch(BaseModel):
                                                     "unless it is paused")
     retry_count: int | None = Field(None, description="Times it was retried in place, once it was (an extension)")
     priority: Priority = Field("normal", description=PRIORITY_DESCRIPTION)
+    execution: Execution | None = Field(None, description=EXECUTION_DESCRIPTION)
+    saved_usd: float = Field(0.0, description=SAVED_DESCRIPTION)
     analytics: MessageBatchAnalytics = Field(..., description="An extension: how the batch ran")
 
 

@@ -326,13 +326,16 @@ class Batch:
 
     @staticmethod
     def validated(t: Table, batch_id: str, lanes: dict[str, int], now: int, paused: bool = False,
-                  seen: BatchItem | None = None) -> Op:
+                  seen: BatchItem | None = None, ordered: bool = False) -> Op:
         """A file batch whose every line is valid: its requests may now be dispatched. Fenced on it being
         paused or not as `paused` says (a paused one gets its lanes when it is resumed), and on the priority
-        of `seen` (the batch as read, from which the same transaction makes its lanes)."""
+        of `seen` (the batch as read, from which the same transaction makes its lanes). `ordered`: its lanes
+        are in prefix order (`lane_ordered`: their lane objects say the order)."""
         same, vals = Batch._same_priority(seen) if seen is not None else ("", {})
-        return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now "
-                           "REMOVE awaiting_validation",
+        if ordered:
+            vals = {**vals, ":ordered": True}
+        return t.op_update(*batch_key(batch_id), "SET #total = :n, lanes = :lanes, validated_at = :now"
+                           + (", lane_ordered = :ordered" if ordered else "") + " REMOVE awaiting_validation",
                            vals={":n": sum(lanes.values()), ":lanes": {m: {"next": 0, "total": n}
                                                                        for m, n in lanes.items()},
                                  ":now": now, ":v": BatchStatus.VALIDATING.value, ":yes": True, **vals},

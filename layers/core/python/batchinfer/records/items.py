@@ -25,6 +25,7 @@ class BatchItem(TypedDict, total=False):
     metadata: dict | None
     total: int
     lanes: dict[str, LaneState]  # model id -> lane progress
+    lane_ordered: bool  # its lanes run in prefix order: each has a lane object, even when it is alone
     completed: int
     failed: int
     rejected: int  # requests that failed at intake (a Message Batch's invalid ones): in no lane, never run
@@ -62,6 +63,9 @@ class BatchItem(TypedDict, total=False):
     input_file_id: str  # a batch from a file: its lines are checked after create answers
     awaiting_validation: bool
     output_expires_after: int
+    execution: str  # how its models' parts run (service.offloading.execution), where the create body said
+    saved_usd: float  # what its requests run on a provider's batch tier saved against the model's price
+    offloaded: int  # its requests in provider jobs now (it settles only once none is)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class BatchExtras:
     max_cost_usd: float | None = None
     input_file_id: str | None = None
     output_expires_after: int | None = None
+    execution: str | None = None
 
     def write_into(self, item: BatchItem) -> None:
         """Set these fields of a batch item being created."""
@@ -92,6 +97,8 @@ class BatchExtras:
             item["input_file_id"], item["awaiting_validation"] = self.input_file_id, True
         if self.output_expires_after is not None:
             item["output_expires_after"] = self.output_expires_after
+        if self.execution is not None:
+            item["execution"] = self.execution
 
 
 class GroupItem(TypedDict, total=False):
@@ -101,7 +108,7 @@ class GroupItem(TypedDict, total=False):
     model: str
     account_id: str
     first: int
-    positions: list[list]  # [index, custom_id, offset, length] per member
+    positions: list[list]  # [index, custom_id, offset, length(, prefix key)] per member
     state: str  # RequestState: dispatched or running
     token: str  # the lease's fence
     due_pk: str
@@ -123,6 +130,7 @@ class RequestItem(TypedDict, total=False):
     account_id: str
     offset: int  # the body's place in the batch's requests object
     length: int
+    prefix: str  # its prefix key (service.creating.prefix_key), when it has one
     state: str  # RequestState
     token: str
     attempt: int

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..catalog import Model
 from ..domain import utc_day
-from ..layout import INDEX_CHUNK, IndexEntry, index_object, lane_created_at, lane_object, lane_turn_at
+from ..layout import INDEX_CHUNK, IndexEntry, index_object, lane_created_at, lane_in_order, lane_object, lane_turn_at
 from ..ledger import Position, claim_from_lane
 from ..records import Account, Batch, Lane
 from ..runtime import Services
@@ -309,7 +309,7 @@ class Lanes:
         return policy.lane_room(int(state["total"]), int(state["next"]))
 
     def _positions(self, batch: dict, model_id: str, lane_next: int, k: int) -> list[Position]:
-        if len(batch["lanes"]) == 1 and not batch.get("rejected"):  # its one lane is simply 0..n-1
+        if lane_in_order(batch):  # its one lane is simply 0..n-1
             indexes = list(range(lane_next, lane_next + k))
         else:
             cache_key = (batch["id"], model_id)
@@ -321,7 +321,7 @@ class Lanes:
         for index in indexes:
             entry = self._index_entry(batch["id"], index)
             positions.append(Position(index=index, custom_id=entry.custom_id, offset=entry.offset, length=entry.length,
-                                      worst_usd=self._worst(batch, model_id, entry)))
+                                      worst_usd=self._worst(batch, model_id, entry), prefix=entry.prefix))
         return positions
 
     def _worst(self, batch: dict, model_id: str, entry: IndexEntry) -> float | None:

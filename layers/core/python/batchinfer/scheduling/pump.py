@@ -30,7 +30,7 @@ from .claimed_work import GroupRun, Member, RunsRequests
 from .clock import REAL_CLOCK, Clock
 from .config import SchedulerConfig, scheduler_config
 from .dispatcher import Dispatcher
-from .fair_queue import FairQueue, created_us
+from .fair_queue import FairQueue, created_us, prefix_of
 from .held_slots import HeldSlots
 from .outcomes import Outcomes
 from .threads import on_pool
@@ -79,7 +79,7 @@ class SlotPump:
         config = self.config
         self.held = HeldSlots(svc, model.id)  # the lease and its slots
         self.timing = CallTiming(lambda: self.config, clock)
-        self.fair = FairQueue(clock, self.timing.memory)
+        self.fair = FairQueue(clock, self.timing.memory, model.cache_kind)
         self.watch = BudgetWatch(svc, model, config, clock)
         self.done_claiming = False
         self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
@@ -247,10 +247,12 @@ class SlotPump:
             self._add_runners(await held.grow(parts, self.watch.on_thread))
 
     async def _runner(self) -> None:
+        after = None  # the prefix key of the call this runner ran last: its backend slot holds it
         while True:
-            member = await self._next()
+            member = await self._next(after)
             if member is None:
                 return
+            after = prefix_of(member)
             if member.started is not None:
                 await self._run_started_retry(member)
                 continue
@@ -317,10 +319,10 @@ class SlotPump:
         if self.timing.ends(member):
             self.fair.ended(member)
 
-    def _take_next(self) -> Member:
-        return self.fair.take_next()
+    def _take_next(self, after: str | None = None) -> Member:
+        return self.fair.take_next(after)
 
-    async def _next(self) -> Member | None:
+    async def _next(self, after: str | None = None) -> Member | None:
         """The next claimed request for a free slot, or None when this runner must stop (its slot goes back)."""
         while True:
             if self.held.release > 0:
@@ -334,7 +336,7 @@ class SlotPump:
                 continue
             if self.queue:
                 self.need.set()
-                return self._take_next()
+                return self._take_next(after)
             if self.done_claiming:
                 return None
             self.wake.clear()

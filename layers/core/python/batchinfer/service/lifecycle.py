@@ -113,7 +113,7 @@ def settle_batch(svc: Services, batch_id: str, deadline: float | None = None,
     stop = Stop(batch["stop"]) if batch.get("stop") else None
     if batch.get("awaiting_validation") and stop is None:
         return batch  # a file batch whose lines are still being checked
-    if batch.get("in_flight", 0) > 0:
+    if batch.get("in_flight", 0) > 0 or batch.get("offloaded", 0) > 0:  # running, or held by a provider job
         return batch
     if stop is None and (undispatched_count(batch) > 0 or batch.get("open", 0) > 0):
         return batch

@@ -38,6 +38,7 @@ from ...service.creating.validation import (
     ValidatedBatch,
     ValidRequest,
 )
+from ...service.offloading import execution
 from ...service.reading import analytics, finished_order, results
 from ...service.reading.listing import collect_owned
 from ...service.running import batch_usage
@@ -96,7 +97,8 @@ def _prepared(svc: Services, principal: Principal, payload: object, version: str
     batch = _validated(svc, principal.account, payload, version)
     cap = parse_cap(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
     return batch, BatchExtras(priority=priority.parse(payload.get("priority")), max_cost_usd=cap,
-                              protocol_fields=(("anthropic_version", version),))
+                              protocol_fields=(("anthropic_version", version),),
+                              execution=execution.parse(payload.get("execution")))
 
 
 def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> dict:
@@ -106,7 +108,9 @@ def estimate(svc: Services, principal: Principal, raw: bytes, version: str) -> d
         raise PermissionDenied("Message Batches are not enabled.", code="message_batches_disabled")
     batch, extra = _prepared(svc, principal, intake.parse_json_body(raw), version)
     intake.check_cap(svc, batch, extra)
-    answer = forecast.estimate(svc, principal, batch)
+    window = batch.window_seconds or svc.settings.batch_completion_window_seconds
+    answer = forecast.estimate(svc, principal, batch, on_tier=execution.estimate_rule(
+        svc, batch.endpoint, extra.execution, extra.priority, window, extra.max_cost_usd is not None))
     intake.check_room(svc, principal, answer["request_count"])
     return answer
 
@@ -116,7 +120,7 @@ def _validated(svc: Services, account: dict, payload: object, version: str) -> V
     limits = svc.settings
     if not isinstance(payload, dict):
         raise InvalidRequest("The body must be a JSON object with a 'requests' array.")
-    extra = sorted(set(payload) - {"requests", "max_cost_usd", "priority"})  # the last two: extensions
+    extra = sorted(set(payload) - {"requests", "max_cost_usd", "priority", "execution"})  # the last three: extensions
     if extra:
         raise InvalidRequest(f"{clipped(extra[0])}: Extra inputs are not permitted.", param=clipped(extra[0]))
     requests = payload.get("requests")
@@ -208,6 +212,8 @@ def message_batch_object(item: BatchItem, base_url: str) -> dict:
         "paused_at": _rfc3339(pausing.paused_at(item)),  # an extension: null unless the batch is paused
         **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
         "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
+        "execution": execution.of(item),  # an extension: how its models' parts run (null: each one's default)
+        "saved_usd": batch_usage.saved_of(item),  # an extension: what a provider's batch tier saved
         "analytics": _analytics(item),  # an extension: its rates, latencies, attempts, errors
     }
 

@@ -24,6 +24,7 @@ from ...service.creating.validation import (
     validate_inline_batch,
     validate_metadata,
 )
+from ...service.offloading import execution
 from ...service.reading import analytics, results
 from ...service.reading.listing import owner_page
 from ...service.running import batch_usage
@@ -67,7 +68,8 @@ def _prepared(svc: Services, principal: Principal, payload: object) -> tuple[Val
     cap = parse_cap(payload.get("max_cost_usd"))  # an extension: the batch's spending cap
     admission = forecast.parse_admission(payload.get(forecast.ADMISSION_PARAM))
     extras = BatchExtras(priority=priority.parse(payload.get("priority")), webhook_url=webhook_url or None,
-                         max_cost_usd=cap, input_file_id=file_id, output_expires_after=expires_after)
+                         max_cost_usd=cap, input_file_id=file_id, output_expires_after=expires_after,
+                         execution=execution.parse(payload.get("execution")))
     return batch, extras, admission
 
 
@@ -75,7 +77,9 @@ def _estimate(svc: Services, principal: Principal, batch: ValidatedBatch, extras
     """The estimate of a checked batch; a file batch's lines are read and checked now, as its validation would."""
     lines = forecast.file_requests(svc, principal, batch.endpoint, extras.input_file_id) \
         if extras.input_file_id else None
-    return forecast.estimate(svc, principal, batch, lines)
+    window = batch.window_seconds or svc.settings.batch_completion_window_seconds
+    return forecast.estimate(svc, principal, batch, lines, execution.estimate_rule(
+        svc, batch.endpoint, extras.execution, extras.priority, window, extras.max_cost_usd is not None))
 
 
 def estimate_batch(svc: Services, principal: Principal, raw: bytes) -> dict:
@@ -151,6 +155,8 @@ def batch_object(item: BatchItem) -> dict:
         "paused_at": pausing.paused_at(item),  # an extension: null unless the batch is paused
         **({"retry_count": item["retry_count"]} if item.get("retry_count") else {}),  # once retried (an extension)
         "priority": priority.of(item),  # an extension: the batch's priority among its account's batches
+        "execution": execution.of(item),  # an extension: how its models' parts run (null: each one's default)
+        "saved_usd": batch_usage.saved_of(item),  # an extension: what a provider's batch tier saved
         "analytics": analytics.analytics_of(item),  # an extension: its rates, latencies, attempts, errors
     }
 

@@ -18,6 +18,7 @@ from ...scheduling.policy import walk_order
 from ...storage.dynamo import ConditionFailed, Throttled
 from ..creating.intake import validate_file_batch
 from ..lifecycle import begin_purge, due_to_expire, fail_batch, internal_error, purge_batch, settle_batch, stop_batch
+from ..offloading import jobs
 from ..steering import pausing, retry, spending_cap
 from . import webhooks
 
@@ -182,6 +183,12 @@ def sweep_once(svc: Services, deadline: float | None = None, overdue: Overdue | 
     with Bulkhead("webhook relay", "due events", "query"):
         try:
             counts["webhook_events_resent"] = webhooks.relay_due(svc, deadline=deadline, overdue=saw)
+        except Throttled:
+            pass
+    # Provider jobs (service.offloading), each in a bulkhead of its own: one that raises never stops the others.
+    with Bulkhead("provider jobs", "due jobs", "query"):
+        try:
+            counts["provider_jobs"] = jobs.run_due(svc, deadline)
         except Throttled:
             pass
     # Each batch, then each purge, in a bulkhead: one whose step raises is logged, counted and passed over

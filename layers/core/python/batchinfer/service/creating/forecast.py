@@ -14,7 +14,7 @@ counts against no quota.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ...catalog import Model
@@ -26,6 +26,7 @@ from ...scheduling.capacity import effective_budget, read_budget
 from ...scheduling.config import scheduler_config
 from ...spending import output_limit
 from ..accounts import Principal
+from .prefix_key import prefix_key, shared_part
 from .tokenizer import DEFAULT_TOKENIZER, count_body
 from .validation import RejectedRequest, ValidatedBatch, ValidRequest, problem_count, validate_file_lines
 
@@ -51,10 +52,22 @@ class ModelFigures:
     request_count: int = 0
     input_tokens: int = 0
     max_output_tokens: int | None = 0  # None: a request has no output limit of its own nor in the catalog
+    on_tier: bool = False  # the part would run on the model's provider batch tier, at its price
+    # Input a prompt cache would serve: the shared part (`prefix_key`) of every request after its prefix's
+    # first, where the model's backend has a cache (`prompt_cache` not off); the batch runs in the order that
+    # lets it (scheduling.prefix_order).
+    cached_input_tokens: int = 0
+    shared: dict = field(default_factory=dict)  # prefix key -> the tokens of its shared part
 
     def add(self, endpoint: str, body: dict) -> None:
         self.request_count += 1
         self.input_tokens += count_body(body, endpoint, self.tokenizer)
+        key = prefix_key(endpoint, body) if self.model.cache_kind != "off" else None
+        if key is not None:
+            if key in self.shared:
+                self.cached_input_tokens += self.shared[key]
+            else:
+                self.shared[key] = count_body(shared_part(endpoint, body), endpoint, self.tokenizer)
         limit = output_limit(self.model, endpoint, body)
         self.max_output_tokens = None if limit is None or self.max_output_tokens is None \
             else self.max_output_tokens + limit
@@ -64,9 +77,16 @@ class ModelFigures:
         return self.model.tokenizer or DEFAULT_TOKENIZER
 
     def cost(self) -> dict:
-        low = self.model.cost_usd(self.input_tokens, 0)
-        high = None if self.max_output_tokens is None else self.model.cost_usd(self.input_tokens,
-                                                                              self.max_output_tokens)
+        if self.on_tier and self.model.provider_batch:  # a provider job: the tier's price, no cache counted
+            tier = self.model.provider_batch
+            low = tier.cost_usd(self.input_tokens, 0)
+            high = None if self.max_output_tokens is None else tier.cost_usd(self.input_tokens,
+                                                                             self.max_output_tokens)
+        else:
+            low = self.model.cost_usd(self.input_tokens, 0, self.cached_input_tokens)
+            high = None if self.max_output_tokens is None else self.model.cost_usd(self.input_tokens,
+                                                                                  self.max_output_tokens,
+                                                                                  self.cached_input_tokens)
         return {"min": round(low, 10), "max": None if high is None else round(high, 10)}
 
 
@@ -195,8 +215,11 @@ def seconds_to_finish(queue: Queue, account_id: str, own_limit: int, count: int)
 
 
 def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
-             requests: Iterable[ValidRequest | RejectedRequest] | None = None) -> dict:
-    """The estimate of `batch` (its requests, or `requests` for a file batch's lines) for `principal`."""
+             requests: Iterable[ValidRequest | RejectedRequest] | None = None,
+             on_tier: Callable[[Model, int], bool] | None = None) -> dict:
+    """The estimate of `batch` (its requests, or `requests` for a file batch's lines) for `principal`.
+    `on_tier(model, count)`: whether a model's part would run on its provider batch tier (its `execution`),
+    priced there."""
     now = svc.now()
     endpoint = batch.endpoint
     figures: dict[str, ModelFigures] = {}
@@ -212,12 +235,15 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
     window = batch.window_seconds or svc.settings.batch_completion_window_seconds
     models, longest = [], 0.0
     for model_id, fig in figures.items():
+        fig.on_tier = bool(on_tier and on_tier(fig.model, fig.request_count))
         queue = read_queue(svc, fig.model)
         seconds = seconds_to_finish(queue, principal.account_id, own_limit, fig.request_count)
         longest = max(longest, seconds)
         models.append({
             "model": model_id, "request_count": fig.request_count, "input_tokens": fig.input_tokens,
+            "cached_input_tokens": 0 if fig.on_tier else fig.cached_input_tokens,
             "max_output_tokens": fig.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
+            "execution": "provider_batch" if fig.on_tier else "direct",
             "queue_ahead": coarse_count(queue.ahead), "batch_budget": fig.model.batch_budget,
             "batch_cap_now": queue.cap, "tier_limit": own_limit, "mean_latency_seconds": queue.measured,
             "latency_used_seconds": round(queue.latency, 4),
@@ -229,6 +255,7 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
         "object": OBJECT, "endpoint": endpoint, "created_at": now,
         "request_count": sum(m["request_count"] for m in models) + len(rejected),
         "input_tokens": sum(m["input_tokens"] for m in models),
+        "cached_input_tokens": sum(m["cached_input_tokens"] for m in models),
         "max_output_tokens": None if None in outputs else sum(outputs),
         "cost_usd": {"min": round(sum(c["min"] for c in costs), 10),
                      "max": None if any(c["max"] is None for c in costs) else round(sum(c["max"] for c in costs), 10)},

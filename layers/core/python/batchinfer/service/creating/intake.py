@@ -26,10 +26,13 @@ from ...layout import (
 from ...protocols import Protocol
 from ...records import Account, Batch, BatchExtras, BatchItem, Idempotency, Lane
 from ...runtime import Services
+from ...scheduling.prefix_order import prefix_waves, worth_ordering
 from ...spending import CAP_PARAM, output_bound
 from ...storage.dynamo import ConditionFailed, ItemTooLarge
 from ..accounts import Principal, quota_used_up
 from ..lifecycle import fail_validation
+from ..offloading import execution
+from .prefix_key import prefix_key
 from .validation import (
     UNPAIRED_SURROGATE,
     RejectedRequest,
@@ -187,35 +190,64 @@ def unbounded_message(i: int, req: ValidRequest) -> str:
             "audio and documents do not follow from their size).")
 
 
+@dataclass(frozen=True)
+class StoredRequests:
+    """What `write_requests` stored: each model's positions in the order its lane runs them, and whether
+    any lane is in prefix order (`lane_ordered` on the batch: its lane object is read even when alone)."""
+
+    lanes: dict[str, list[int]]
+    ordered: bool
+
+
 def write_requests(svc: Services, batch_id: str, requests: list[ValidRequest | RejectedRequest],
-                   endpoint: str) -> dict[str, list[int]]:
+                   endpoint: str) -> StoredRequests:
     """The batch's requests in S3: bodies as one object (one PUT, not one write per request) and the index
     chunks; request state is created only when requests are dispatched, so storing 50,000 requests stays
     far inside 30 s. A request rejected at intake keeps only its error, in its index entry, and joins no
-    lane. Returns each model's positions (its lane)."""
-    lines, index, offset = [], [], 0
-    for req in requests:
-        if isinstance(req, RejectedRequest):
-            index.append(IndexEntry(req.custom_id, None, 0, 0, req.error))
-            continue
-        line = json.dumps({"custom_id": req.custom_id, "body": req.body}, separators=(",", ":")).encode() + b"\n"
-        lines.append(line)
-        # Last: the most output tokens it can be charged for (a spending cap's worst case).
-        index.append(IndexEntry(req.custom_id, req.model_id, offset, len(line),
-                                output_bound(svc.catalog.get(req.model_id), endpoint, req.body)))
-        offset += len(line)
-    svc.blobs.put(requests_object(batch_id), b"".join(lines), "application/x-ndjson")
-    for chunk in range(0, len(index), INDEX_CHUNK):
-        svc.blobs.put(index_object(batch_id, chunk // INDEX_CHUNK),
-                      json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
+    lane. Each lane's positions are in the order they run: as they came, or, on a model with a prompt cache,
+    in waves of prefixes (scheduling.prefix_order); the bodies are stored in that order too, lane by lane
+    (the index, in submission order, says where each one is)."""
+    lines: dict[int, bytes] = {}
+    keys: dict[int, str | None] = {}
     lanes: dict[str, list[int]] = {}
     for position, req in enumerate(requests):
         if isinstance(req, ValidRequest):
+            lines[position] = json.dumps({"custom_id": req.custom_id, "body": req.body},
+                                         separators=(",", ":")).encode() + b"\n"
+            keys[position] = prefix_key(endpoint, req.body)  # what a prompt cache would share of it
             lanes.setdefault(req.model_id, []).append(position)
-    if len(lanes) > 1 or sum(map(len, lanes.values())) < len(requests):  # else its one lane is simply 0..n-1
+    ordered = False
+    for model_id, positions in lanes.items():  # each lane in waves of prefixes, where its model has a cache
+        model = svc.catalog.get(model_id)
+        prefixes = [keys[position] for position in positions]
+        if model.cache_kind != "off" and worth_ordering(prefixes):
+            lanes[model_id] = [positions[i] for i in prefix_waves(prefixes, model.batch_budget)]
+            ordered = True
+    # The bodies in the order their lanes run (submission order for a lone lane as it came): the members of
+    # a group, consecutive in their lane, lie together, and a group's bodies are one ranged read.
+    offsets, offset = {}, 0
+    for positions in lanes.values():
+        for position in positions:
+            offsets[position] = offset
+            offset += len(lines[position])
+    svc.blobs.put(requests_object(batch_id), b"".join(lines[p] for ps in lanes.values() for p in ps),
+                  "application/x-ndjson")
+    index = []
+    for position, req in enumerate(requests):
+        if isinstance(req, RejectedRequest):
+            index.append(IndexEntry(req.custom_id, None, 0, 0, req.error))
+        else:
+            # Then the most output tokens it can be charged for (a spending cap's worst case), and last its
+            # prefix key.
+            index.append(IndexEntry(req.custom_id, req.model_id, offsets[position], len(lines[position]),
+                                    output_bound(svc.catalog.get(req.model_id), endpoint, req.body), keys[position]))
+    for chunk in range(0, len(index), INDEX_CHUNK):
+        svc.blobs.put(index_object(batch_id, chunk // INDEX_CHUNK),
+                      json.dumps(index[chunk:chunk + INDEX_CHUNK], separators=(",", ":")).encode())
+    if ordered or len(lanes) > 1 or sum(map(len, lanes.values())) < len(requests):  # else 0..n-1
         for model_id, positions in lanes.items():
             svc.blobs.put(lane_object(batch_id, model_id), json.dumps(positions).encode())
-    return lanes
+    return StoredRequests(lanes, ordered)
 
 
 def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch, claim: IdempotencyClaim | None,
@@ -224,7 +256,8 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
     now = svc.now()
     if len(batch.requests) > s.max_unfinished_requests:
         raise BatchTooLarge(len(batch.requests), s.max_unfinished_requests)  # before anything is stored
-    lanes = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else {}
+    stored = write_requests(svc, batch_id, batch.requests, batch.endpoint) if batch.requests else None
+    lanes = stored.lanes if stored else {}
     rejected = sum(isinstance(r, RejectedRequest) for r in batch.requests)
     if extras.input_file_id is not None:  # the batch's own copy: deleting the upload must not affect it
         svc.blobs.copy(file_object(extras.input_file_id), input_file_copy(batch_id))
@@ -236,11 +269,14 @@ def _store_new_batch(svc: Services, principal: Principal, batch: ValidatedBatch,
                      owner_created_us=time.time_ns() // 1000,
                      idempotency_key=claim.key if claim else None, extras=extras, rejected=rejected,
                      status=batch.status)
+    if stored and stored.ordered:
+        item["lane_ordered"] = True
     t = svc.table
     ops = [Batch.create(t, item),
            Account.reserve_unfinished(t, principal.account_id, item["total"], s.max_unfinished_batches,
                                       s.max_unfinished_requests)]
-    ops += [Lane.create(t, model_id, item) for model_id in lanes]
+    held, job_ops = execution.plan(svc, item, {m: len(p) for m, p in lanes.items()}, now)  # provider batch tiers
+    ops += [Lane.create(t, model_id, item) for model_id in lanes if model_id not in held] + job_ops
     if claim:
         ops.append(Idempotency.claim(t, principal.account_id, claim.key, batch_id, claim.body_hash, now))
     try:
@@ -275,15 +311,18 @@ def validate_file_batch(svc: Services, batch: BatchItem) -> str:
                                                                       f"the file's request {unbounded[0] + 1}")}]
     if problems:
         return "failed" if fail_validation(svc, batch, problems) else "stale"
-    lanes = write_requests(svc, batch["id"], requests, batch["endpoint"])
+    stored = write_requests(svc, batch["id"], requests, batch["endpoint"])
+    lanes = stored.lanes
     t = svc.table
     for _ in range(3):
         # A paused batch gets no lanes yet: its resume creates them.
         paused = bool(batch.get("paused_at"))
         ops = [Batch.validated(t, batch["id"], {m: len(p) for m, p in lanes.items()}, svc.now(), paused=paused,
-                               seen=batch),
+                               seen=batch, ordered=stored.ordered),
                Account.reserve_requests(t, batch["account_id"], len(requests), svc.settings.max_unfinished_requests)]
-        ops += [] if paused else [Lane.create(t, model_id, batch) for model_id in lanes]
+        held, job_ops = execution.plan(svc, batch, {m: len(p) for m, p in lanes.items()}, svc.now())
+        ops += job_ops + ([] if paused else [Lane.create(t, model_id, batch) for model_id in lanes
+                                             if model_id not in held])
         try:
             t.transact(ops)
             return "validated"

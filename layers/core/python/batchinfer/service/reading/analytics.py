@@ -62,6 +62,11 @@ def analytics_of(item: BatchItem) -> dict:
         "attempts": counts["attempts"],
         "retries": counts["retries"],
         "errors_by_code": dict(sorted(counts["errors"].items())),
+        # Of the input tokens, the share the backend served from its prompt cache (None before any input), and
+        # what that saved where the catalog prices cached input lower (`cached_input_per_mtok`).
+        "cached_input_share": (round(int(item.get("cached_tokens", 0)) / int(item["input_tokens"]), 4)
+                               if item.get("input_tokens") else None),
+        "cache_saved_usd": round(float(item.get("cache_saved_usd", 0)), 10),
     }
 
 

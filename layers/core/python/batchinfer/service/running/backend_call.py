@@ -51,4 +51,10 @@ async def stream(model: Model, endpoint: str, body: dict, key: str | None, timeo
 def cost_of(model: Model, attempt: Attempt) -> float:
     """What an attempt costs at the catalog's price; an attempt whose outcome was lost costs nothing known
     (it counts in `cost_unknown_attempts` instead)."""
-    return model.cost_usd(attempt.input_tokens, attempt.output_tokens) if attempt.cost_known else 0.0
+    return (model.cost_usd(attempt.input_tokens, attempt.output_tokens, attempt.cached_tokens)
+            if attempt.cost_known else 0.0)
+
+
+def cache_saving_of(model: Model, attempt: Attempt) -> float:
+    """What an attempt's cached input saved at the catalog's cached input price (0 without one)."""
+    return model.cache_saving_usd(attempt.input_tokens, attempt.cached_tokens) if attempt.cost_known else 0.0

@@ -30,6 +30,12 @@ def cost_of(item: BatchItem) -> float:
     return shown_usd(item.get("cost_usd", 0))
 
 
+def saved_of(item: BatchItem) -> float:
+    """What the batch's requests run on a provider's batch tier saved: their cost at the model's price less
+    their cost at the tier's (service.offloading)."""
+    return shown_usd(item.get("saved_usd", 0))
+
+
 def usage_fields(item: BatchItem) -> dict:
     """`usage`, `cost_usd` and `cost_unknown_attempts` (attempts whose outcome is unknown: their cost is not in
     `cost_usd`)."""

@@ -132,12 +132,19 @@ def _outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Att
     return outcome
 
 
+def answered_outcome(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
+    """What an answered attempt records (at the model's price): a direct call's, or a provider batch tier's
+    answer to the request (service.offloading), which lands the same way."""
+    return _outcome(svc, req, batch_id, model, attempt)
+
+
 def _outcome_of(svc: Services, req: dict, batch_id: str, model: Model, attempt: Attempt) -> Settlement:
     s = svc.settings
     cost = backend_call.cost_of(model, attempt)
     common = {"input_tokens": attempt.input_tokens, "output_tokens": attempt.output_tokens,
               "cached_tokens": attempt.cached_tokens, "reasoning_tokens": attempt.reasoning_tokens, "cost_usd": cost,
-              "cost_unknown": 0 if attempt.cost_known else 1}
+              "cost_unknown": 0 if attempt.cost_known else 1,
+              "cache_saved_usd": backend_call.cache_saving_of(model, attempt)}
     if attempt.ok:
         head = {"status_code": attempt.status_code, "request_id": attempt.request_id or f"req_{req['token']}"}
         # The body is kept as the text the backend sent (a string, never DynamoDB numbers, which would turn

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from ...domain import RequestState, Stop, new_token, unstarted_error
 from ...errors import BatchNotFound, Conflict
-from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, request_key
+from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_in_order, lane_object, request_key
 from ...records import Batch, BatchItem, Request, RequestItem
 from ...runtime import Services
 from ...spending import worst_usd
@@ -95,7 +95,7 @@ class _Entries:
 
     def lane(self, model_id: str, start: int, end: int) -> list[int]:
         """The batch indexes of the lane's positions start..end-1 (a batch's one lane is simply 0..n-1)."""
-        if len(self.batch["lanes"]) == 1 and not self.batch.get("rejected"):
+        if lane_in_order(self.batch):
             return list(range(start, end))
         if model_id not in self.lanes:
             self.lanes[model_id] = json.loads(self.svc.blobs.get(lane_object(self.batch["id"], model_id)) or b"[]")

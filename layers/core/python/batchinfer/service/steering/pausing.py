@@ -193,7 +193,8 @@ def _step(svc: Services, batch: BatchItem) -> BatchItem | None:
             full = True  # the step is full: the next one goes on from the last item it looked at
             break
         last = item["sk"]
-        if not item["sk"].startswith(REQUEST_PREFIX) or not _moves(
+        # A request held by a provider job stays with it: the job runs on at the provider while paused.
+        if not item["sk"].startswith(REQUEST_PREFIX) or item.get("job") or not _moves(
                 {**item, "batch_expires_at": batch["expires_at"]}, walk["resume"]):
             continue
         if walk["resume"]:

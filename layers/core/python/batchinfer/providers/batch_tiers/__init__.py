@@ -1,0 +1,47 @@
+"""Providers' own batch tiers (docs/provider-batch.md), by backend kind: each kind is one module offering the
+`BatchTier` calls below, so the job runner (`service.offloading.jobs`) never names a provider. Only `openai`
+so far; `anthropic` (Message Batches) and `bedrock` (model invocation jobs) are to implement the same calls."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ...catalog import Model
+from . import openai_batches
+from .common import JobView, LineAnswer, Page, TierError
+
+__all__ = ["BATCH_TIERS", "BatchTier", "JobView", "LineAnswer", "Page", "TierError", "tier_of", "tier_takes"]
+
+
+class BatchTier(Protocol):
+    """What a provider's batch tier offers the job runner. `job_key`: the service's own name of the job, put on
+    the provider's job (metadata, token) so that it can be found again after a worker died mid-create. Every
+    call raises TierError when the provider did not answer it."""
+
+    def find(self, model: Model, api_key: str | None, job_key: str) -> JobView | None: ...
+
+    def submit(self, model: Model, api_key: str | None, job_key: str, endpoint: str,
+               lines: list[tuple[str, dict]]) -> JobView: ...
+
+    def look(self, model: Model, api_key: str | None, provider_id: str) -> JobView: ...
+
+    def cancel(self, model: Model, api_key: str | None, provider_id: str) -> JobView: ...
+
+    def results(self, model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
+        """Up to `limit` answers from `start` (the kind's own cursor: a byte offset, a line, a token)."""
+        ...
+
+
+BATCH_TIERS: dict[str, BatchTier] = {"openai": openai_batches}  # type: ignore[dict-item]
+
+
+def tier_of(model: Model) -> BatchTier:
+    """The batch tier client of the model's backend kind (the catalog admits a tier on these kinds only)."""
+    assert model.backend is not None
+    return BATCH_TIERS[model.backend.kind]
+
+
+def tier_takes(model: Model, endpoint: str) -> bool:
+    """Whether the model's provider batch tier takes requests of `endpoint` (each kind's `ENDPOINTS`)."""
+    kind = model.backend.kind if model.backend else None
+    return kind in BATCH_TIERS and endpoint in getattr(BATCH_TIERS[kind], "ENDPOINTS", ())

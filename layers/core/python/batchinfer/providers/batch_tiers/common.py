@@ -1,0 +1,43 @@
+"""What every provider's batch tier client answers in: a job as the runner sees it, and a page of answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...domain import Attempt
+
+
+class TierError(Exception):
+    """A call to a provider's batch API that did not go through (no answer, or an error answer): the job's
+    step is tried again at its next look."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A provider's job: its id; `ended` once it will change no more (completed, failed, expired, cancelled);
+    `failed` when it failed as a whole (nothing ran); where its answers are."""
+
+    provider_id: str
+    status: str  # the provider's own word for it
+    ended: bool
+    failed: bool = False
+    output_file: str | None = None
+    error_file: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class LineAnswer:
+    """One request's answer in a job's results: `key` is the custom id the service gave it; `attempt` what the
+    provider answered (as a direct call's Attempt), or None when the provider never ran it (expired, cancelled)."""
+
+    key: str
+    attempt: Attempt | None
+
+
+@dataclass
+class Page:
+    """Answers from a cursor; `next` is where the next page starts, None at the file's end."""
+
+    answers: list[LineAnswer] = field(default_factory=list)
+    next: int | None = None

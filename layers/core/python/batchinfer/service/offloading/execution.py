@@ -1,0 +1,81 @@
+"""`execution` on create (an extension): how each model's part of a batch runs. `direct`: every request one
+by one, as always; `provider_batch`: each model's part goes to its provider's batch tier where the catalog
+offers one, the part is at least the tier's `min_requests` and the guard's moment (the window's end less the
+tier's `guard_seconds`) is still ahead; `auto`: as `provider_batch`, except that a `high` priority batch runs
+directly. Absent: each model's catalog `default`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...catalog import Model
+from ...errors import InvalidRequest
+from ...providers.batch_tiers import tier_takes
+from ...records import BatchItem, Op
+from ...records.provider_jobs import ProviderJob
+from ...runtime import Services
+
+EXECUTIONS = ("direct", "provider_batch", "auto")
+
+
+def parse(value: object, param: str = "execution") -> str | None:
+    """`execution` as given in a create body (None: absent, each model's default); anything else is a 400."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in EXECUTIONS:
+        return value
+    raise InvalidRequest(f"{param} must be one of 'direct', 'provider_batch' or 'auto', not {value!r}.",
+                         param=param)
+
+
+def of(batch: BatchItem | dict) -> str | None:
+    """The batch's `execution` as shown: as it was given, or null (each model's catalog default)."""
+    return batch.get("execution")
+
+
+def goes_to_tier(batch: BatchItem | dict, model: Model, count: int, now: int) -> bool:
+    """Whether the batch's `count` requests for `model` go to its provider's batch tier."""
+    tier = model.provider_batch
+    if tier is None or model.backend is None or count < tier.min_requests:
+        return False
+    if not tier_takes(model, batch["endpoint"]):
+        return False
+    execution = batch.get("execution") or tier.default
+    if execution == "direct" or (execution == "auto" and batch.get("priority") == "high"):
+        return False
+    return now < int(batch["expires_at"]) - tier.guard_seconds
+
+
+# Provider jobs one batch plans at most (one transaction writes them with the batch); a part larger than this
+# many of its tier's jobs runs its rest directly once they are done.
+MAX_PLANNED_JOBS = 20
+
+
+def plan(svc: Services, batch: BatchItem, lanes: dict[str, int], now: int) -> tuple[set[str], list[Op]]:
+    """Which models' parts of a new batch go to their provider's tier (their lanes are not created: the jobs
+    take their requests), and the job records to write with the batch, each due at once."""
+    held: set[str] = set()
+    ops: list[Op] = []
+    if batch.get("max_cost_usd") is not None:  # a capped batch runs directly (its claims commit worst cases)
+        return held, ops
+    for model_id, total in lanes.items():
+        model = svc.catalog.lookup(model_id)
+        if model is None or not goes_to_tier(batch, model, total, now):
+            continue
+        tier = model.provider_batch
+        assert tier is not None
+        held.add(model_id)
+        for seq, lane_from in enumerate(range(0, total, tier.max_requests)):
+            if seq == MAX_PLANNED_JOBS:
+                break
+            job = ProviderJob.new(batch, model_id, seq, lane_from, min(tier.max_requests, total - lane_from), now)
+            ops.append(ProviderJob.create(svc.table, job))
+    return held, ops
+
+
+def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority: str, window_seconds: int,
+                  capped: bool) -> Callable[[Model, int], bool]:
+    """For an estimate: whether a model's part of `count` requests of a batch created now would go to its tier."""
+    now = svc.now()
+    batch = {"endpoint": endpoint, "execution": execution, "priority": priority, "expires_at": now + window_seconds}
+    return lambda model, count: not capped and goes_to_tier(batch, model, count, now)

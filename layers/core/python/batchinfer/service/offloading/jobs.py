@@ -1,0 +1,343 @@
+"""The provider job runner: each job record (records.provider_jobs) is looked at when due, by the sweeper,
+one step at a time, every step fenced on the record's version so that two sweepers never both do one.
+
+  planned/filling  its requests are taken from the model's lane into the job, a transaction per FILL_STEP
+                   (the lane's cursor, the request items held by the job, the job's `filled`)
+  submitting       the provider's job is looked up by the job's key (a worker that died after creating it
+                   left it there) and made only if none is found; its id recorded
+  running          looked at every `poll_seconds`; at the guard's moment (the window's end less the larger of
+                   `guard_seconds` and the forecast of running its rest directly), or once its batch stopped,
+                   cancelled at the provider
+  collecting       the provider's job ended: its output and error files read a page at a time (the page's
+                   place kept on the record), each answer landed through the ledger as a direct call's is
+  handing_back     what it did not finish (never run, expired, cancelled, retryable errors) goes to run
+                   directly, due at once; the lane's rest too, once no job of the model is left to fill
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import replace
+
+from ...catalog import Model
+from ...domain import FINAL_BATCH, RequestState, Stop, new_token, utc_day
+from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, requests_object
+from ...ledger import SETTLE_MAX, Settlement, settle_many
+from ...observability import Bulkhead
+from ...providers.batch_tiers import LineAnswer, TierError, tier_of
+from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem, key_account_and_usage
+from ...records.provider_jobs import ProviderJob
+from ...runtime import Services
+from ...storage.dynamo import ConditionFailed
+from ..accounts import key_problem
+from ..creating.forecast import read_queue, seconds_to_finish
+from ..lifecycle import stop_batch
+from ..running.backend_call import backend_key
+from ..running.run_request import answered_outcome
+
+log = logging.getLogger(__name__)
+
+FILL_STEP = 80  # requests one transaction takes into a job (with the batch and the job: below DynamoDB's 100)
+RESULT_PAGE = 200  # answers one step lands at most (a 50,000-line output: 250 steps, each resumable)
+HAND_BACK_STEP = 80  # held requests one transaction hands back to run directly
+STEPS_PER_LOOK = 50  # steps one look at a job takes at most (a look ends early at its deadline)
+JOBS_PER_RUN = 50  # due jobs one sweeper run looks at at most
+# A job's step that failed (the provider did not answer, a write lost a race) is tried again this much later.
+RETRY_SECONDS = 5
+
+
+def run_due(svc: Services, deadline: float | None = None) -> int:
+    """Look at every provider job that is due, each in a bulkhead: one that raises is logged and passed
+    over, and the others go on. Returns how many were looked at."""
+    looked = 0
+    for key in ProviderJob.due(svc.table, svc.now(), JOBS_PER_RUN):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        with Bulkhead("provider jobs", f"{key['pk']}/{key['sk']}", "look") as guard:
+            look(svc, key["pk"], key["sk"], deadline, guard)
+            looked += 1
+    return looked
+
+
+def look(svc: Services, pk: str, sk: str, deadline: float | None = None, guard: Bulkhead | None = None) -> dict | None:
+    """Take the job's steps until it waits on its provider, is done, or the deadline comes."""
+    job = ProviderJob.get(svc.table, pk, sk)
+    for _ in range(STEPS_PER_LOOK):
+        if job is None or job["state"] == "done" or int(job.get("due_at", 0)) > svc.now():
+            return job
+        if deadline is not None and time.monotonic() >= deadline:
+            return job
+        if guard is not None:
+            guard.step = job["state"]
+        try:
+            changed = _step(svc, job)
+        except (ConditionFailed, TierError) as error:  # raced, or the provider did not answer: a bit later
+            log.warning("provider job %s/%s: %s step put off: %s", pk, sk, job["state"], error)
+            current = ProviderJob.get(svc.table, pk, sk)
+            if current is not None and current["version"] == job["version"] and current["state"] != "done":
+                svc.table.transact([ProviderJob.change(svc.table, current, {"due_at": svc.now() + RETRY_SECONDS})])
+            return ProviderJob.get(svc.table, pk, sk)
+        job = ProviderJob.get(svc.table, pk, sk)
+        if not changed:  # it waits on its provider (or its batch's resume) until its next look
+            return job
+    return job
+
+
+def _step(svc: Services, job: dict) -> bool:
+    batch = Batch.get(svc.table, job["batch_id"])
+    model = svc.catalog.lookup(job["model"])
+    if batch is None or model is None or model.provider_batch is None:
+        # The batch is gone (purged with its items), or the catalog no longer offers the tier: its requests
+        # are handed back (if any is still held) and the job ends.
+        return _state(svc, job, "handing_back" if batch is not None and job["state"] != "planned" else "done")
+    state = job["state"]
+    if state in ("planned", "filling"):
+        return _fill(svc, job, batch, model)
+    if state == "submitting":
+        return _submit(svc, job, batch, model)
+    if state in ("running", "cancelling"):
+        return _poll(svc, job, batch, model)
+    if state == "collecting":
+        return _collect(svc, job, batch, model)
+    if state == "handing_back":
+        return _hand_back(svc, job, batch)
+    raise ValueError(f"provider job in an unknown state {state!r}")
+
+
+def _state(svc: Services, job: dict, state: str, **sets: object) -> bool:
+    done = state == "done"
+    svc.table.transact([ProviderJob.change(svc.table, job, {"state": state, **({} if done else {"due_at": svc.now()}),
+                                                            **sets}, done=done)])
+    return True
+
+
+def _stopped(svc: Services, batch: BatchItem) -> bool:
+    return bool(batch.get("stop") or batch.get("deleting") or batch["status"] in FINAL_BATCH)
+
+
+def guard_at(svc: Services, batch: BatchItem, model: Model, unfinished: int) -> int:
+    """When the job's unfinished part comes back to run directly: the window's end less the larger of the
+    tier's `guard_seconds` and the estimate's forecast of running that part directly."""
+    tier = model.provider_batch
+    assert tier is not None
+    forecast = 0.0
+    try:
+        account = Account.get(svc.table, batch["account_id"]) or {}
+        own_limit = svc.settings.tier_limits.get(account.get("tier", "free"), 0)
+        forecast = seconds_to_finish(read_queue(svc, model), batch["account_id"], own_limit, unfinished)
+    except Exception:  # a forecast that cannot be read leaves the guard's own margin
+        log.exception("provider job: no forecast for %s", model.id)
+    margin = tier.guard_seconds if math.isinf(forecast) else max(tier.guard_seconds, forecast)
+    return int(batch["expires_at"]) - math.ceil(margin)
+
+
+# --- filling ---------------------------------------------------------------------------------------------
+
+def _fill(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
+    lane = batch["lanes"][job["model"]]
+    at = int(job["lane_from"]) + int(job["filled"])
+    now = svc.now()
+    late = now >= guard_at(svc, batch, model, int(job["count"]))
+    taken_elsewhere = int(lane["next"]) != at
+    if batch.get("paused_at") and not taken_elsewhere and not late:  # a paused batch's part waits for its resume
+        return _later(svc, job, model)
+    if late or _stopped(svc, batch) or taken_elsewhere or int(job["filled"]) >= int(job["count"]):
+        if int(job["filled"]) == 0:
+            _state(svc, job, "done")
+            _lane_rest_to_direct(svc, job["batch_id"])
+            return True
+        return _state(svc, job, "submitting" if not (late or _stopped(svc, batch)) else "handing_back",
+                      count=int(job["filled"]))
+    k = min(FILL_STEP, int(job["count"]) - int(job["filled"]))
+    entries = _Entries(svc, batch)
+    indexes = entries.lane(job["model"], at, at + k)
+    ttl = int(batch["expires_at"]) + svc.settings.batch_retention_seconds + 86400
+    t = svc.table
+    ops = [ProviderJob.claim_lane(t, batch, job["model"], at, len(indexes), now),
+           ProviderJob.change(t, job, {"state": "filling", "filled": int(job["filled"]) + len(indexes)})]
+    for index in indexes:
+        entry = entries.entry(index)
+        ops.append(Request.create(t, ProviderJob.held_item(batch, job["model"], job["sk"], index, entry.custom_id,
+                                                           entry.offset, entry.length, new_token(), now, ttl)))
+    t.transact(ops)
+    return True
+
+
+class _Entries:
+    """The batch's request index and lanes as stored at intake (S3), read a chunk at a time."""
+
+    def __init__(self, svc: Services, batch: BatchItem) -> None:
+        self.svc, self.batch = svc, batch
+        self.chunks: dict[int, list] = {}
+
+    def lane(self, model_id: str, start: int, end: int) -> list[int]:
+        if len(self.batch["lanes"]) == 1 and not self.batch.get("rejected"):  # its one lane is simply 0..n-1
+            return list(range(start, end))
+        return json.loads(self.svc.blobs.get(lane_object(self.batch["id"], model_id)) or b"[]")[start:end]
+
+    def entry(self, index: int) -> IndexEntry:
+        chunk = index // INDEX_CHUNK
+        if chunk not in self.chunks:
+            self.chunks[chunk] = json.loads(self.svc.blobs.get(index_object(self.batch["id"], chunk)) or b"[]")
+        return IndexEntry.read(self.chunks[chunk][index - chunk * INDEX_CHUNK])
+
+
+def _lane_rest_to_direct(svc: Services, batch_id: str) -> None:
+    """A model's requests no job will take any more run directly: its lane is made, once no job of the
+    model is left to fill (the lane's cursor fences every claim, so none is taken twice)."""
+    batch = Batch.get(svc.table, batch_id)
+    if batch is None or _stopped(svc, batch) or batch.get("paused_at"):
+        return  # stopped: its never-dispatched requests end with it; paused: its resume makes its lanes
+    jobs = ProviderJob.of_batch(svc.table, batch_id)
+    for model_id, lane in batch.get("lanes", {}).items():
+        filling = [j for j in jobs if j["model"] == model_id and j["state"] in ("planned", "filling")]
+        held = any(j["model"] == model_id for j in jobs)
+        if held and not filling and int(lane["next"]) < int(lane["total"]):
+            svc.table.transact([Lane.create(svc.table, model_id, batch)])
+
+
+# --- submitting and polling --------------------------------------------------------------------------------
+
+def _job_key(job: dict) -> str:
+    return f"{job['batch_id']}:{job['sk']}"
+
+
+def _owner(svc: Services, batch: BatchItem) -> str:
+    """The checks a direct request gets before each attempt, for a job's requests: "ok"; "fail" when the key
+    was revoked or the account suspended (the batch is failed here, as a worker fails it); "wait" while the
+    account has no batch access or its day's quota is used up."""
+    now = svc.now()
+    key_item, account, usage = key_account_and_usage(svc.table, batch["key_hash"], batch["account_id"], utc_day(now))
+    if key_problem(svc, key_item, account):
+        stop_batch(svc, batch, Stop.FAIL)
+        return "fail"
+    if not account.get("batch_access") or (
+            float((usage or {}).get("cost_usd", 0)) >= float(account.get("daily_quota_usd", 0))):
+        return "wait"
+    return "ok"
+
+
+def _later(svc: Services, job: dict, model: Model) -> bool:
+    svc.table.transact([ProviderJob.change(svc.table, job, {
+        "due_at": svc.now() + math.ceil(model.provider_batch.poll_seconds)})])  # type: ignore[union-attr]
+    return False
+
+
+def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
+    if _stopped(svc, batch) or svc.now() >= guard_at(svc, batch, model, int(job["count"])):
+        return _state(svc, job, "handing_back")
+    owner = _owner(svc, batch)
+    if owner != "ok":  # failed: handed back and closed with the batch; waiting: looked at again later
+        return _state(svc, job, "handing_back") if owner == "fail" else _later(svc, job, model)
+    tier, key = tier_of(model), backend_key(svc, model)
+    found = tier.find(model, key, _job_key(job))  # made already, by a worker that died before recording it
+    if found is None:
+        held = list(ProviderJob.held(svc.table, job))
+        lines = [(str(req["index"]), body) for req, body in zip(held, _bodies(svc, held), strict=True)]
+        found = tier.submit(model, key, _job_key(job), job["endpoint"], lines)
+    return _state(svc, job, "running", provider_id=found.provider_id,
+                  due_at=svc.now() + math.ceil(model.provider_batch.poll_seconds))  # type: ignore[union-attr]
+
+
+def _bodies(svc: Services, held: list[RequestItem]) -> list[dict]:
+    key = requests_object(held[0]["batch_id"]) if held else ""
+    return [json.loads(svc.blobs.get_range(key, int(req["offset"]), int(req["length"])))["body"] for req in held]
+
+
+def _poll(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
+    tier, key = tier_of(model), backend_key(svc, model)
+    view = tier.look(model, key, job["provider_id"])
+    if view.ended:
+        if view.failed:
+            log.warning("provider job %s failed as a whole: %s", job["provider_id"], view.message)
+        return _state(svc, job, "collecting", provider_status=view.status, output_file=view.output_file,
+                      error_file=view.error_file, cursor_output=0, cursor_error=0)
+    unfinished = sum(1 for _ in ProviderJob.held(svc.table, job))
+    if job["state"] == "running" and not _stopped(svc, batch) and _owner(svc, batch) == "fail":
+        batch = Batch.get(svc.table, job["batch_id"]) or batch
+    if job["state"] == "running" and (_stopped(svc, batch) or svc.now() >= guard_at(svc, batch, model, unfinished)):
+        tier.cancel(model, key, job["provider_id"])  # what it finished is taken once it has ended
+        return _state(svc, job, "cancelling")
+    return _later(svc, job, model)
+
+
+# --- collecting and handing back ---------------------------------------------------------------------------
+
+def _collect(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
+    for kind in ("output", "error"):
+        cursor = job.get(f"cursor_{kind}")
+        if job.get(f"{kind}_file") and cursor is not None:
+            page = tier_of(model).results(model, backend_key(svc, model), job[f"{kind}_file"], int(cursor),
+                                          RESULT_PAGE)
+            _land(svc, job, batch, model, page.answers)
+            return _state(svc, job, "collecting", **{f"cursor_{kind}": page.next})
+    return _state(svc, job, "handing_back")
+
+
+def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: list[LineAnswer]) -> None:
+    """Each answer of a page lands as a direct call's would: a success or a final error through the ledger
+    (results, counts, finished-order log, analytics, usage), at the tier's price; a retryable error or a
+    request never run is handed back to run directly. An answer whose request has left the job already (a
+    step run again after a worker died) is passed over: nothing lands twice."""
+    tier = model.provider_batch
+    assert tier is not None
+    settled: list[tuple[RequestItem, Settlement]] = []
+    back: list[tuple[RequestItem, int, dict | None]] = []
+    for answer in answers:
+        if not answer.key.isdigit():
+            continue
+        req = Request.get(svc.table, job["batch_id"], int(answer.key))
+        if req is None or req.get("job") != job["sk"] or req["state"] != RequestState.WAITING.value:  # type: ignore[typeddict-item]
+            continue
+        if answer.attempt is None:
+            back.append((req, 0, None))
+            continue
+        outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, answer.attempt)
+        if outcome.to is RequestState.WAITING:
+            back.append((req, 1, outcome.error))
+            continue
+        at_tier = tier.cost_usd(outcome.input_tokens, outcome.output_tokens) if not outcome.cost_unknown else 0.0
+        # Out of the job's hold (`job` emptied: a retry in place later runs it as any other), marked as run there.
+        settled.append((req, replace(outcome, cost_usd=at_tier, saved_usd=outcome.cost_usd - at_tier, offloaded=-1,
+                                     extra={**outcome.extra, "job": "", "tier_job": job["sk"]})))
+    for at in range(0, len(settled), SETTLE_MAX):
+        _settle(svc, settled[at:at + SETTLE_MAX])
+    for at in range(0, len(back), HAND_BACK_STEP):
+        _give_back(svc, job, back[at:at + HAND_BACK_STEP])
+
+
+def _settle(svc: Services, chunk: list[tuple[RequestItem, Settlement]]) -> None:
+    try:
+        settle_many(svc, chunk)
+    except ConditionFailed:  # one of them landed meanwhile: each on its own, so the others still land
+        for req, outcome in chunk:
+            try:
+                settle_many(svc, [(req, outcome)])
+            except ConditionFailed:
+                pass
+
+
+def _give_back(svc: Services, job: dict, chunk: list[tuple[RequestItem, int, dict | None]]) -> None:
+    t, now = svc.table, svc.now()
+    ops = [ProviderJob.hand_back(t, req, now, new_token(), attempt, error) for req, attempt, error in chunk]
+    ops += [ProviderJob.release(t, job["batch_id"], len(chunk))]
+    ops += [op for op in [Budget.add(t, job["model"], {"waiting": len(chunk)})] if op is not None]
+    try:
+        t.transact(ops)
+    except ConditionFailed:  # one moved meanwhile: each on its own
+        if len(chunk) > 1:
+            for one in chunk:
+                _give_back(svc, job, [one])
+
+
+def _hand_back(svc: Services, job: dict, batch: BatchItem) -> bool:
+    held = list(ProviderJob.held(svc.table, job, limit=HAND_BACK_STEP))
+    if held:
+        _give_back(svc, job, [(req, int(req.get("attempt", 0)), None) for req in held])
+        return True
+    _state(svc, job, "done")
+    _lane_rest_to_direct(svc, job["batch_id"])
+    return True

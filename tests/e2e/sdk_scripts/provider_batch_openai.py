@@ -1,0 +1,37 @@
+"""A file batch on a model's provider batch tier with the official `openai` SDK, as a user sends it: the SDK's
+Files and Batches calls unchanged but for `extra_body={"execution": "provider_batch"}` (an extension), then the
+output file read as usual. Needs FREEINFERENCE_BASE_URL and FREEINFERENCE_API_KEY. Prints one JSON object."""
+
+import json
+import os
+import time
+
+import openai
+from openai import OpenAI
+
+client = OpenAI(base_url=os.environ["FREEINFERENCE_BASE_URL"], api_key=os.environ["FREEINFERENCE_API_KEY"])
+lines = [{"custom_id": f"t-{i}", "method": "POST", "url": "/v1/chat/completions",
+          "body": {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": f"Tier question {i}."}]}}
+         for i in range(4)]
+upload = client.files.create(file=("tier.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()),
+                             purpose="batch")
+out = {"openai": openai.__version__}
+try:
+    client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
+                          extra_body={"execution": "cheap"})
+except openai.APIStatusError as exc:
+    out["refused"] = [type(exc).__name__, exc.status_code, exc.message]
+batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
+                              extra_body={"execution": "provider_batch"})
+out["created_execution"] = getattr(batch, "execution", None)
+deadline = time.monotonic() + 120
+while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+    time.sleep(0.5)
+    batch = client.batches.retrieve(batch.id)
+out["status"] = batch.status
+out["counts"] = [batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed]
+out["cost_usd"], out["saved_usd"] = getattr(batch, "cost_usd", None), getattr(batch, "saved_usd", None)
+out["usage"] = [batch.usage.input_tokens, batch.usage.output_tokens] if batch.usage else None
+content = client.files.content(batch.output_file_id).text
+out["output"] = sorted(json.loads(line)["custom_id"] for line in content.splitlines() if line.strip())
+print(json.dumps(out))

@@ -1,0 +1,259 @@
+"""Provider jobs under faults: per-line errors (final ones fail the request with the provider's answer kept,
+retryable ones run again directly), a job that never finishes (the guard cancels it in time and the rest runs
+directly), a cancel during a job, a worker dying between the job's record and the provider's job or while it
+takes the results (no second job, nothing doubled), and a job that fails as a whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batchinfer.operations.openai import batches
+from batchinfer.records.provider_jobs import ProviderJob
+from batchinfer.service import accounts
+from batchinfer.service.accounts import authenticate
+from batchinfer.service.offloading import jobs
+from batchinfer.service.offloading.execution import goes_to_tier
+from local.lambda_runtime import invoke
+from tests.faults.harness import get_batch, pump, results_by_custom_id, sim_stats
+from tests.helpers import chat_request, new_key
+from tests.invariants import assert_ledger_consistent
+
+TIER = (0.05, 0.20)
+DIRECT = (0.10, 0.40)
+
+
+@pytest.fixture
+def tier_sim(sim_control):
+    sim_control.post("/_sim/batches/reset")
+    yield sim_control
+    sim_control.post("/_sim/batches/reset")
+
+
+def tier_config(sim_control, **config) -> None:
+    answer = sim_control.put("/_sim/batches/config", json=config)
+    assert answer.status_code == 200, answer.text
+
+
+def tier_stats(sim_control) -> dict:
+    return sim_control.get("/_sim/batches").json()
+
+
+def submit_tier(svc, who, requests: list[dict]) -> str:
+    body = {"requests": requests, "execution": "provider_batch"}
+    obj, created = batches.create_batch(svc, who, json.dumps(body).encode(), None)
+    assert created and obj["execution"] == "provider_batch"
+    return obj["id"]
+
+
+def the_job(svc, batch_id: str) -> dict:
+    [job] = ProviderJob.of_batch(svc.table, batch_id)
+    return job
+
+
+def until_job(svc, batch_id: str, state: str, rounds: int = 20) -> dict:
+    for _ in range(rounds):
+        if the_job(svc, batch_id)["state"] == state:
+            return the_job(svc, batch_id)
+        invoke("sweeper", {})
+    raise AssertionError(f"the job never got to {state}: {the_job(svc, batch_id)}")
+
+
+def cost(tokens: tuple[int, int], price: tuple[float, float]) -> float:
+    return (tokens[0] * price[0] + tokens[1] * price[1]) / 1e6
+
+
+def usage_of(result: dict) -> tuple[int, int]:
+    usage = result["response"]["body"]["usage"]
+    return usage["prompt_tokens"], usage["completion_tokens"]
+
+
+def test_per_line_errors_final_ones_fail_with_the_providers_answer_retryable_ones_run_directly(svc, tier_sim):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request("ok-0", "fine"), chat_request("ok-1", "also fine"),
+                chat_request("bad", "refused [[sim:400]]"),
+                chat_request("flaky", "a server error at the provider [[sim:tier-500]]"),
+                chat_request("late", "never run by the provider [[sim:batch-expired]]")]
+    batch_id = submit_tier(svc, who, requests)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    results = results_by_custom_id(svc, who, batch_id)
+    assert {c: r["status"] for c, r in results.items()} == {
+        "ok-0": "completed", "ok-1": "completed", "bad": "failed", "flaky": "completed", "late": "completed"}
+    bad = results["bad"]["error"]
+    assert bad["code"] == "invalid_request" or bad["status"] == 400, bad
+    assert "Simulated batch line error 400" in json.dumps(results["bad"]), results["bad"]
+    assert tier_stats(tier_sim)["jobs"] == 1
+    direct = sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0)
+    assert direct == 2  # `flaky` and `late`, each once, directly
+    tier_tokens = [usage_of(results[c]) for c in ("ok-0", "ok-1")]
+    direct_tokens = [usage_of(results[c]) for c in ("flaky", "late")]
+    batch = batches.batch_object(get_batch(svc, batch_id))
+    expected = sum(cost(t, TIER) for t in tier_tokens) + sum(cost(t, DIRECT) for t in direct_tokens)
+    assert batch["cost_usd"] == pytest.approx(expected, abs=1e-9)
+    assert batch["saved_usd"] == pytest.approx(sum(cost(t, DIRECT) - cost(t, TIER) for t in tier_tokens), abs=1e-9)
+    assert final.get("offloaded", 0) == 0
+
+
+def test_a_job_that_never_finishes_is_cancelled_at_the_guard_and_the_rest_runs_directly(svc, tier_sim):
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=2)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"n-{i}", f"never {i}") for i in range(6)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    for _ in range(3):  # it runs on at the provider, looked at on schedule, while the guard's moment is ahead
+        svc.clock.advance(2)
+        invoke("sweeper", {})
+    assert the_job(svc, batch_id)["state"] == "running" and tier_stats(tier_sim)["cancels"] == 0
+    batch = get_batch(svc, batch_id)
+    model = svc.catalog.get("glm-5.3-flash")
+    svc.clock.advance(jobs.guard_at(svc, batch, model, 6) - svc.now())  # the guard's moment
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "completed"
+    assert final["completed_at"] < final["expires_at"]
+    assert tier_stats(tier_sim)["cancels"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 4  # the two it finished are kept
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert final["completed"] == 6 and final["saved_usd"] > 0
+
+
+def test_the_guard_comes_no_later_than_guard_seconds_before_the_window_ends(svc, tier_sim):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    batch_id = submit_tier(svc, who, [chat_request(f"g-{i}", "q") for i in range(3)])
+    batch, model = get_batch(svc, batch_id), svc.catalog.get("glm-5.3-flash")
+    assert jobs.guard_at(svc, batch, model, 3) <= batch["expires_at"] - model.provider_batch.guard_seconds
+    # Past the guard's moment a part does not go to the tier at all.
+    late = {**batch, "expires_at": svc.now() + model.provider_batch.guard_seconds - 1}
+    assert not goes_to_tier(late, model, 3, svc.now())
+
+
+def test_cancel_during_a_job_cancels_it_at_the_provider_and_keeps_what_it_finished(svc, tier_sim):
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"c-{i}", f"cancel {i}") for i in range(4)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "cancelled"
+    assert tier_stats(tier_sim)["cancels"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0  # nothing ran directly
+    assert final["completed"] == 1
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_a_worker_dying_after_the_providers_job_was_made_makes_no_second_one(svc, tier_sim, monkeypatch):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"d-{i}", f"die {i}") for i in range(5)]
+    batch_id = submit_tier(svc, who, requests)
+    real_state, died = jobs._state, []
+
+    def dies_before_recording(svc_, job, state, **sets):
+        if state == "running" and not died:
+            died.append(job["sk"])
+            raise RuntimeError("the worker died before it recorded the provider's job")
+        return real_state(svc_, job, state, **sets)
+
+    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    invoke("sweeper", {})
+    assert died and the_job(svc, batch_id)["state"] == "submitting" and tier_stats(tier_sim)["jobs"] == 1
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "completed" and final["completed"] == 5
+    assert tier_stats(tier_sim)["jobs"] == 1  # found again by its key, not made twice
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_a_worker_dying_while_it_takes_the_results_lands_nothing_twice(svc, tier_sim, monkeypatch):
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"t-{i}", f"take {i}") for i in range(5)]
+    batch_id = submit_tier(svc, who, requests)
+    real_state, died = jobs._state, []
+
+    def dies_after_landing(svc_, job, state, **sets):
+        if job["state"] == state == "collecting" and not died:  # the page landed, its place not yet recorded
+            died.append(job["sk"])
+            raise RuntimeError("the worker died before it recorded the page's end")
+        return real_state(svc_, job, state, **sets)
+
+    monkeypatch.setattr(jobs, "_state", dies_after_landing)
+    for _ in range(5):
+        invoke("sweeper", {})
+        svc.clock.advance(2)  # its next look
+    assert died and get_batch(svc, batch_id)["completed"] == 5
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "completed" and final["completed"] == 5
+    results = results_by_custom_id(svc, who, batch_id)
+    expected = sum(cost(usage_of(r), TIER) for r in results.values())
+    assert batches.batch_object(final)["cost_usd"] == pytest.approx(expected, abs=1e-9)
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_job_that_fails_as_a_whole_runs_its_requests_directly(svc, tier_sim):
+    tier_config(tier_sim, fail_jobs=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"f-{i}", f"fail {i}") for i in range(3)]
+    batch_id = submit_tier(svc, who, requests)
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "completed" and final["completed"] == 3
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 3
+    assert batches.batch_object(final)["saved_usd"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_pause_leaves_a_submitted_job_running_and_its_answers_land(svc, tier_sim):
+    tier_config(tier_sim, turnaround_seconds=3600)  # the provider takes its time
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"p-{i}", f"pause {i}") for i in range(4)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    assert batches.pause_batch(svc, who, batch_id)["paused_at"] is not None
+    for _ in range(3):  # paused: the job's requests stay with it, nothing runs directly
+        svc.clock.advance(2)
+        invoke("sweeper", {})
+    paused = get_batch(svc, batch_id)
+    assert paused["offloaded"] == 4 and the_job(svc, batch_id)["state"] == "running"
+    tier_config(tier_sim, turnaround_seconds=0)
+    svc.clock.advance(2)
+    until_job(svc, batch_id, "done")
+    invoke("sweeper", {})
+    final = get_batch(svc, batch_id)  # landed while paused: with nothing left to run, it has ended
+
+    assert final["status"] == "completed" and final["completed"] == 4 and tier_stats(tier_sim)["jobs"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def test_a_revoked_key_fails_the_batch_and_cancels_its_job(svc, tier_sim):
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"r-{i}", f"revoked {i}") for i in range(3)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    accounts.revoke_key(svc, key)
+    svc.clock.advance(2)  # its next look
+    final = pump(svc, batch_id)
+
+    assert final["status"] == "failed" and final["stop"] == "fail"
+    assert tier_stats(tier_sim)["cancels"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert final["completed"] == 0 and final.get("offloaded", 0) == 0
