@@ -22,6 +22,7 @@ import math
 import time
 from dataclasses import replace
 
+from ... import protocols
 from ...catalog import Model
 from ...domain import FINAL_BATCH, RequestState, Stop, new_token, utc_day
 from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, requests_object
@@ -233,11 +234,16 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
     if owner != "ok":  # failed: handed back and closed with the batch; waiting: looked at again later
         return _state(svc, job, "handing_back") if owner == "fail" else _later(svc, job, model)
     tier, key = tier_of(model), backend_key(svc, model)
-    found = tier.find(model, key, _job_key(job))  # made already, by a worker that died before recording it
+    # Made already, by a worker that died before recording it (`since`: when the last create was tried).
+    found = tier.find(model, key, _job_key(job), count=int(job["count"]), since=job.get("submit_tried_at"))
     if found is None:
         held = list(ProviderJob.held(svc.table, job))
         lines = [(str(req["index"]), body) for req, body in zip(held, _bodies(svc, held), strict=True)]
-        found = tier.submit(model, key, _job_key(job), job["endpoint"], lines)
+        tried = {"submit_tried_at": svc.now()}  # recorded before the create: a later find knows where to look
+        svc.table.transact([ProviderJob.change(svc.table, job, tried)])
+        job = {**job, **tried, "version": int(job["version"]) + 1}
+        found = tier.submit(model, key, _job_key(job), job["endpoint"], lines,
+                            **protocols.of_batch(batch).backend_options(batch))
     return _state(svc, job, "running", provider_id=found.provider_id,
                   due_at=svc.now() + math.ceil(model.provider_batch.poll_seconds))  # type: ignore[union-attr]
 
