@@ -1,5 +1,5 @@
 """Anthropic's Message Batches (the `anthropic` kind's tier): `POST {base_url}/messages/batches` with one
-`{custom_id, params}` per request (`params` exactly as a direct call sends them: `anthropic.request_body`),
+`{custom_id, params}` per request (`params` exactly as a direct call sends them: `request_body`),
 `GET {base_url}/messages/batches/{id}` (`processing_status` in_progress, canceling, ended), `POST
 .../{id}/cancel`, and the batch's `results_url` (JSONL) read a page of lines at a time from a byte cursor.
 Headers as a direct call's: `x-api-key` and `anthropic-version`. Contracts:
@@ -27,13 +27,16 @@ import httpx
 from ...catalog import MESSAGES_ENDPOINT, Model
 from ...domain import Attempt
 from ...jsontext import Text
-from .. import anthropic
-from . import jsonl_pages
+from ..anthropic import ERROR_STATUS, error_message, message_attempt, request_body
+from ..anthropic import headers as anthropic_headers
 from .common import JobView, LineAnswer, Page, TierError
+from .jsonl_pages import TIMEOUT as PAGE_TIMEOUT
+from .jsonl_pages import read as read_pages
+from .jsonl_pages import value_text
 
 ENDPOINTS = (MESSAGES_ENDPOINT,)  # Messages requests only (an `anthropic` backend serves nothing else)
 MAX_REQUESTS = 100_000  # requests one Message Batch holds at most (and 256 MB)
-TIMEOUT = jsonl_pages.TIMEOUT
+TIMEOUT = PAGE_TIMEOUT
 LIST_PAGES = 10  # pages of 100 batches a lookup reads at most (the newest first)
 # How far from the recorded moment a batch made by that create may carry its `created_at`: the create's whole
 # timeout and some clock skew between the service and the provider.
@@ -52,7 +55,7 @@ def _base(model: Model) -> str:
 
 def _call(method: str, url: str, api_key: str | None, version: str | None = None, **kwargs: object) -> dict:
     try:
-        answer = httpx.request(method, url, headers=anthropic.headers(api_key, version), timeout=TIMEOUT,
+        answer = httpx.request(method, url, headers=anthropic_headers(api_key, version), timeout=TIMEOUT,
                                **kwargs)  # type: ignore[arg-type]
     except httpx.HTTPError as error:
         raise TierError(f"{method} {url}: {type(error).__name__}") from error
@@ -130,7 +133,7 @@ def submit(model: Model, api_key: str | None, job_key: str, endpoint: str, lines
     """Create the Message Batch: one entry per request, `custom_id` the job's tag and the request's key,
     `params` as a direct call sends them, under the batch's `anthropic-version`."""
     tag = tag_of(job_key)
-    requests = [{"custom_id": f"{tag}_{key}", "params": anthropic.request_body(model, body)} for key, body in lines]
+    requests = [{"custom_id": f"{tag}_{key}", "params": request_body(model, body)} for key, body in lines]
     return _view(_call("POST", _base(model), api_key, version, json={"requests": requests}), tag)
 
 
@@ -149,7 +152,7 @@ def results(model: Model, api_key: str | None, file_id: str, start: int, limit: 
     key the request's index (a line of another job keeps its whole `custom_id`: the runner passes it over).
     `file_id`: the results URL and the job's tag (an empty tag: every line keeps its whole `custom_id`)."""
     url, tag = _split(file_id)
-    return jsonl_pages.read(url, {**anthropic.headers(api_key), "Accept": "application/binary"}, start, limit,
+    return read_pages(url, {**anthropic_headers(api_key), "Accept": "application/binary"}, start, limit,
                             lambda line: _answer(line, tag))
 
 
@@ -165,13 +168,13 @@ def _answer(line: str, tag: str) -> LineAnswer:
     kind = result.get("type")
     if kind == "succeeded" and isinstance(result.get("message"), dict):
         message = result["message"]
-        return LineAnswer(key, anthropic.message_attempt(
-            200, Text(message, jsonl_pages.value_text(line, "result", "message", message)), None))
+        return LineAnswer(key, message_attempt(
+            200, Text(message, value_text(line, "result", "message", message)), None))
     if kind == "errored" and isinstance(result.get("error"), dict):
         body = result["error"]
         inner = body.get("error") if isinstance(body.get("error"), dict) else {}
-        status = anthropic.ERROR_STATUS.get(str(inner.get("type")), 500)
-        return LineAnswer(key, Attempt(status_code=status, body=Text(body, jsonl_pages.value_text(
+        status = ERROR_STATUS.get(str(inner.get("type")), 500)
+        return LineAnswer(key, Attempt(status_code=status, body=Text(body, value_text(
             line, "result", "error", body)), request_id=body.get("request_id"),
-            message=anthropic.error_message(body, status)))
+            message=error_message(body, status)))
     return LineAnswer(key, None)  # canceled, expired (or a result this client does not know): run directly

@@ -14,14 +14,16 @@ from ...catalog import Model
 from ...domain import Attempt
 from ...jsontext import Text
 from ..openai_compat import _usage
-from . import jsonl_pages
 from .common import JobView, LineAnswer, Page, TierError
+from .jsonl_pages import TIMEOUT as PAGE_TIMEOUT
+from .jsonl_pages import read as read_pages
+from .jsonl_pages import value_text
 
 ENDED = ("completed", "failed", "expired", "cancelled")
 # What this tier takes (a Messages request for an `openai` model runs directly: its translation is not sent yet).
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses")
 JOB_KEY = "batchinfer_job"  # the metadata key that names the service's job on the provider's
-TIMEOUT = jsonl_pages.TIMEOUT
+TIMEOUT = PAGE_TIMEOUT
 LIST_PAGES = 20  # pages of 100 batches a lookup reads at most (the newest first): a job is looked up soon after
 
 
@@ -96,7 +98,7 @@ def cancel(model: Model, api_key: str | None, provider_id: str) -> JobView:
 def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
     """Up to `limit` lines of an output or error file from byte `start` (a page's `next` is the byte after its
     last line), each as the Attempt a direct call would have given (`jsonl_pages`: a bounded range at a time)."""
-    return jsonl_pages.read(f"{_base(model)}/files/{file_id}/content", _headers(api_key), start, limit, _answer)
+    return read_pages(f"{_base(model)}/files/{file_id}/content", _headers(api_key), start, limit, _answer)
 
 
 def _answer(line: str) -> LineAnswer:
@@ -109,7 +111,7 @@ def _answer(line: str) -> LineAnswer:
         return LineAnswer(key, None)
     status = int(response["status_code"])
     body = response.get("body")
-    body = Text(body, jsonl_pages.value_text(line, "response", "body", body)) if isinstance(body, dict) else None
+    body = Text(body, value_text(line, "response", "body", body)) if isinstance(body, dict) else None
     request_id = response.get("request_id")
     if 200 <= status < 300 and body is not None:
         prompt, completion, cached, reasoning = _usage(body)
