@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ...catalog import Model
+from ...catalog import CHAT_ENDPOINT, Model
+from .. import translates
 from . import anthropic_batches, openai_batches
 from .common import JobView, LineAnswer, Page, TierError
 
@@ -49,6 +50,10 @@ def tier_of(model: Model) -> BatchTier:
 
 
 def tier_takes(model: Model, endpoint: str) -> bool:
-    """Whether the model's provider batch tier takes requests of `endpoint` (each kind's `ENDPOINTS`)."""
+    """Whether the model's provider batch tier takes requests of `endpoint` (each kind's `ENDPOINTS`), as they
+    are or as a direct call translates them (a Messages request to an `openai` model, as a chat completion)."""
     kind = model.backend.kind if model.backend else None
-    return kind in BATCH_TIERS and endpoint in getattr(BATCH_TIERS[kind], "ENDPOINTS", ())
+    if kind not in BATCH_TIERS:
+        return False
+    sent = CHAT_ENDPOINT if translates(model, endpoint) else endpoint
+    return sent in getattr(BATCH_TIERS[kind], "ENDPOINTS", ())

@@ -28,6 +28,7 @@ from ...domain import FINAL_BATCH, RequestState, Stop, new_token, utc_day
 from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, requests_object
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
+from ...providers import as_asked, as_sent, translates
 from ...providers.batch_tiers import LineAnswer, TierError, tier_of
 from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem, key_account_and_usage
 from ...records.provider_jobs import ProviderJob
@@ -238,14 +239,30 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
     found = tier.find(model, key, _job_key(job), count=int(job["count"]), since=job.get("submit_tried_at"))
     if found is None:
         held = list(ProviderJob.held(svc.table, job))
-        lines = [(str(req["index"]), body) for req, body in zip(held, _bodies(svc, held), strict=True)]
+        endpoint, lines = _as_sent(model, job["endpoint"], held, _bodies(svc, held))
+        if not lines:  # none can be sent (their translation refuses them): they run directly, and fail there
+            return _state(svc, job, "handing_back")
         tried = {"submit_tried_at": svc.now()}  # recorded before the create: a later find knows where to look
         svc.table.transact([ProviderJob.change(svc.table, job, tried)])
         job = {**job, **tried, "version": int(job["version"]) + 1}
-        found = tier.submit(model, key, _job_key(job), job["endpoint"], lines,
+        found = tier.submit(model, key, _job_key(job), endpoint, lines,
                             **protocols.of_batch(batch).backend_options(batch))
     return _state(svc, job, "running", provider_id=found.provider_id,
                   due_at=svc.now() + math.ceil(model.provider_batch.poll_seconds))  # type: ignore[union-attr]
+
+
+def _as_sent(model: Model, endpoint: str, held: list[RequestItem], bodies: list[dict]
+             ) -> tuple[str, list[tuple[str, dict]]]:
+    """The job's lines as a direct call sends each request (a Messages request to an `openai` model: its chat
+    completion); one its translation refuses is left out (never answered: it runs directly)."""
+    sent_endpoint, lines = endpoint, []
+    for req, body in zip(held, bodies, strict=True):
+        try:
+            sent_endpoint, sent = as_sent(model, endpoint, body)
+        except ValueError:
+            continue
+        lines.append((str(req["index"]), sent))
+    return sent_endpoint, lines
 
 
 def _bodies(svc: Services, held: list[RequestItem]) -> list[dict]:
@@ -301,7 +318,10 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
         if answer.attempt is None:
             back.append((req, 0, None))
             continue
-        outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, answer.attempt)
+        attempt = answer.attempt
+        if translates(model, job["endpoint"]):  # back in the shape asked for, as a direct call's answer is
+            attempt = as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
+        outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, attempt)
         if outcome.to is RequestState.WAITING:
             back.append((req, 1, outcome.error))
             continue
