@@ -2,7 +2,8 @@
 and sweeper: an anthropic-kind model's part runs on Anthropic's Message Batches, an openai-kind model's part on
 OpenAI's Batch API translated as a direct run translates it. Results are exactly a direct run's, with usage,
 `cost_usd` at the tier's price and `saved_usd`; a line the provider refused fails with its answer, one it
-could not run runs directly."""
+could not run runs directly; a worker dying after the create makes no second job; a cancel keeps what the
+provider finished."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 import yaml
 
 from batchinfer.catalog import DEFAULT_MODELS_FILE
-from tests.helpers import finish, new_key, ok, services_in_use
+from batchinfer.records.provider_jobs import ProviderJob
+from batchinfer.service.offloading import jobs
+from tests.helpers import finish, new_key, ok, services_in_use, step_by_record
 from tests.integration.test_message_batches import Messages
 
 CLAUDE = "claude-sim"  # an anthropic-kind model with a tier, on the simulator's Messages and Message Batches
@@ -118,3 +121,42 @@ def test_a_line_refused_by_anthropics_tier_fails_with_its_answer_and_one_it_coul
     assert shown["cost_usd"] == pytest.approx(cost(on_tier, tier_price) + sum(cost(u, model_price)
                                                                               for u in ran_directly), abs=1e-9)
     assert shown["saved_usd"] == pytest.approx(cost(on_tier, model_price) - cost(on_tier, tier_price), abs=1e-9)
+
+
+@pytest.mark.background_failures
+def test_a_worker_dying_after_anthropics_job_was_made_makes_no_second_one(svc, messages, sim_control, monkeypatch):
+    real_state, died = jobs._state, []
+
+    def dies_before_recording(svc_, job, state, **sets):
+        if state == "running" and not died:
+            died.append(job["sk"])
+            raise RuntimeError("the worker died before it recorded the provider's job")
+        return real_state(svc_, job, state, **sets)
+
+    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    shown, results = run(svc, messages, entries(CLAUDE, [f"die {n}" for n in range(3)]), "provider_batch")
+
+    assert died and shown["request_counts"]["succeeded"] == 3
+    assert tier_stats(sim_control)["message_batches"]["jobs"] == 1  # found again, not made twice
+    assert direct_calls(sim_control, "/v1/messages") == 0
+    assert all(r["type"] == "succeeded" for r in results.values())
+
+
+def test_a_cancel_during_anthropics_job_cancels_it_there_and_keeps_what_it_finished(svc, messages, sim_control):
+    assert sim_control.put("/_sim/batches/config", json={"never_finish": True,
+                                                          "answered_before_cancel": 1}).status_code == 200
+    created = ok(messages("POST", json_body={"requests": entries(CLAUDE, [f"c {n}" for n in range(3)]),
+                                             "execution": "provider_batch"}))
+    for _ in range(10):
+        step_by_record(svc)
+        job = ProviderJob.of_batch(svc.table, created["id"])[0]
+        if job["state"] == "running":
+            break
+    assert job["state"] == "running"
+    assert ok(messages("POST", f"/{created['id']}/cancel"))["processing_status"] == "canceling"
+    finish(svc, created["id"])
+    shown = ok(messages("GET", f"/{created['id']}"))
+
+    assert tier_stats(sim_control)["message_batches"]["cancels"] == 1
+    assert direct_calls(sim_control, "/v1/messages") == 0
+    assert shown["request_counts"] == {"processing": 0, "succeeded": 1, "errored": 0, "canceled": 2, "expired": 0}
