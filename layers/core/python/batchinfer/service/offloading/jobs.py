@@ -239,13 +239,15 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
         return _state(svc, job, "handing_back") if owner == "fail" else _later(svc, job, model)
     tier, key = tier_of(model), backend_key(svc, model)
     # Made already, by a worker that died before recording it (`since`: when the last create was tried).
-    found = tier.find(model, key, _job_key(job), count=int(job["count"]), since=job.get("submit_tried_at"))
+    found = tier.find(model, key, _job_key(job), count=int(job.get("submit_count", job["count"])),
+                      since=job.get("submit_tried_at"))
     if found is None:
         held = list(ProviderJob.held(svc.table, job))
         endpoint, lines = _as_sent(model, job["endpoint"], held, _bodies(svc, held))
         if not lines:  # none can be sent (their translation refuses them): they run directly, and fail there
             return _state(svc, job, "handing_back")
-        tried: dict = {"submit_tried_at": svc.now()}  # recorded before the create: a later find knows where to look
+        # Recorded before the create: a later find knows where to look, and for how many requests.
+        tried: dict = {"submit_tried_at": svc.now(), "submit_count": len(lines)}
         ops = []
         if batch.get("max_cost_usd") is not None and job.get("committed_usd") is None:
             # A spending cap counts the job's worst case at the tier's price before the provider's job is made;
@@ -258,8 +260,12 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
             ops.append(Batch.commit(svc.table, batch, worst))
         svc.table.transact([ProviderJob.change(svc.table, job, tried), *ops])
         job = {**job, **tried, "version": int(job["version"]) + 1}
-        found = tier.submit(model, key, _job_key(job), endpoint, lines,
-                            **protocols.of_batch(batch).backend_options(batch))
+        try:
+            found = tier.submit(model, key, _job_key(job), endpoint, lines,
+                                **protocols.of_batch(batch).backend_options(batch))
+        except TierError:  # tried again a bit later (the record's version moved: `look` cannot put it off)
+            svc.table.transact([ProviderJob.change(svc.table, job, {"due_at": svc.now() + RETRY_SECONDS})])
+            raise
     return _state(svc, job, "running", provider_id=found.provider_id,
                   due_at=svc.now() + math.ceil(model.provider_batch.poll_seconds))  # type: ignore[union-attr]
 
