@@ -16,9 +16,9 @@ __all__ = ["BATCH_TIERS", "BatchTier", "JobView", "LineAnswer", "Page", "TierErr
 
 
 class BatchTier(Protocol):
-    """What a provider's batch tier offers the job runner. `job_key`: the service's own name of the job, put on
-    the provider's job (metadata, token) so that it can be found again after a worker died mid-create. Every
-    call raises TierError when the provider did not answer it."""
+    """What a provider's batch tier offers the job runner. `job_key`: the service's own name of the job, carried
+    by the provider's job (OpenAI: its metadata; Anthropic: a tag in every `custom_id`) so that it can be found
+    again after a worker died mid-create. Every call raises TierError when the provider did not answer it."""
 
     def find(self, model: Model, api_key: str | None, job_key: str, count: int = 0,
              since: int | None = None) -> JobView | None:
