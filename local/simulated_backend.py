@@ -97,7 +97,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from local import simulated_batches
+from local import simulated_batches, simulated_message_batches
 from local.simulated_answers import (
     BEDROCK_BY_STATUS,
     BEDROCK_ERRORS,
@@ -388,6 +388,7 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
     for path, (parse, build, flavour) in routes.items():
         app.add_api_route(path, _endpoint(state, parse, build, flavour), methods=["POST"])
     simulated_batches.mount(app)  # OpenAI's Files and Batches API: the batch tier of `provider_batch` models
+    simulated_message_batches.mount(app)  # Anthropic's Message Batches: the tier of anthropic-kind models
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:

@@ -54,6 +54,10 @@ class _Batches:
         self.files: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
         self.cancels = 0
+        # Anthropic's Message Batches (local.simulated_message_batches): the same knobs, their own jobs.
+        self.message_batches: dict[str, dict[str, Any]] = {}
+        self.message_batch_cancels = 0
+        self.message_batch_keys: set[str | None] = set()
 
     def answer(self, line: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         """(the output or error line for one input line, whether it goes to the output file)."""
@@ -196,7 +200,10 @@ def mount(app: FastAPI) -> None:
         return {"jobs": len(sim.jobs), "cancels": sim.cancels, "config": sim.config.model_dump(),
                 "by_status": {s: sum(1 for j in sim.jobs.values() if j["status"] == s)
                               for s in {j["status"] for j in sim.jobs.values()}},
-                "lines": sum(len(j["_lines"]) for j in sim.jobs.values())}
+                "lines": sum(len(j["_lines"]) for j in sim.jobs.values()),
+                "message_batches": {"jobs": len(sim.message_batches), "cancels": sim.message_batch_cancels,
+                                    "lines": sum(len(j["_requests"]) for j in sim.message_batches.values()),
+                                    "api_keys": sorted(k or "" for k in sim.message_batch_keys)}}
 
     @app.put("/_sim/batches/config")
     async def batches_config(request: Request) -> Response:

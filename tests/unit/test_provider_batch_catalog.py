@@ -27,6 +27,11 @@ def test_a_tier_is_read_into_a_typed_value():
     assert tier.cost_usd(1_000_000, 1_000_000) == pytest.approx(1.00)
 
 
+def test_an_anthropic_model_may_have_a_tier_of_up_to_100000_requests_a_job():
+    tier = parse_catalog({"models": [model({**TIER, "max_requests": 100_000}, "anthropic")]}, {}).get("gpt-mini")
+    assert tier.provider_batch.max_requests == 100_000
+
+
 def test_a_model_without_a_tier_has_none_and_a_tier_defaults_to_direct():
     catalog = parse_catalog({"models": [{"id": "a", "backend": {"kind": "openai", "base_url": "http://x/v1"}},
                                         model({"price": {"input_per_mtok": 0.1}})]}, {})
@@ -44,7 +49,7 @@ def test_a_model_without_a_tier_has_none_and_a_tier_defaults_to_direct():
     ({**TIER, "default": "provider_batch"}, "openai", "provider_batch.default"),
     ({**TIER, "guard_secs": 60}, "openai", "unknown key 'provider_batch.guard_secs'"),
     (TIER, "bedrock", "provider_batch: the bedrock backend kind has no batch tier"),
-    (TIER, "anthropic", "provider_batch: the anthropic backend kind has no batch tier"),
+    ({**TIER, "max_requests": 100_001}, "anthropic", "above what one anthropic job takes (100000)"),
 ])
 def test_a_tier_the_service_cannot_honour_is_refused_naming_the_field(tier, kind, named):
     with pytest.raises(CatalogError) as raised:

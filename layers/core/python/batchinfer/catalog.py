@@ -128,11 +128,12 @@ class Price(_Strict):
 
 # Backend kinds whose provider sells a batch tier this service can hand requests to (`providers.batch_tiers`
 # holds a client for each); the catalog refuses a `provider_batch` on any other kind.
-BATCH_TIER_KINDS = ("openai",)
+BATCH_TIER_KINDS = ("openai", "anthropic")
 # The longest completion window a batch has (24 h): a guard at least this long could never let a job run.
 LONGEST_WINDOW_SECONDS = 24 * 3600
-# The most requests one provider job may carry, by kind (OpenAI: 50,000 lines per input file).
-BATCH_TIER_MAX_REQUESTS = {"openai": 50_000}
+# The most requests one provider job may carry, by kind (OpenAI: 50,000 lines per input file; Anthropic:
+# 100,000 requests per Message Batch).
+BATCH_TIER_MAX_REQUESTS = {"openai": 50_000, "anthropic": 100_000}
 
 
 class ProviderBatch(_Strict):

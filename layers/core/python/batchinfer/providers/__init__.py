@@ -19,7 +19,8 @@ from ..messages_to_chat import to_chat, to_message, untranslatable
 from . import anthropic, bedrock, converse, openai_compat
 from .streaming import open_stream
 
-__all__ = ["PROVIDERS", "Provider", "backend_refusal", "call_backend", "open_stream", "register", "unregister"]
+__all__ = ["PROVIDERS", "Provider", "as_asked", "as_sent", "backend_refusal", "call_backend", "open_stream", "register",
+           "translates", "unregister"]
 
 
 class Provider(Protocol):
@@ -80,15 +81,33 @@ async def call_backend(model: Model, endpoint: str, body: dict, api_key: str | N
 async def _translated(provider: Provider, model: Model, params: dict, api_key: str | None,
                       timeout: float) -> Attempt:
     try:
-        chat = to_chat(params, model.backend.features if model.backend else ())
+        endpoint, chat = as_sent(model, MESSAGES_ENDPOINT, params)
     except ValueError as error:  # intake checks the same rules; a catalog change since may still get here
         return Attempt(status_code=400, message=str(error))
-    attempt = await provider.call(model, CHAT_ENDPOINT, chat, api_key, timeout)
-    if not attempt.ok or attempt.body is None:
+    return as_asked(model, MESSAGES_ENDPOINT, params, await provider.call(model, endpoint, chat, api_key, timeout))
+
+
+def translates(model: Model, endpoint: str) -> bool:
+    """Whether requests of `endpoint` are sent to the model's backend as another endpoint's (a Messages request
+    to an `openai` backend, as a chat completion)."""
+    return endpoint == MESSAGES_ENDPOINT and model.backend is not None and model.backend.kind == "openai"
+
+
+def as_sent(model: Model, endpoint: str, body: dict) -> tuple[str, dict]:
+    """(the endpoint, the body) a request is sent to its backend as, without the model's name: a direct call
+    and a provider batch tier's job alike. Raises ValueError for a request its translation cannot carry."""
+    if translates(model, endpoint):
+        return CHAT_ENDPOINT, to_chat(body, model.backend.features if model.backend else ())
+    return endpoint, body
+
+
+def as_asked(model: Model, endpoint: str, params: dict, attempt: Attempt) -> Attempt:
+    """A backend's answer to a request sent translated, in the shape it was asked in (a chat completion back to
+    a message, named as the caller named the model); any other answer as it is."""
+    if not translates(model, endpoint) or not attempt.ok or attempt.body is None:
         return attempt
     try:
-        message = to_message(attempt.body, str(params.get("model")),
-                                              params.get("stop_sequences") or ())
+        message = to_message(attempt.body, str(params.get("model")), params.get("stop_sequences") or ())
     except ValueError as error:  # the backend ran it (its cost counts) but its answer cannot be shown
         return dataclasses.replace(attempt, status_code=502, body=None,
                                    message=f"The backend's answer could not be translated to a message: {error}")

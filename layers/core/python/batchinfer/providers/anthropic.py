@@ -34,28 +34,56 @@ async def call(model: Model, endpoint: str, body: dict, api_key: str | None, tim
                version: str | None = None) -> Attempt:
     """Send one Messages request to the model's backend and describe what came back."""
     url, headers = _address(model, endpoint, api_key, version)
-    sent = await post_json(url, {**body, "model": model.backend_model}, headers, timeout)
+    sent = await post_json(url, request_body(model, body), headers, timeout)
     return sent if isinstance(sent, Attempt) else _answered(*sent)
+
+
+def request_body(model: Model, params: dict) -> dict:
+    """What is sent for a Messages request: its params as they came, with the backend's name of the model (a
+    direct call and a Message Batches job's `params` alike)."""
+    return {**params, "model": model.backend_model}
+
+
+def headers(api_key: str | None, version: str | None = None) -> dict[str, str]:
+    """The headers every call to the backend carries: `anthropic-version` (the batch's, or the default) and
+    `x-api-key` when the model has a key."""
+    sent = {"anthropic-version": version or DEFAULT_VERSION}
+    if api_key:
+        sent["x-api-key"] = api_key
+    return sent
 
 
 def _address(model: Model, endpoint: str, api_key: str | None, version: str | None) -> tuple[str, dict[str, str]]:
     assert model.backend is not None
     url = model.backend.base_url.rstrip("/") + endpoint.removeprefix("/v1")
-    headers = {"anthropic-version": version or DEFAULT_VERSION}
-    if api_key:
-        headers["x-api-key"] = api_key
-    return url, headers
+    return url, headers(api_key, version)
+
+
+def message_attempt(status: int, parsed: object, request_id: str | None) -> Attempt:
+    """A 2xx answer as an Attempt: the message with its usage, or a 502 when the body is not a message."""
+    if isinstance(parsed, dict) and parsed.get("type") == "message":
+        prompt, completion = _usage(parsed)
+        cached = int((parsed.get("usage") or {}).get("cache_read_input_tokens") or 0)
+        return Attempt(status_code=status, body=parsed, request_id=request_id,
+                       input_tokens=prompt, output_tokens=completion, cached_tokens=cached)
+    return Attempt(status_code=502, message="The backend answered with a body that is not a message.")
+
+
+# An error answer's `error.type`, and the HTTP status the API answers it with (Message Batches' `errored`
+# results carry only the type: the status is what a direct call would have answered).
+ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+                "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+                "rate_limit_error": 429, "api_error": 500, "timeout_error": 504, "overloaded_error": 529}
+
+
+def error_message(body: object, status: int) -> str:
+    return _message(body, status)
 
 
 def _answered(answer: httpx.Response, parsed: object) -> Attempt:
     request_id = answer.headers.get("request-id")
-    if 200 <= answer.status_code < 300 and isinstance(parsed, dict) and parsed.get("type") == "message":
-        prompt, completion = _usage(parsed)
-        cached = int((parsed.get("usage") or {}).get("cache_read_input_tokens") or 0)
-        return Attempt(status_code=answer.status_code, body=parsed, request_id=request_id,
-                       input_tokens=prompt, output_tokens=completion, cached_tokens=cached)
     if 200 <= answer.status_code < 300:
-        return Attempt(status_code=502, message="The backend answered with a body that is not a message.")
+        return message_attempt(answer.status_code, parsed, request_id)
     return failed(answer, parsed, request_id, _message(parsed, answer.status_code))
 
 

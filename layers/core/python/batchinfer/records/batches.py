@@ -105,6 +105,14 @@ class Batch:
                 {":worst": worst_usd, ":cap": cap, ":limit": cap - worst_usd - EPSILON_USD})
 
     @staticmethod
+    def commit(t: Table, batch: BatchItem, worst_usd: float) -> Op:
+        """Commit `worst_usd` against the batch's spending cap on its own (a provider job's worst case before it
+        is submitted), fenced as a claim's commit is and on the batch not stopped."""
+        add, fence, vals = Batch._commit(batch, worst_usd)
+        return t.op_update(*batch_key(batch["id"]), "ADD" + add.removeprefix(","), vals=vals,
+                           condition="attribute_not_exists(#stop) AND attribute_not_exists(deleting)" + fence)
+
+    @staticmethod
     def set_cap(t: Table, batch_id: str, cap: float) -> None:
         """Raise (or set) the batch's spending cap: what a retry of its failed requests with a higher cap
         does before it queues them. Never below what it has committed already."""

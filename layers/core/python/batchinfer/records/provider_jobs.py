@@ -108,19 +108,28 @@ class ProviderJob:
             yield item  # type: ignore[misc]
 
     @staticmethod
-    def hand_back(t: Table, req: RequestItem, now: int, new_token: str, attempt: int, error: dict | None) -> Op:
+    def hand_back(t: Table, req: RequestItem, now: int, new_token: str, attempt: int, error: dict | None,
+                  worst_usd: float | None = None) -> Op:
         """A held request goes to run directly: due at once, in the model's `waiting` count again (the caller
-        adds it), out of the job. Fenced on its token."""
+        adds it), out of the job. Fenced on its token. `worst_usd`: in a capped batch, its worst case at the
+        model's price, which its claim to run directly commits against the cap."""
         sets = "SET due_pk = :due, due_at = :now, #token = :new, attempt = :a, updated_at = :now"
         vals = {":due": retry_due(req["model"]), ":now": now, ":new": new_token, ":a": attempt,
                 ":w": RequestState.WAITING.value, ":t": req["token"], ":j": req["job"]}  # type: ignore[typeddict-item]
         if error is not None:
             sets += ", #error = :e"
             vals[":e"] = error
+        if worst_usd is not None:
+            sets += ", worst_usd = :worst"
+            vals[":worst"] = worst_usd
         return t.op_update(req["pk"], req["sk"], sets + " REMOVE uncounted, #job", vals=vals,
                            condition="#state = :w AND #token = :t AND #job = :j")
 
     @staticmethod
-    def release(t: Table, batch_id: str, n: int) -> Op:
-        """`n` requests leave the jobs' hold (handed back to run directly)."""
+    def release(t: Table, batch_id: str, n: int, uncommitted_usd: float = 0.0) -> Op:
+        """`n` requests leave the jobs' hold (handed back to run directly); `uncommitted_usd`: their worst case
+        at the tier's price, given back to the batch's spending cap (their job committed it at its submit)."""
+        if uncommitted_usd:
+            return t.op_update(*batch_key(batch_id), "ADD offloaded :minus, committed_usd :back",
+                               vals={":minus": -n, ":back": -uncommitted_usd})
         return t.op_update(*batch_key(batch_id), "ADD offloaded :minus", vals={":minus": -n})

@@ -15,12 +15,15 @@ from ...domain import Attempt
 from ...jsontext import Text
 from ..openai_compat import _usage
 from .common import JobView, LineAnswer, Page, TierError
+from .jsonl_pages import TIMEOUT as PAGE_TIMEOUT
+from .jsonl_pages import read as read_pages
+from .jsonl_pages import value_text
 
 ENDED = ("completed", "failed", "expired", "cancelled")
 # What this tier takes (a Messages request for an `openai` model runs directly: its translation is not sent yet).
 ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses")
 JOB_KEY = "batchinfer_job"  # the metadata key that names the service's job on the provider's
-TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+TIMEOUT = PAGE_TIMEOUT
 LIST_PAGES = 20  # pages of 100 batches a lookup reads at most (the newest first): a job is looked up soon after
 
 
@@ -54,7 +57,7 @@ def _view(batch: dict) -> JobView:
                    message="; ".join(str(e.get("message")) for e in errors if isinstance(e, dict)))
 
 
-def find(model: Model, api_key: str | None, job_key: str) -> JobView | None:
+def find(model: Model, api_key: str | None, job_key: str, count: int = 0, since: int | None = None) -> JobView | None:
     """The provider's job made for `job_key`, if one was: OpenAI has no idempotency key, so the batches are
     listed (newest first) and matched on their metadata."""
     after = None
@@ -70,7 +73,8 @@ def find(model: Model, api_key: str | None, job_key: str) -> JobView | None:
     return None
 
 
-def submit(model: Model, api_key: str | None, job_key: str, endpoint: str, lines: list[tuple[str, dict]]) -> JobView:
+def submit(model: Model, api_key: str | None, job_key: str, endpoint: str, lines: list[tuple[str, dict]],
+           version: str | None = None) -> JobView:
     """Upload the input file (one line per request, `custom_id` the service's key of it) and create the job."""
     text = "".join(json.dumps({"custom_id": key, "method": "POST", "url": endpoint,
                                "body": {**body, "model": model.backend_model}}, separators=(",", ":")) + "\n"
@@ -93,50 +97,8 @@ def cancel(model: Model, api_key: str | None, provider_id: str) -> JobView:
 
 def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
     """Up to `limit` lines of an output or error file from byte `start` (a page's `next` is the byte after its
-    last line), each as the Attempt a direct call would have given. Asked for RANGE_BYTES at a time with a
-    `Range` header (a line longer than that: for the rest of the file); a server that sends the whole file
-    anyway has the bytes before `start` skipped as they stream, never held."""
-    page = _read(model, api_key, file_id, start, limit, start + RANGE_BYTES - 1)
-    if not page.answers and page.next is not None:  # one line longer than a range
-        page = _read(model, api_key, file_id, start, limit, None)
-    return page
-
-
-RANGE_BYTES = 1 << 20  # what one page asks for at most (a page of 200 typical lines is about 100 KB)
-
-
-def _read(model: Model, api_key: str | None, file_id: str, start: int, limit: int, last: int | None) -> Page:
-    url = f"{_base(model)}/files/{file_id}/content"
-    page = Page()
-    headers = {**_headers(api_key), "Range": f"bytes={start}-{'' if last is None else last}"}
-    try:
-        with httpx.stream("GET", url, headers=headers, timeout=TIMEOUT) as answer:
-            if answer.status_code == 416:  # nothing from `start` on: the file ended there
-                return page
-            if not answer.is_success:
-                raise TierError(f"GET {url}: HTTP {answer.status_code}")
-            at = start if answer.status_code == 206 else 0
-            pending = b""
-            for chunk in answer.iter_bytes():
-                pending += chunk
-                while (end := pending.find(b"\n")) != -1:
-                    raw, pending = pending[:end + 1], pending[end + 1:]
-                    at += len(raw)
-                    if at <= start or not raw.strip():
-                        continue
-                    page.answers.append(_answer(raw.decode()))
-                    if len(page.answers) >= limit:
-                        page.next = at
-                        return page
-            ranged = answer.status_code == 206 and last is not None and \
-                not answer.headers.get("content-range", "").endswith(f"/{last + 1}")
-            if ranged and at > last:  # the range ended mid-file: the next page starts after its last whole line
-                page.next = at
-            elif pending.strip() and at + len(pending) > start:  # a last line without its newline
-                page.answers.append(_answer(pending.decode()))
-    except httpx.HTTPError as error:
-        raise TierError(f"GET {url}: {type(error).__name__}") from error
-    return page
+    last line), each as the Attempt a direct call would have given (`jsonl_pages`: a bounded range at a time)."""
+    return read_pages(f"{_base(model)}/files/{file_id}/content", _headers(api_key), start, limit, _answer)
 
 
 def _answer(line: str) -> LineAnswer:
@@ -149,7 +111,7 @@ def _answer(line: str) -> LineAnswer:
         return LineAnswer(key, None)
     status = int(response["status_code"])
     body = response.get("body")
-    body = Text(body, _body_text(line, body)) if isinstance(body, dict) else None
+    body = Text(body, value_text(line, "response", "body", body)) if isinstance(body, dict) else None
     request_id = response.get("request_id")
     if 200 <= status < 300 and body is not None:
         prompt, completion, cached, reasoning = _usage(body)
@@ -160,22 +122,3 @@ def _answer(line: str) -> LineAnswer:
         f"The provider's batch answered HTTP {status}."
     return LineAnswer(key, Attempt(status_code=status if status >= 300 else 502, body=body, request_id=request_id,
                                    message=message))
-
-
-def _body_text(line: str, body: dict) -> str:
-    """The body's JSON text as the provider sent it (kept, never re-encoded), found after `"body":` in the
-    response; re-encoded only if it cannot be found there."""
-    decoder = json.JSONDecoder()
-    at = line.find('"response"')
-    while (at := line.find('"body"', at + 1)) != -1:
-        colon = line.find(":", at + 6)
-        start = colon + 1
-        while start < len(line) and line[start] in " \t":
-            start += 1
-        try:
-            value, end = decoder.raw_decode(line, start)
-        except ValueError:
-            continue
-        if value == body:
-            return line[start:end]
-    return json.dumps(body, separators=(",", ":"))

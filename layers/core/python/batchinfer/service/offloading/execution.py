@@ -56,8 +56,6 @@ def plan(svc: Services, batch: BatchItem, lanes: dict[str, int], now: int) -> tu
     take their requests), and the job records to write with the batch, each due at once."""
     held: set[str] = set()
     ops: list[Op] = []
-    if batch.get("max_cost_usd") is not None:  # a capped batch runs directly (its claims commit worst cases)
-        return held, ops
     for model_id, total in lanes.items():
         model = svc.catalog.lookup(model_id)
         if model is None or not goes_to_tier(batch, model, total, now):
@@ -74,8 +72,9 @@ def plan(svc: Services, batch: BatchItem, lanes: dict[str, int], now: int) -> tu
 
 
 def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority: str, window_seconds: int,
-                  capped: bool) -> Callable[[Model, int], bool]:
-    """For an estimate: whether a model's part of `count` requests of a batch created now would go to its tier."""
+                  capped: bool = False) -> Callable[[Model, int], bool]:
+    """For an estimate: whether a model's part of `count` requests of a batch created now would go to its tier
+    (a capped batch's too: its jobs commit their worst case at the tier's price before they are submitted)."""
     now = svc.now()
     batch = {"endpoint": endpoint, "execution": execution, "priority": priority, "expires_at": now + window_seconds}
-    return lambda model, count: not capped and goes_to_tier(batch, model, count, now)
+    return lambda model, count: goes_to_tier(batch, model, count, now)

@@ -22,15 +22,18 @@ import math
 import time
 from dataclasses import replace
 
+from ... import protocols
 from ...catalog import Model
 from ...domain import FINAL_BATCH, RequestState, Stop, new_token, utc_day
 from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, requests_object
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
+from ...providers import as_asked, as_sent, translates
 from ...providers.batch_tiers import LineAnswer, TierError, tier_of
 from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem, key_account_and_usage
 from ...records.provider_jobs import ProviderJob
 from ...runtime import Services
+from ...spending import fits, settled_delta, worst_usd
 from ...storage.dynamo import ConditionFailed
 from ..accounts import key_problem
 from ..creating.forecast import read_queue, seconds_to_finish
@@ -92,6 +95,8 @@ def _step(svc: Services, job: dict) -> bool:
     if batch is None or model is None or model.provider_batch is None:
         # The batch is gone (purged with its items), or the catalog no longer offers the tier: its requests
         # are handed back (if any is still held) and the job ends.
+        if batch is not None and job["state"] == "handing_back":
+            return _hand_back(svc, job, batch, model)
         return _state(svc, job, "handing_back" if batch is not None and job["state"] != "planned" else "done")
     state = job["state"]
     if state in ("planned", "filling"):
@@ -103,7 +108,7 @@ def _step(svc: Services, job: dict) -> bool:
     if state == "collecting":
         return _collect(svc, job, batch, model)
     if state == "handing_back":
-        return _hand_back(svc, job, batch)
+        return _hand_back(svc, job, batch, model)
     raise ValueError(f"provider job in an unknown state {state!r}")
 
 
@@ -233,13 +238,68 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
     if owner != "ok":  # failed: handed back and closed with the batch; waiting: looked at again later
         return _state(svc, job, "handing_back") if owner == "fail" else _later(svc, job, model)
     tier, key = tier_of(model), backend_key(svc, model)
-    found = tier.find(model, key, _job_key(job))  # made already, by a worker that died before recording it
+    # Made already, by a worker that died before recording it (`since`: when the last create was tried).
+    found = tier.find(model, key, _job_key(job), count=int(job.get("submit_count", job["count"])),
+                      since=job.get("submit_tried_at"))
     if found is None:
         held = list(ProviderJob.held(svc.table, job))
-        lines = [(str(req["index"]), body) for req, body in zip(held, _bodies(svc, held), strict=True)]
-        found = tier.submit(model, key, _job_key(job), job["endpoint"], lines)
+        endpoint, lines = _as_sent(model, job["endpoint"], held, _bodies(svc, held))
+        if not lines:  # none can be sent (their translation refuses them): they run directly, and fail there
+            return _state(svc, job, "handing_back")
+        # Recorded before the create: a later find knows where to look, and for how many requests.
+        tried: dict = {"submit_tried_at": svc.now(), "submit_count": len(lines)}
+        ops = []
+        if batch.get("max_cost_usd") is not None and job.get("committed_usd") is None:
+            # A spending cap counts the job's worst case at the tier's price before the provider's job is made;
+            # one that does not fit beside what the batch has committed runs directly, claim by claim.
+            price = [model.provider_batch.price.input_per_mtok, model.provider_batch.price.output_per_mtok]  # type: ignore[union-attr]
+            worst = sum(_worst(svc, batch, held, price))
+            if not fits(float(batch.get("committed_usd", 0)), float(batch["max_cost_usd"]), worst):
+                return _state(svc, job, "handing_back")
+            tried.update(committed_usd=worst, committed_price=price)
+            ops.append(Batch.commit(svc.table, batch, worst))
+        svc.table.transact([ProviderJob.change(svc.table, job, tried), *ops])
+        job = {**job, **tried, "version": int(job["version"]) + 1}
+        try:
+            found = tier.submit(model, key, _job_key(job), endpoint, lines,
+                                **protocols.of_batch(batch).backend_options(batch))
+        except TierError:  # tried again a bit later (the record's version moved: `look` cannot put it off)
+            svc.table.transact([ProviderJob.change(svc.table, job, {"due_at": svc.now() + RETRY_SECONDS})])
+            raise
     return _state(svc, job, "running", provider_id=found.provider_id,
                   due_at=svc.now() + math.ceil(model.provider_batch.poll_seconds))  # type: ignore[union-attr]
+
+
+def _as_sent(model: Model, endpoint: str, held: list[RequestItem], bodies: list[dict]
+             ) -> tuple[str, list[tuple[str, dict]]]:
+    """The job's lines as a direct call sends each request (a Messages request to an `openai` model: its chat
+    completion); one its translation refuses is left out (never answered: it runs directly)."""
+    sent_endpoint, lines = endpoint, []
+    for req, body in zip(held, bodies, strict=True):
+        try:
+            sent_endpoint, sent = as_sent(model, endpoint, body)
+        except ValueError:
+            continue
+        lines.append((str(req["index"]), sent))
+    return sent_endpoint, lines
+
+
+def _worst(svc: Services, batch: BatchItem, reqs: list[RequestItem], price: list | None = None,
+           model: Model | None = None) -> list[float]:
+    """Each request's worst case (`spending`: its line's bytes as input, its output bound as output), at a
+    job's committed tier price `[input, output]` per million tokens, or at the model's own; infinite for a
+    request without an output bound."""
+    entries, worst = _Entries(svc, batch), []
+    for req in reqs:
+        bound = entries.entry(int(req["index"])).output_bound
+        if bound is None:
+            worst.append(math.inf)
+        elif price is not None:
+            worst.append((int(req["length"]) * float(price[0]) + bound * float(price[1])) / 1e6)
+        else:
+            assert model is not None
+            worst.append(worst_usd(model, int(req["length"]), bound))
+    return worst
 
 
 def _bodies(svc: Services, held: list[RequestItem]) -> list[dict]:
@@ -295,7 +355,10 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
         if answer.attempt is None:
             back.append((req, 0, None))
             continue
-        outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, answer.attempt)
+        attempt = answer.attempt
+        if translates(model, job["endpoint"]):  # back in the shape asked for, as a direct call's answer is
+            attempt = as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
+        outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, attempt)
         if outcome.to is RequestState.WAITING:
             back.append((req, 1, outcome.error))
             continue
@@ -303,10 +366,15 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
         # Out of the job's hold (`job` emptied: a retry in place later runs it as any other), marked as run there.
         settled.append((req, replace(outcome, cost_usd=at_tier, saved_usd=outcome.cost_usd - at_tier, offloaded=-1,
                                      extra={**outcome.extra, "job": "", "tier_job": job["sk"]})))
+    if job.get("committed_usd") is not None:  # its worst case was committed: each landed request gives back
+        worst = _worst(svc, batch, [req for req, _ in settled], job["committed_price"])  # what it did not spend
+        settled = [(req, replace(outcome, committed_usd=settled_delta(w, True, outcome.cost_usd,
+                                                                      not outcome.cost_unknown)))
+                   for (req, outcome), w in zip(settled, worst, strict=True)]
     for at in range(0, len(settled), SETTLE_MAX):
         _settle(svc, settled[at:at + SETTLE_MAX])
     for at in range(0, len(back), HAND_BACK_STEP):
-        _give_back(svc, job, back[at:at + HAND_BACK_STEP])
+        _give_back(svc, job, back[at:at + HAND_BACK_STEP], batch, model)
 
 
 def _settle(svc: Services, chunk: list[tuple[RequestItem, Settlement]]) -> None:
@@ -320,23 +388,32 @@ def _settle(svc: Services, chunk: list[tuple[RequestItem, Settlement]]) -> None:
                 pass
 
 
-def _give_back(svc: Services, job: dict, chunk: list[tuple[RequestItem, int, dict | None]]) -> None:
+def _give_back(svc: Services, job: dict, chunk: list[tuple[RequestItem, int, dict | None]], batch: BatchItem,
+               model: Model | None) -> None:
+    """Hand requests back to run directly. In a capped batch each carries its worst case at the model's price
+    (its claim commits it), and what the job committed for them at the tier's price is given back."""
     t, now = svc.table, svc.now()
-    ops = [ProviderJob.hand_back(t, req, now, new_token(), attempt, error) for req, attempt, error in chunk]
-    ops += [ProviderJob.release(t, job["batch_id"], len(chunk))]
+    reqs = [req for req, _, _ in chunk]
+    capped = batch.get("max_cost_usd") is not None and model is not None
+    direct: list = _worst(svc, batch, reqs, model=model) if capped else [None] * len(chunk)
+    back = sum(_worst(svc, batch, reqs, job["committed_price"])) if job.get("committed_usd") is not None else 0.0
+    ops = [ProviderJob.hand_back(t, req, now, new_token(), attempt, error,
+                                 worst if worst is None or math.isfinite(worst) else None)
+           for (req, attempt, error), worst in zip(chunk, direct, strict=True)]
+    ops += [ProviderJob.release(t, job["batch_id"], len(chunk), back)]
     ops += [op for op in [Budget.add(t, job["model"], {"waiting": len(chunk)})] if op is not None]
     try:
         t.transact(ops)
     except ConditionFailed:  # one moved meanwhile: each on its own
         if len(chunk) > 1:
             for one in chunk:
-                _give_back(svc, job, [one])
+                _give_back(svc, job, [one], batch, model)
 
 
-def _hand_back(svc: Services, job: dict, batch: BatchItem) -> bool:
+def _hand_back(svc: Services, job: dict, batch: BatchItem, model: Model | None) -> bool:
     held = list(ProviderJob.held(svc.table, job, limit=HAND_BACK_STEP))
     if held:
-        _give_back(svc, job, [(req, int(req.get("attempt", 0)), None) for req in held])
+        _give_back(svc, job, [(req, int(req.get("attempt", 0)), None) for req in held], batch, model)
         return True
     _state(svc, job, "done")
     _lane_rest_to_direct(svc, job["batch_id"])

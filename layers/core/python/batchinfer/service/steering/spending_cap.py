@@ -31,8 +31,8 @@ def reached(svc: Services, batch: BatchItem) -> bool:
         return False
     if batch.get("retrying") or batch.get("awaiting_validation"):
         return False  # its requests are still being queued (a retry's walk) or checked (a file batch)
-    if int(batch.get("in_flight", 0)) > 0:
-        return False  # what runs may settle below its worst case: the next request waits for it
+    if int(batch.get("in_flight", 0)) > 0 or int(batch.get("offloaded", 0)) > 0:
+        return False  # what runs (or a provider job holds) may settle below its worst case: the next waits for it
     committed, cap = float(batch.get("committed_usd", 0)), float(batch["max_cost_usd"])
     lanes = Lanes(svc)
     for model_id in batch.get("lanes", {}):
