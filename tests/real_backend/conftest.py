@@ -75,9 +75,10 @@ def catalog_text(proxy_url: str, chat_url: str) -> str:
         model("tiny-chat-direct", chat_url, "/v1/chat/completions", CHAT_PRICE)]}, sort_keys=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stack(tmp_path_factory, proxy, chat_server) -> Iterator[dict]:
-    """The local stack (as `make run` starts it) with a catalog whose models run on the real server."""
+    """The local stack (as `make run` starts it) with a catalog whose models run on the real server; a module's
+    own, so that it is gone before another module's stack starts."""
     catalog = tmp_path_factory.mktemp("catalog") / "models.yaml"
     catalog.write_text(catalog_text(proxy.url, chat_server.url))
     with local_stack(tmp_path_factory, models_file=str(catalog), file_batches_enabled=True,
