@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import os
 import random
+import shlex
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -118,10 +119,11 @@ def serving(server: LlamaCppServer) -> Iterator[LlamaCppServer]:
         server.stop()
 
 
-def one_llama_run(binary: Path, model: Path, logs: Path, order_for: str = "slot") -> dict:
+def one_llama_run(binary: Path, model: Path, logs: Path, order_for: str = "slot", extra: tuple[str, ...] = ()
+                  ) -> dict:
     """The same on llama.cpp's server: the direct client on each file, each on a fresh server, then both files
     through a fresh stack on another fresh server (the two files share no prefix), measured by its counter."""
-    server = LlamaCppServer(model, logs / "llama-server.log", MODEL, binary=binary)
+    server = LlamaCppServer(model, logs / "llama-server.log", MODEL, binary=binary, extra=extra)
     figures: dict = {}
     for name, order in files().items():
         with serving(server):
@@ -143,13 +145,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llama-server", type=Path, metavar="PATH",
                         help="run on llama.cpp's llama-server at PATH (build/llama-server/bin/llama-server) instead "
                              "of the simulated backend")
+    parser.add_argument("--llama-server-args", default="", metavar="ARGS",
+                        help="more of llama-server's options, e.g. '--cache-ram 0' (no RAM prompt cache: a slot's "
+                             "cache is all it reuses)")
     args = parser.parse_args(argv)
     if args.llama_server:
         with tempfile.TemporaryDirectory(prefix="prompt-cache-") as work:
             model = make_model(Path(work) / "prefix-llama.gguf", shape="prefix")
-            runs = [one_llama_run(args.llama_server, model, Path(work), args.prompt_cache) for _ in range(args.runs)]
-        backend = (f"llama.cpp's llama-server, {SLOTS} slots, 1 thread, the `prefix` model; evaluated: its "
-                   f"/metrics prompt_tokens_total")
+            extra = tuple(shlex.split(args.llama_server_args))
+            runs = [one_llama_run(args.llama_server, model, Path(work), args.prompt_cache, extra)
+                    for _ in range(args.runs)]
+        backend = (f"llama.cpp's llama-server, {SLOTS} slots, 1 thread, the `prefix` model"
+                   f"{' ' + args.llama_server_args if args.llama_server_args else ''}; evaluated: its /metrics "
+                   f"prompt_tokens_total")
     else:
         runs = [one_run(args.token_ms, args.latency, args.prompt_cache) for _ in range(args.runs)]
         backend = f"per-slot cache of {SLOTS} slots, {args.token_ms:g} ms per uncached prompt token"
