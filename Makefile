@@ -97,7 +97,8 @@ test: venv sdk-previous sdk-openai1 browser  ## lint, then every test once, on P
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_DURATIONS)
 
-# Opt-in: the service against a real inference server (llama-cpp-python running a tiny model made at test time).
+# Opt-in: the service against real inference servers (llama-cpp-python's and llama.cpp's llama-server, running
+# models made at test time).
 test-real-backend: venv real-backend llama-server  ## the batch flows end to end on a real OpenAI-compatible server
 	REAL_BACKEND_TESTS=1 $(BIN)/python -m pytest tests/real_backend -p no:cacheprovider
 

@@ -1,7 +1,8 @@
-"""The service against a real OpenAI-compatible server: llama-cpp-python's, running a tiny model made here.
+"""The service against a real OpenAI-compatible server: llama-cpp-python's, running a tiny model made here, and
+llama.cpp's own llama-server for the prompt cache order (test_llama_server_prompt_cache.py).
 
-Opt-in: `make test-real-backend` sets REAL_BACKEND_TESTS=1 (and builds .venv-real-backend first). Without it,
-nothing here is collected, so `make test` and a plain `pytest` never start a model server.
+Opt-in: `make test-real-backend` sets REAL_BACKEND_TESTS=1 (and builds .venv-real-backend and llama-server
+first). Without it, nothing here is collected, so `make test` and a plain `pytest` never start a model server.
 """
 
 from __future__ import annotations
