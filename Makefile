@@ -13,10 +13,21 @@ SDK_OPENAI1 := .venv-sdk-openai1
 # llama-cpp-python's, built from source (CPU only, no BLAS) in a venv of its own.
 REAL_BACKEND := .venv-real-backend
 REAL_BACKEND_CMAKE_ARGS ?= -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+# llama.cpp's own server (llama-server: per-slot prompt caches) for the prompt cache test and `bench/prompt_cache.py
+# --llama-server`: built with cmake from the llama.cpp that llama-cpp-python's sdist (the pin above) vendors, CPU only,
+# statically linked, the llama-server target alone (a few minutes on 2 cores, at low priority).
+LLAMA_CPP_PYTHON_VERSION := $(shell sed -n 's/^llama-cpp-python\[server\]==//p' requirements-real-backend.txt)
+LLAMA_SERVER_DIR := build/llama-server
+LLAMA_SERVER := $(LLAMA_SERVER_DIR)/bin/llama-server
+LLAMA_SERVER_SRC := $(LLAMA_SERVER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION)/vendor/llama.cpp
+LLAMA_SERVER_CMAKE_ARGS ?= -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF \
+	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+LLAMA_SERVER_JOBS ?= 2
 export PYTHONPATH := $(CURDIR)/layers/core/python:$(CURDIR)
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: venv sdk-previous sdk-openai1 real-backend browser run test test-real-backend lint synth \
+.PHONY: venv sdk-previous sdk-openai1 real-backend llama-server browser run test test-real-backend lint synth \
 	layers bench clean
 
 # The venv takes the layer lock's versions as constraints, so its indirect packages (starlette, botocore, ...)
@@ -54,6 +65,17 @@ $(REAL_BACKEND)/bin/.installed: requirements-real-backend.txt
 
 real-backend: $(REAL_BACKEND)/bin/.installed
 
+$(LLAMA_SERVER): requirements-real-backend.txt
+	mkdir -p $(LLAMA_SERVER_DIR)/bin
+	test -d $(LLAMA_SERVER_SRC) || { $(PYTHON) -m pip download --quiet --no-deps --no-binary :all: \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION) -d $(LLAMA_SERVER_DIR) && \
+		tar -xzf $(LLAMA_SERVER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz -C $(LLAMA_SERVER_DIR); }
+	nice -n 10 cmake -S $(LLAMA_SERVER_SRC) -B $(LLAMA_SERVER_DIR)/cmake -G Ninja $(LLAMA_SERVER_CMAKE_ARGS)
+	nice -n 10 cmake --build $(LLAMA_SERVER_DIR)/cmake --target llama-server -j $(LLAMA_SERVER_JOBS)
+	cp $(LLAMA_SERVER_DIR)/cmake/bin/llama-server $@
+
+llama-server: $(LLAMA_SERVER)  ## llama.cpp's llama-server (4 slots' prompt caches), built from the pinned sdist
+
 run: venv  ## the local stack in the foreground: moto, simulated backend, API on 127.0.0.1:$${PORT:-8000}
 	$(BIN)/python -m local.run
 
@@ -75,8 +97,9 @@ test: venv sdk-previous sdk-openai1 browser  ## lint, then every test once, on P
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_DURATIONS)
 
-# Opt-in: the service against a real inference server (llama-cpp-python running a tiny model made at test time).
-test-real-backend: venv real-backend  ## the batch flows end to end on a real OpenAI-compatible server
+# Opt-in: the service against real inference servers (llama-cpp-python's and llama.cpp's llama-server, running
+# models made at test time).
+test-real-backend: venv real-backend llama-server  ## the batch flows end to end on a real OpenAI-compatible server
 	REAL_BACKEND_TESTS=1 $(BIN)/python -m pytest tests/real_backend -p no:cacheprovider
 
 lint: venv

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -35,7 +36,7 @@ MODEL = "glm-5.3-flash"
 
 def command_line(module: str) -> str:
     """How to run this benchmark again, as printed with its results."""
-    return f"PYTHONPATH=layers/core/python:. .venv/bin/python -m {module} " + " ".join(sys.argv[1:])
+    return f"PYTHONPATH=layers/core/python:. .venv/bin/python -m {module} " + shlex.join(sys.argv[1:])
 
 
 @contextmanager

@@ -25,9 +25,9 @@ from bench.common import MODEL, chat, command_line, create, local_stack, median,
 POLL_SECONDS = 0.5
 
 
-async def direct(url: str, bodies: list[dict], concurrency: int) -> float:
+async def direct(url: str, bodies: list[dict], concurrency: int, timeout: float = 60) -> float:
     limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency * 2)) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=concurrency * 2)) as client:
         async def one(body: dict) -> None:
             async with limit:
                 (await client.post(url, json=body)).raise_for_status()

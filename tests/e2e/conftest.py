@@ -18,12 +18,13 @@ from local.servers import UvicornThread, free_port
 
 
 @contextmanager
-def local_stack(tmp_path_factory, **settings) -> Iterator[dict]:
+def local_stack(tmp_path_factory, pollers: int = 2, **settings) -> Iterator[dict]:
     """The local stack (moto server, simulated backend, the pipeline's loops, the API under uvicorn) with
-    these settings, its state in a fresh `.local`: {base, key, svc, dir}."""
+    these settings, its state in a fresh `.local`: {base, key, svc, dir}; `pollers`: concurrent worker
+    invocations per model queue."""
     state = tmp_path_factory.mktemp("stack") / ".local"
     config = Settings(table_name="e2e", bucket_name="e2e", stage="e2e", **settings)
-    svc, key, stop = start(config, free_port(), free_port(), pollers=2, state_dir=state)
+    svc, key, stop = start(config, free_port(), free_port(), pollers=pollers, state_dir=state)
     api = UvicornThread(create_app(), free_port()).start()
     try:
         yield {"base": f"{api.url}/v1", "key": key, "svc": svc, "dir": state.parent}

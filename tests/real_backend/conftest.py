@@ -1,7 +1,8 @@
-"""The service against a real OpenAI-compatible server: llama-cpp-python's, running a tiny model made here.
+"""The service against a real OpenAI-compatible server: llama-cpp-python's, running a tiny model made here, and
+llama.cpp's own llama-server for the prompt cache order (test_llama_server_prompt_cache.py).
 
-Opt-in: `make test-real-backend` sets REAL_BACKEND_TESTS=1 (and builds .venv-real-backend first). Without it,
-nothing here is collected, so `make test` and a plain `pytest` never start a model server.
+Opt-in: `make test-real-backend` sets REAL_BACKEND_TESTS=1 (and builds .venv-real-backend and llama-server
+first). Without it, nothing here is collected, so `make test` and a plain `pytest` never start a model server.
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ def catalog_text(proxy_url: str, chat_url: str) -> str:
         model("tiny-chat-direct", chat_url, "/v1/chat/completions", CHAT_PRICE)]}, sort_keys=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stack(tmp_path_factory, proxy, chat_server) -> Iterator[dict]:
-    """The local stack (as `make run` starts it) with a catalog whose models run on the real server."""
+    """The local stack (as `make run` starts it) with a catalog whose models run on the real server; a module's
+    own, so that it is gone before another module's stack starts."""
     catalog = tmp_path_factory.mktemp("catalog") / "models.yaml"
     catalog.write_text(catalog_text(proxy.url, chat_server.url))
     with local_stack(tmp_path_factory, models_file=str(catalog), file_batches_enabled=True,

@@ -8,7 +8,11 @@ stops at EOS or max_tokens, counts usage and embeds.
 
 Runs in the real-backend venv (.venv-real-backend, where `gguf`, `tokenizers` and `numpy` are installed):
 
-    .venv-real-backend/bin/python -m tests.real_backend.make_model OUT.gguf [--text FILE ...]
+    .venv-real-backend/bin/python -m tests.real_backend.make_model OUT.gguf [--text FILE ...] [--shape prefix]
+
+Two sizes (`--shape`): `tiny` (the default; decodes in microseconds) and `prefix`, larger (about 3.6 M
+weights, 4,096 tokens of context), whose prompt evaluation takes long enough on one thread that a long shared
+prefix dominates a request's time, as on a real model: the prompt cache measurements run on it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ class Shape:
     heads: int = 4
     ffn: int = 128
     context: int = 2048
+
+
+# The sizes `--shape` names: the tiny model of the flow tests, and one whose prompt evaluation dominates.
+SHAPES = {"tiny": Shape(), "prefix": Shape(hidden=256, layers=4, heads=4, ffn=768, context=4096)}
 
 
 @dataclass(frozen=True)
@@ -153,11 +161,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("out", type=Path, help="the .gguf file to write")
     parser.add_argument("--text", type=Path, action="append", help="text to train the tokenizer on (README.md)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the model's size (tiny)")
     args = parser.parse_args(argv)
     texts = None
     if args.text:
         texts = [line for f in args.text for line in f.read_text(encoding="utf-8").splitlines()]
-    make_model(args.out, texts, seed=args.seed)
+    make_model(args.out, texts, SHAPES[args.shape], seed=args.seed)
     print(args.out)
 
 
