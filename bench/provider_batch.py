@@ -148,7 +148,7 @@ def file_bytes(sim_url: str, file_id: str) -> int:
 
 
 def collect_run(lines: int) -> dict:
-    moto = MotoServer(free_port()).start()
+    moto, steps_per_look = MotoServer(free_port()).start(), jobs.STEPS_PER_LOOK
     try:
         with backend_process(0.0) as sim_url:
             svc = runner_services(moto.url, sim_url)
@@ -186,6 +186,7 @@ def collect_run(lines: int) -> dict:
             steps_until(svc, job, ("done",))
             batch = svc.table.get(*batch_key(created["id"])) or {}
     finally:
+        jobs.STEPS_PER_LOOK = steps_per_look  # the guard run's sweeper looks as it always does
         moto.stop()
     landed = int(batch.get("completed", 0))
     assert landed == lines, f"{landed} of {lines} answers landed"
