@@ -1,8 +1,8 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
 Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness priority cap yield
-file spread lanes short estimate retry cache provider_batch (all sixteen by default: ~140 min on 2 cores). `--quick`
-runs small sizes (~12 minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
+file spread lanes short estimate retry cache provider_batch (all sixteen by default: ~155 min on 2 cores). `--quick`
+runs small sizes (~14 minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
 Each prints its ratios against its goal and the command that reproduces it; a summary of every goal line comes at
 the end.
 docs/benchmarks.md has the current figures and what bounds each one.
