@@ -1,9 +1,10 @@
 """Run the benchmarks in sequence (`make bench`): `python -m bench [--quick] [names...]`.
 
 Names, one per benchmark described in docs/benchmarks.md: throughput ingest export cost fairness priority cap yield
-file spread lanes short estimate retry cache (all fifteen by default: ~120 min on 2 cores). `--quick` runs small
-sizes (~9 minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`. Each prints its
-ratios against its goal and the command that reproduces it; a summary of every goal line comes at the end.
+file spread lanes short estimate retry cache provider_batch (all sixteen by default: ~155 min on 2 cores). `--quick`
+runs small sizes (~14 minutes in all); each benchmark's own flags are shown by `python -m bench.<module> --help`.
+Each prints its ratios against its goal and the command that reproduces it; a summary of every goal line comes at
+the end.
 docs/benchmarks.md has the current figures and what bounds each one.
 """
 
@@ -40,6 +41,8 @@ BENCHMARKS = {
     "retry": ("bench.retry_run", ["--requests", "100", "--runs", "1"]),
     # 8 system prompts x 6 questions on a per-slot prompt cache: grouped and shuffled files, against a direct client
     "cache": ("bench.prompt_cache", ["--runs", "1"]),
+    # a provider batch tier: cost per million requests against direct, collecting a large output, the guard's margin
+    "provider_batch": ("bench.provider_batch", ["--requests", "200", "--runs", "1", "--lines", "5000"]),
 }
 # Arguments a benchmark always gets (before the quick ones): what makes it the benchmark it is.
 ALWAYS = {"spread": ["--latency", "1", "--distribution", "lognormal", "--sigma", "0.5"]}
