@@ -22,14 +22,12 @@ import hashlib
 import json
 from datetime import datetime
 
-import httpx
-
 from ...catalog import MESSAGES_ENDPOINT, Model
 from ...domain import Attempt
 from ...jsontext import Text
 from ..anthropic import ERROR_STATUS, error_message, message_attempt, request_body
 from ..anthropic import headers as anthropic_headers
-from .common import JobView, LineAnswer, Page, TierError
+from .common import JobView, LineAnswer, Page, call_json
 from .jsonl_pages import TIMEOUT as PAGE_TIMEOUT
 from .jsonl_pages import read as read_pages
 from .jsonl_pages import value_text
@@ -54,17 +52,7 @@ def _base(model: Model) -> str:
 
 
 def _call(method: str, url: str, api_key: str | None, version: str | None = None, **kwargs: object) -> dict:
-    try:
-        answer = httpx.request(method, url, headers=anthropic_headers(api_key, version), timeout=TIMEOUT,
-                               **kwargs)  # type: ignore[arg-type]
-    except httpx.HTTPError as error:
-        raise TierError(f"{method} {url}: {type(error).__name__}") from error
-    if not answer.is_success:
-        raise TierError(f"{method} {url}: HTTP {answer.status_code} {answer.text[:300]}")
-    try:
-        return answer.json()
-    except ValueError as error:
-        raise TierError(f"{method} {url}: the answer is not JSON") from error
+    return call_json(method, url, anthropic_headers(api_key, version), TIMEOUT, **kwargs)
 
 
 def _counts(batch: dict) -> dict[str, int]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import httpx
+
 from ...domain import Attempt
 
 
@@ -41,3 +43,18 @@ class Page:
 
     answers: list[LineAnswer] = field(default_factory=list)
     next: int | None = None
+
+
+def call_json(method: str, url: str, headers: dict[str, str], timeout: float, **kwargs: object) -> dict:
+    """One call to a provider's batch API and its JSON answer; TierError when it did not go through (no answer,
+    an error answer, or one that is not JSON)."""
+    try:
+        answer = httpx.request(method, url, headers=headers, timeout=timeout, **kwargs)  # type: ignore[arg-type]
+    except httpx.HTTPError as error:
+        raise TierError(f"{method} {url}: {type(error).__name__}") from error
+    if not answer.is_success:
+        raise TierError(f"{method} {url}: HTTP {answer.status_code} {answer.text[:300]}")
+    try:
+        return answer.json()
+    except ValueError as error:
+        raise TierError(f"{method} {url}: the answer is not JSON") from error

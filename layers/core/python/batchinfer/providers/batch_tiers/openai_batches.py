@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 
-import httpx
-
 from ...catalog import Model
 from ...domain import Attempt
 from ...jsontext import Text
 from ..openai_compat import _usage
-from .common import JobView, LineAnswer, Page, TierError
+from .common import JobView, LineAnswer, Page, call_json
 from .jsonl_pages import TIMEOUT as PAGE_TIMEOUT
 from .jsonl_pages import read as read_pages
 from .jsonl_pages import value_text
@@ -37,16 +35,7 @@ def _headers(api_key: str | None) -> dict[str, str]:
 
 
 def _call(method: str, url: str, api_key: str | None, **kwargs: object) -> dict:
-    try:
-        answer = httpx.request(method, url, headers=_headers(api_key), timeout=TIMEOUT, **kwargs)  # type: ignore[arg-type]
-    except httpx.HTTPError as error:
-        raise TierError(f"{method} {url}: {type(error).__name__}") from error
-    if not answer.is_success:
-        raise TierError(f"{method} {url}: HTTP {answer.status_code} {answer.text[:300]}")
-    try:
-        return answer.json()
-    except ValueError as error:
-        raise TierError(f"{method} {url}: the answer is not JSON") from error
+    return call_json(method, url, _headers(api_key), TIMEOUT, **kwargs)
 
 
 def _view(batch: dict) -> JobView:
