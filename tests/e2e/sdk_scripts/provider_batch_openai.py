@@ -33,5 +33,6 @@ out["counts"] = [batch.request_counts.total, batch.request_counts.completed, bat
 out["cost_usd"], out["saved_usd"] = getattr(batch, "cost_usd", None), getattr(batch, "saved_usd", None)
 out["usage"] = [batch.usage.input_tokens, batch.usage.output_tokens] if batch.usage else None
 content = client.files.content(batch.output_file_id).text
-out["output"] = sorted(json.loads(line)["custom_id"] for line in content.splitlines() if line.strip())
+out["output"] = sorted([answer["custom_id"], answer["response"]["body"]["choices"][0]["message"]["content"]]
+                      for answer in map(json.loads, filter(str.strip, content.splitlines())))
 print(json.dumps(out))
