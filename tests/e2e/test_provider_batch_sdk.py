@@ -1,9 +1,10 @@
-"""Batches on a model's provider batch tier on the local stack (the simulated backend serves OpenAI's Batches
-API for `glm-5.3-flash`), each flow as the README shows it, unchanged but for `execution`: an inline batch over
-plain HTTP, a file batch with the official OpenAI SDK, and a Message Batch with the official Anthropic SDK
-(newest and previous major; translated to OpenAI's tier, as it is when it runs directly). Each shows exact
-results and usage, `cost_usd` at the tier's price and `saved_usd`, and the simulator shows one tier job holding
-exactly its requests; nothing in this module calls the model directly."""
+"""Batches on a model's provider batch tier on the local stack, each flow as the README shows it, unchanged but
+for `execution`: an inline batch over plain HTTP, a file batch with the official OpenAI SDK, and Message Batches
+with the official Anthropic SDK (newest and previous major). The simulated backend serves OpenAI's Batches API
+for `glm-5.3-flash` (the default catalog's tier; a Message Batch on it is translated, as it is when it runs
+directly) and Anthropic's Message Batches for `claude-sim`, an `anthropic`-kind model with a tier added to the
+default catalog. Each flow shows exact results and usage, `cost_usd` at the tier's price and `saved_usd`, and
+the simulator shows one tier job holding exactly its requests; nothing in this module calls a model directly."""
 
 from __future__ import annotations
 
@@ -13,29 +14,40 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from batchinfer.api.app import create_app
+from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.service import accounts
 from batchinfer.settings import Settings
 from local.run import start
 from local.servers import UvicornThread, free_port
-from local.simulated_answers import build_chat, parse_chat
+from local.simulated_answers import build_anthropic, build_chat, parse_chat
 from local.simulated_backend import SimConfig
 from tests.e2e.conftest import SdkRuns
 
 pytestmark = pytest.mark.e2e
 SDK_SCRIPTS = Path(__file__).with_name("sdk_scripts")
 ANTHROPIC_MAJORS = ("newest", "previous")  # openai1's venv has no anthropic
-MODEL = "glm-5.3-flash"
-MODEL_PRICE, TIER_PRICE = (0.10, 0.40), (0.05, 0.20)  # USD per million input and output tokens (default catalog)
+GLM, CLAUDE = "glm-5.3-flash", "claude-sim"
+# USD per million input and output tokens: (the model's price, its tier's)
+PRICES = {GLM: ((0.10, 0.40), (0.05, 0.20)), CLAUDE: ((3.0, 15.0), (1.5, 7.5))}
 ACCOUNT = {"tier": "internal", "daily_quota_usd": 1000.0}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("tier-stack") / ".local"
+    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
+    catalog["models"].append({
+        "id": CLAUDE, "backend": {"kind": "anthropic", "base_url": "${SIMULATED_BACKEND_URL}/v1"},
+        "batch_budget": 4, "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
+        "provider_batch": {"price": {"input_per_mtok": 1.5, "output_per_mtok": 7.5}, "min_requests": 2,
+                           "poll_seconds": 1, "guard_seconds": 600}})
+    models_file = state.parent / "models.yaml"
+    models_file.write_text(yaml.safe_dump(catalog))
     settings = Settings(table_name="e2e-tier", bucket_name="e2e-tier", stage="e2e-tier", file_batches_enabled=True,
-                        message_batches_enabled=True)
+                        message_batches_enabled=True, models_file=str(models_file))
     sim_port = free_port()
     svc, _, stop = start(settings, free_port(), sim_port, SimConfig(), pollers=1, state_dir=state)
     api = UvicornThread(create_app(), free_port()).start()
@@ -52,38 +64,59 @@ def runs(stack, sdk_python, tmp_path_factory):
         "openai": SdkRuns(stack, sdk_python, SDK_SCRIPTS / "provider_batch_openai.py", ("newest",),
                           folder / "openai", **ACCOUNT),
         "anthropic": SdkRuns(stack, sdk_python, SDK_SCRIPTS / "provider_batch_anthropic.py", ANTHROPIC_MAJORS,
-                             folder / "anthropic", extra=lambda major: {"TIER_MODEL": MODEL, "TIER_TAG": major,
-                                                   "FREEINFERENCE_ANTHROPIC_BASE_URL": f"{stack['root']}/anthropic"},
-                             **ACCOUNT)}
+                             folder / "anthropic", **ACCOUNT,
+                             extra=lambda major: {"TIER_MODELS": f"{GLM},{CLAUDE}", "TIER_TAG": major,
+                                                  "FREEINFERENCE_ANTHROPIC_BASE_URL": f"{stack['root']}/anthropic"})}
     yield started
     for sdk_runs in started.values():
         sdk_runs.close()
 
 
-def answer(content: str, **body) -> tuple[str, int, int]:
-    """What the simulated model answers a chat completion of `content` on MODEL: (text, input and output
-    tokens), as it answers a direct call."""
-    sent = {"model": MODEL, "messages": [{"role": "user", "content": content}], **body}
+def answer(model: str, content: str, **body) -> tuple[str, int, int]:
+    """What the simulated model answers `content` on `model` (a chat completion on GLM, a message on CLAUDE):
+    (text, input and output tokens), as it answers a direct call."""
+    sent = {"model": model, "messages": [{"role": "user", "content": content}], **body}
+    if model == CLAUDE:
+        built = build_anthropic(parse_chat(sent, ("max_tokens",)), sent)
+        return built["content"][0]["text"], built["usage"]["input_tokens"], built["usage"]["output_tokens"]
     built = build_chat(parse_chat(sent), sent)
     return built["choices"][0]["message"]["content"], built["usage"]["prompt_tokens"], \
         built["usage"]["completion_tokens"]
 
 
-def cost(tokens_in: int, tokens_out: int, price: tuple[float, float]) -> float:
-    return (tokens_in * price[0] + tokens_out * price[1]) / 1e6
+def spent(model: str, answers: list[tuple[str, int, int]]) -> tuple[list[int], float, float]:
+    """The usage of these answers on `model`, their cost at its tier's price and what that saved."""
+    tokens_in, tokens_out = sum(a[1] for a in answers), sum(a[2] for a in answers)
+    (model_in, model_out), (tier_in, tier_out) = PRICES[model]
+    at_tier = (tokens_in * tier_in + tokens_out * tier_out) / 1e6
+    return [tokens_in, tokens_out], at_tier, (tokens_in * model_in + tokens_out * model_out) / 1e6 - at_tier
 
 
 def tier_jobs(sim: str, contents: list[str]) -> list[tuple[str, list[str]]]:
-    """The simulator's tier jobs that hold any of these prompts: (endpoint, every prompt the job held)."""
+    """The simulator's OpenAI Batches jobs that hold any of these prompts: (endpoint, every prompt the job held)."""
     found = []
     for job in httpx.get(f"{sim}/v1/batches", params={"limit": 100}).json()["data"]:
         text = httpx.get(f"{sim}/v1/files/{job['input_file_id']}/content").text
-        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
         held = sorted(message["content"] if isinstance(message["content"], str)
                       else " ".join(part["text"] for part in message["content"])
-                      for line in lines for message in line["body"]["messages"])
+                      for line in map(json.loads, filter(str.strip, text.splitlines()))
+                      for message in line["body"]["messages"])
         if set(held) & set(contents):
             found.append((job["endpoint"], held))
+    return found
+
+
+def message_batch_jobs(sim: str, texts: list[str]) -> list[list[str]]:
+    """The simulator's ended Message Batches that answered any of these texts: every text each one answered."""
+    found, version = [], {"anthropic-version": "2023-06-01"}
+    for job in httpx.get(f"{sim}/v1/messages/batches", params={"limit": 100}, headers=version).json()["data"]:
+        if job["processing_status"] != "ended":
+            continue
+        lines = httpx.get(job["results_url"], headers=version).text.splitlines()
+        answered = sorted(block["text"] for entry in map(json.loads, lines) if entry["result"]["type"] == "succeeded"
+                          for block in entry["result"]["message"]["content"])
+        if set(answered) & set(texts):
+            found.append(answered)
     return found
 
 
@@ -97,7 +130,7 @@ def test_inline_batch_over_plain_http_runs_on_the_tier_at_its_price(stack, runs)
     account = accounts.create_account(stack["svc"], batch_access=True, **ACCOUNT)
     auth = {"Authorization": f"Bearer {accounts.create_key(stack['svc'], account['id'])}"}
     contents = {"a": "Hi", "b": "Bye"}
-    requests = [{"custom_id": custom_id, "body": {"model": MODEL, "messages": [{"role": "user", "content": text}]}}
+    requests = [{"custom_id": custom_id, "body": {"model": GLM, "messages": [{"role": "user", "content": text}]}}
                 for custom_id, text in contents.items()]
     with httpx.Client(base_url=stack["base"], headers=auth, timeout=30) as client:
         refused = client.post("/batches", json={"execution": "cheap", "requests": requests})
@@ -115,17 +148,16 @@ def test_inline_batch_over_plain_http_runs_on_the_tier_at_its_price(stack, runs)
 
     assert batch["status"] == "completed", batch
     assert batch["request_counts"] == {"total": 2, "completed": 2, "failed": 0}, batch
-    expected = {custom_id: answer(text) for custom_id, text in contents.items()}
+    expected = {custom_id: answer(GLM, text) for custom_id, text in contents.items()}
     shown = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in results}
     assert shown == {custom_id: text for custom_id, (text, _, _) in expected.items()}, results
     assert output.status_code == 200
     lines = [json.loads(line) for line in output.text.splitlines()]
     assert [(line["custom_id"], line["response"]["status_code"]) for line in lines] == [("a", 200), ("b", 200)]
-    tokens_in, tokens_out = (sum(e[1] for e in expected.values()), sum(e[2] for e in expected.values()))
-    assert (batch["usage"]["input_tokens"], batch["usage"]["output_tokens"]) == (tokens_in, tokens_out), batch
-    assert batch["cost_usd"] == pytest.approx(cost(tokens_in, tokens_out, TIER_PRICE), abs=1e-9), batch
-    saved = cost(tokens_in, tokens_out, MODEL_PRICE) - cost(tokens_in, tokens_out, TIER_PRICE)
-    assert batch["saved_usd"] == pytest.approx(saved, abs=1e-9), batch
+    usage, cost_usd, saved_usd = spent(GLM, list(expected.values()))
+    assert [batch["usage"]["input_tokens"], batch["usage"]["output_tokens"]] == usage, batch
+    assert batch["cost_usd"] == pytest.approx(cost_usd, abs=1e-9), batch
+    assert batch["saved_usd"] == pytest.approx(saved_usd, abs=1e-9), batch
     assert tier_jobs(stack["sim"], list(contents.values())) == [("/v1/chat/completions", sorted(contents.values()))]
     no_direct_calls(stack["sim"])
 
@@ -137,31 +169,38 @@ def test_openai_sdk_file_batch_runs_on_the_tier_at_its_price(stack, runs):
     assert seen["created_execution"] == "provider_batch", seen
     assert seen["status"] == "completed" and seen["counts"] == [4, 4, 0], seen
     contents = [f"Tier question {i}." for i in range(4)]
-    assert seen["output"] == [[f"t-{i}", answer(content)[0]] for i, content in enumerate(contents)], seen
-    tokens_in, tokens_out = (sum(answer(c)[1] for c in contents), sum(answer(c)[2] for c in contents))
-    assert seen["usage"] == [tokens_in, tokens_out], seen
-    assert seen["cost_usd"] == pytest.approx(cost(tokens_in, tokens_out, TIER_PRICE), abs=1e-9), seen
-    saved = cost(tokens_in, tokens_out, MODEL_PRICE) - cost(tokens_in, tokens_out, TIER_PRICE)
-    assert seen["saved_usd"] == pytest.approx(saved, abs=1e-9), seen
+    expected = [answer(GLM, content) for content in contents]
+    assert seen["output"] == [[f"t-{i}", text] for i, (text, _, _) in enumerate(expected)], seen
+    usage, cost_usd, saved_usd = spent(GLM, expected)
+    assert seen["usage"] == usage, seen
+    assert seen["cost_usd"] == pytest.approx(cost_usd, abs=1e-9), seen
+    assert seen["saved_usd"] == pytest.approx(saved_usd, abs=1e-9), seen
     assert tier_jobs(stack["sim"], contents) == [("/v1/chat/completions", contents)]
     no_direct_calls(stack["sim"])
 
 
+@pytest.mark.parametrize("model", [GLM, CLAUDE])
 @pytest.mark.parametrize("major", ANTHROPIC_MAJORS)
-def test_anthropic_sdk_message_batch_runs_on_the_openai_tier_at_its_price(stack, runs, major):
+def test_anthropic_sdk_message_batch_runs_on_the_tier_at_its_price(stack, runs, major, model):
+    """On GLM (an `openai`-kind model) the Message Batch goes to OpenAI's Batches API translated; on CLAUDE
+    (`anthropic`-kind) to Anthropic's Message Batches."""
     seen = runs["anthropic"].result(major)
     kind, status, message = seen["refused"]
     assert (kind, status) == ("BadRequestError", 400) and "execution" in message, seen
-    assert seen["created_execution"] == "provider_batch", seen
-    assert seen["status"] == "ended" and seen["counts"] == [0, 3, 0, 0, 0], seen
-    contents = [f"Message tier {i} ({major})." for i in range(3)]
-    expected = [answer(content, max_tokens=64) for content in contents]
-    assert seen["results"] == [[f"m-{i}", "succeeded", text, "end_turn", tokens_in, tokens_out]
-                               for i, (text, tokens_in, tokens_out) in enumerate(expected)], seen
-    tokens_in, tokens_out = sum(e[1] for e in expected), sum(e[2] for e in expected)
-    assert seen["usage"] == [tokens_in, tokens_out], seen
-    assert seen["cost_usd"] == pytest.approx(cost(tokens_in, tokens_out, TIER_PRICE), abs=1e-9), seen
-    saved = cost(tokens_in, tokens_out, MODEL_PRICE) - cost(tokens_in, tokens_out, TIER_PRICE)
-    assert seen["saved_usd"] == pytest.approx(saved, abs=1e-9), seen
-    assert tier_jobs(stack["sim"], contents) == [("/v1/chat/completions", contents)]
+    assert seen["created_execution"][model] == "provider_batch", seen
+    batch = seen["batches"][model]
+    assert batch["status"] == "ended" and batch["counts"] == [0, 3, 0, 0, 0], batch
+    contents = [f"Message tier {i} ({major} {model})." for i in range(3)]
+    expected = [answer(model, content, max_tokens=64) for content in contents]
+    assert batch["results"] == [[f"m-{i}", "succeeded", text, "end_turn", tokens_in, tokens_out]
+                                for i, (text, tokens_in, tokens_out) in enumerate(expected)], batch
+    usage, cost_usd, saved_usd = spent(model, expected)
+    assert batch["usage"] == usage, batch
+    assert batch["cost_usd"] == pytest.approx(cost_usd, abs=1e-9), batch
+    assert batch["saved_usd"] == pytest.approx(saved_usd, abs=1e-9), batch
+    if model == GLM:
+        assert tier_jobs(stack["sim"], contents) == [("/v1/chat/completions", contents)]
+    else:
+        assert message_batch_jobs(stack["sim"], [text for text, _, _ in expected]) == \
+            [sorted(text for text, _, _ in expected)]
     no_direct_calls(stack["sim"])
