@@ -146,7 +146,7 @@ def test_inline_batch_over_plain_http_runs_on_the_tier_at_its_price(stack, runs)
         results = client.get(f"/batches/{batch['id']}/results", params={"limit": 100}).json()["data"]
         output = client.get(f"/batches/{batch['id']}/output.jsonl")
 
-    assert batch["status"] == "completed", batch
+    assert batch["status"] == "completed" and batch["execution"] == "provider_batch", batch
     assert batch["request_counts"] == {"total": 2, "completed": 2, "failed": 0}, batch
     expected = {custom_id: answer(GLM, text) for custom_id, text in contents.items()}
     shown = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in results}
@@ -168,6 +168,7 @@ def test_openai_sdk_file_batch_runs_on_the_tier_at_its_price(stack, runs):
     assert (kind, status) == ("BadRequestError", 400) and "execution" in message, seen
     assert seen["created_execution"] == "provider_batch", seen
     assert seen["status"] == "completed" and seen["counts"] == [4, 4, 0], seen
+    assert seen["execution"] == "provider_batch", seen
     contents = [f"Tier question {i}." for i in range(4)]
     expected = [answer(GLM, content) for content in contents]
     assert seen["output"] == [[f"t-{i}", text] for i, (text, _, _) in enumerate(expected)], seen
@@ -190,6 +191,7 @@ def test_anthropic_sdk_message_batch_runs_on_the_tier_at_its_price(stack, runs, 
     assert seen["created_execution"][model] == "provider_batch", seen
     batch = seen["batches"][model]
     assert batch["status"] == "ended" and batch["counts"] == [0, 3, 0, 0, 0], batch
+    assert batch["execution"] == "provider_batch", batch
     contents = [f"Message tier {i} ({major} {model})." for i in range(3)]
     expected = [answer(model, content, max_tokens=64) for content in contents]
     assert batch["results"] == [[f"m-{i}", "succeeded", text, "end_turn", tokens_in, tokens_out]

@@ -35,7 +35,7 @@ def seen(batch):
             row += ["".join(block.text for block in message.content if block.type == "text"), message.stop_reason,
                     message.usage.input_tokens, message.usage.output_tokens]
         results.append(row)
-    return {"status": batch.processing_status,
+    return {"status": batch.processing_status, "execution": getattr(batch, "execution", None),
             "counts": [counts.processing, counts.succeeded, counts.errored, counts.canceled, counts.expired],
             "usage": [usage["input_tokens"], usage["output_tokens"]] if usage else None,
             "cost_usd": getattr(batch, "cost_usd", None), "saved_usd": getattr(batch, "saved_usd", None),

@@ -28,7 +28,7 @@ deadline = time.monotonic() + 120
 while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
     time.sleep(0.5)
     batch = client.batches.retrieve(batch.id)
-out["status"] = batch.status
+out["status"], out["execution"] = batch.status, getattr(batch, "execution", None)
 out["counts"] = [batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed]
 out["cost_usd"], out["saved_usd"] = getattr(batch, "cost_usd", None), getattr(batch, "saved_usd", None)
 out["usage"] = [batch.usage.input_tokens, batch.usage.output_tokens] if batch.usage else None
