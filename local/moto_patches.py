@@ -39,6 +39,10 @@ attribute set (quadratic in the attributes), and turned the transaction's refusa
 (8) A number DynamoDB cannot hold (a magnitude under 1E-130 or from 1E+126, or more than 38 significant
 digits), in an item or an expression's values, is a ValidationException as on DynamoDB; moto checked the
 range only in a put's item, and as a float.
+
+(9) The moto server lists its own service packages once, not for every request: it matched each request's
+host against `list_of_moto_modules()`, which reads moto's folder and stats each of its ~200 entries, twice a
+request. That was about half of what an idle local stack's polls cost the server's process.
 """
 
 from __future__ import annotations
@@ -165,6 +169,7 @@ def apply() -> None:
     _patch_item_limits()
     _patch_number_arithmetic()
     _patch_s3_uploads()
+    _patch_server_lookup()
     _applied = True
 
 
@@ -375,3 +380,10 @@ def _patch_item_limits() -> None:
 
     DynamoDBBackend.put_item = put_item
     DynamoDBBackend.update_item = update_item
+
+
+def _patch_server_lookup() -> None:
+    import moto.backends as backends
+
+    modules = tuple(backends.list_of_moto_modules())  # moto's installed packages: fixed while it runs
+    backends.list_of_moto_modules = lambda: iter(modules)
