@@ -92,7 +92,7 @@ class Gate:
         for _, event, _ in go:
             event.set()
 
-    async def call(self, real, model, batch: dict, body: dict, key):  # noqa: ANN001, ANN201
+    async def call(self, real, model, batch: dict, body: dict, api_key):  # noqa: ANN001, ANN201
         now = self.clock.monotonic() if self.clock else 0.0
         self.started_at.append(now)
         if self.before is not None:
@@ -106,7 +106,7 @@ class Gate:
         self.passing += 1
         self.peak = max(self.peak, self.in_flight)
         try:
-            answer = await real(model, batch, body, key)
+            answer = await real(model, batch, body, api_key)
             if self.after is not None:
                 await self.after(body)
         finally:
@@ -150,8 +150,8 @@ class GatedRequests:
     def __init__(self, svc, gate: Gate) -> None:  # noqa: ANN001
         self.real, self.gate = run_request.BatchRequests(svc), gate
 
-    async def call(self, model, batch: dict, body: dict, key):  # noqa: ANN001, ANN201
-        return await self.gate.call(self.real.call, model, batch, body, key)
+    async def call(self, model, batch: dict, body: dict, api_key):  # noqa: ANN001, ANN201
+        return await self.gate.call(self.real.call, model, batch, body, api_key)
 
     def __getattr__(self, name: str):  # noqa: ANN204 - the rest is the service's own
         return getattr(self.real, name)

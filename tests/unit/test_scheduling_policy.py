@@ -347,13 +347,13 @@ def test_lane_room(total, dispatched, room):
     (0, 0.05, 1.0, 2),
     (1, 0.002, 0.0, 6),  # a call average of 0 is taken as a millisecond
 ])
-def test_ahead(slots, claim_seconds, call_seconds, ahead):
-    assert policy.ahead(slots, claim_seconds, call_seconds, ahead_seconds=1.0) == ahead
+def test_lookahead(slots, claim_seconds, call_seconds, ahead):
+    assert policy.lookahead(slots, claim_seconds, call_seconds, ahead_seconds=1.0) == ahead
 
 
 @given(slots=small, claim_seconds=seconds, call_seconds=seconds, ahead_seconds=seconds)
 def test_work_claimed_ahead_stays_within_its_bound_in_time(slots, claim_seconds, call_seconds, ahead_seconds):
-    ahead = policy.ahead(slots, claim_seconds, call_seconds, ahead_seconds)
+    ahead = policy.lookahead(slots, claim_seconds, call_seconds, ahead_seconds)
     bound = max(2 * slots, math.ceil(slots * ahead_seconds / max(call_seconds, 1e-3)))
     assert 2 <= ahead <= max(2, bound)
     assert 1 <= policy.claim_at(ahead) <= ahead

@@ -109,9 +109,9 @@ class CallTiming:
         horizon = policy.claim_horizon(self.claim_seconds, self.config.soon_margin_seconds)
         return policy.ending_soon(self.calls_left(self.clock.monotonic()), horizon)
 
-    def ahead(self, slots: int) -> int:
-        """Requests claimed beyond the slots (`policy.ahead`)."""
-        return policy.ahead(slots, self.claim_seconds, self.call_seconds, self.config.ahead_seconds)
+    def lookahead(self, slots: int) -> int:
+        """Requests claimed beyond the slots (`policy.lookahead`)."""
+        return policy.lookahead(slots, self.claim_seconds, self.call_seconds, self.config.ahead_seconds)
 
     def ahead_most(self, open_slots: int) -> int:
         """What the slots run in `ahead_seconds`: the most a claim's floor queues past what is missing."""

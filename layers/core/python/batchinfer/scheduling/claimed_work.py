@@ -17,7 +17,7 @@ class RunsRequests(Protocol):
     """How the service runs claimed work, for the pump: each method is one step of running a request or a
     group that the pump schedules but does not define. The synchronous ones run on the pump's threads."""
 
-    async def call(self, model: Model, batch: dict, body: dict, key: str | None) -> Attempt:
+    async def call(self, model: Model, batch: dict, body: dict, api_key: str | None) -> Attempt:
         """One backend call for a group member (a batch's first attempt)."""
 
     async def run_retry(self, retry: dict) -> Counter:
@@ -36,7 +36,7 @@ class RunsRequests(Protocol):
     def finish_retries(self, answered: list[tuple[Any, Attempt]]) -> Counter:
         """Write started retries' answered attempts (of one batch together); what they became."""
 
-    def key(self, model: Model) -> str | None:
+    def api_key(self, model: Model) -> str | None:
         """The model's backend key."""
 
     def close_without_running(self, group: dict, batch: dict | None,

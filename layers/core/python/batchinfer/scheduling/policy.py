@@ -200,12 +200,12 @@ def lane_most_in_pump(wave: int, here: int, shared: bool) -> float:
     return max(0, wave - here)
 
 
-def pump_wave(open_slots: int, ahead_: int, budget: int) -> int | None:
+def pump_wave(open_slots: int, lookahead_: int, budget: int) -> int | None:
     """What a pump's slots run in about a wave, for `lane_most_in_pump`: its open slots, or what it claims
     ahead when that is more (calls shorter than a claim). None when the pump holds the model's whole budget:
     no other pump could take what it leaves in a lane, and a few slots' claims cut to a wave would make
     groups of a few, each paying a claim and a close."""
-    return max(open_slots, ahead_) if budget > open_slots else None
+    return max(open_slots, lookahead_) if budget > open_slots else None
 
 
 def running_past(calls: Iterable[tuple[Hashable, float]], horizon: float) -> dict:
@@ -227,7 +227,7 @@ def lane_room(total: int, dispatched: int) -> int:
 
 # --- The slot pump: how much to claim, how far ahead, when to give slots back ------------------------------
 
-def ahead(slots: int, claim_seconds: float, call_seconds: float, ahead_seconds: float) -> int:
+def lookahead(slots: int, claim_seconds: float, call_seconds: float, ahead_seconds: float) -> int:
     """Requests claimed beyond the slots: what the slots use up while a claim is on its way, twice (the next
     claim starts when half of it is gone). Bounded in time, not in slots: calls shorter than a claim
     (embeddings, small models) need many queued per slot, or each slot idles through every claim; and at
@@ -237,9 +237,9 @@ def ahead(slots: int, claim_seconds: float, call_seconds: float, ahead_seconds: 
     return max(2, min(most, 2 * math.ceil(during_claim) + 2))
 
 
-def claim_at(ahead_: int) -> int:
-    """How many must be missing from the queue before a claim is made: half of `ahead`."""
-    return max(1, -(-ahead_ // 2))
+def claim_at(lookahead_: int) -> int:
+    """How many must be missing from the queue before a claim is made: half of `lookahead`."""
+    return max(1, -(-lookahead_ // 2))
 
 
 def calls_left(started: Iterable[float], call_seconds: float, now: float) -> list[float]:
@@ -266,16 +266,16 @@ def ending_soon(seconds_left: Iterable[float], horizon: float) -> tuple[int, flo
     return soon, next_in
 
 
-def free_when_claimed(idle: int, soon: int, ahead_: int, queued: int) -> int:
+def free_when_claimed(idle: int, soon: int, lookahead_: int, queued: int) -> int:
     """What a claim made now should bring: the runners idle, those whose calls answer by the time it lands,
-    and `ahead` more, less what is queued."""
-    return idle + soon + ahead_ - queued
+    and `lookahead` more, less what is queued."""
+    return idle + soon + lookahead_ - queued
 
 
-def wanted(idle: int, soon: int, ahead_: int, queued: int, most: int) -> int:
+def wanted(idle: int, soon: int, lookahead_: int, queued: int, most: int) -> int:
     """What a claim made now should bring (`free_when_claimed`), never more than can start in time
     (`most`, from `can_start_in_time`)."""
-    return min(free_when_claimed(idle, soon, ahead_, queued), most)
+    return min(free_when_claimed(idle, soon, lookahead_, queued), most)
 
 
 def waiting_for_a_runner(queued: int, slots: int, busy: int) -> int:

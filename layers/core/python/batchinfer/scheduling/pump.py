@@ -57,7 +57,7 @@ class SlotPump:
       claim and its outcome written exactly once, fenced by its group's token; a member that does not start
       (the invocation ends, the budget shrinks, its batch stopped or its window closed) is handed back in its
       group's close as waiting, due at once and never attempted, so it is claimed again like a retry;
-    - claims run ahead of the slots by about one claim's round trip of work (`ahead`), so fairness between
+    - claims run ahead of the slots by about one claim's round trip of work (`lookahead`), so fairness between
       batches (the claims' round robin) and the interactive floor hold to within one claim;
     - the budget is read every `poll_seconds` on a thread of its own (never behind a claim or a write): when
       it has shrunk (interactive load, 429 back-off) below what is in flight, runners stop after their
@@ -82,14 +82,14 @@ class SlotPump:
         self.fair = FairQueue(clock, self.timing.memory, model.cache_kind)
         self.watch = BudgetWatch(svc, model, config, clock)
         self.done_claiming = False
-        self.wake = asyncio.Event()  # the claimer has work queued, or has stopped
-        self.need = asyncio.Event()  # a runner took work: the claimer may claim more
+        self.work_queued = asyncio.Event()  # the claimer has work queued, or has stopped
+        self.room_made = asyncio.Event()  # a runner took work: the claimer may claim more
         self.runners: set[asyncio.Task] = set()
         self.outcomes = Outcomes(svc, model, requests, self.fair)
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=getattr(requests, "stop_at_cap", None))
-        self.key: str | None = None
+        self.api_key: str | None = None
         # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
         # (nor those behind the rest of the process) for a thread of the shared pool.
         self.claim_pool = ThreadPoolExecutor(1, thread_name_prefix="pump-claim")
@@ -129,9 +129,9 @@ class SlotPump:
 
 
     @property
-    def ahead(self) -> int:
-        """Requests claimed beyond the slots (`policy.ahead`)."""
-        return self.timing.ahead(self.held.slots)
+    def lookahead(self) -> int:
+        """Requests claimed beyond the slots (`policy.lookahead`)."""
+        return self.timing.lookahead(self.held.slots)
 
     async def adopt(self, message: dict) -> Counter | None:
         """Run a dispatched group (a queue message) in a lease made of the slots its members hold: None once
@@ -180,7 +180,7 @@ class SlotPump:
             # An adopted group was claimed in the budget as it stood then: look at it again before its first
             # call starts, so a group that waited on the queue while interactive load came does not start over.
             await self._poll_budget()
-        self.key = await asyncio.to_thread(self.requests.key, model)
+        self.api_key = await asyncio.to_thread(self.requests.api_key, model)
         poller = asyncio.create_task(self._poll_loop())
         claimer = asyncio.create_task(self._claim_loop())
         failure: BaseException | None = None
@@ -194,12 +194,12 @@ class SlotPump:
                         # The others finish their current call (recorded) and start no more; then it is raised.
                         failure = task.exception()
                         self.deadline = 0.0
-                        self.wake.set()
+                        self.work_queued.set()
             if failure is not None:
                 raise failure
         finally:
             self.done_claiming = True
-            self.need.set()
+            self.room_made.set()
             for problem in await asyncio.gather(claimer, return_exceptions=True):
                 if isinstance(problem, Exception):  # its claims stand; what it queued still runs or goes back
                     item_failed("pump", model.id, "claim", problem)
@@ -266,7 +266,7 @@ class SlotPump:
                 continue
             started = self._call_starts(member)
             try:
-                attempt = await self.requests.call(self.model, run.batch, member.body or {}, self.key)
+                attempt = await self.requests.call(self.model, run.batch, member.body or {}, self.api_key)
             finally:
                 self._call_ended(member)
             self._measured(started)
@@ -283,7 +283,7 @@ class SlotPump:
             return
         began = self._call_starts(member)
         try:
-            attempt = await self.requests.call(self.model, started.batch, started.body, self.key)
+            attempt = await self.requests.call(self.model, started.batch, started.body, self.api_key)
         finally:
             self._call_ended(member)
         self._measured(began)
@@ -300,7 +300,7 @@ class SlotPump:
             return
         began = self._call_starts(member)
         try:
-            attempt = await self.requests.call(self.model, batch, started.body, self.key)
+            attempt = await self.requests.call(self.model, batch, started.body, self.api_key)
         finally:
             self._call_ended(member)
         self._measured(began)
@@ -331,16 +331,16 @@ class SlotPump:
             if self.clock.monotonic() >= self.deadline:
                 return None
             if self.queue and (self._holding() or self._cap_stale()):
-                self.wake.clear()
-                await self.clock.wait(self.wake, self.config.poll_seconds)
+                self.work_queued.clear()
+                await self.clock.wait(self.work_queued, self.config.poll_seconds)
                 continue
             if self.queue:
-                self.need.set()
+                self.room_made.set()
                 return self._take_next(after)
             if self.done_claiming:
                 return None
-            self.wake.clear()
-            await self.wake.wait()
+            self.work_queued.clear()
+            await self.work_queued.wait()
 
     def _holding(self) -> bool:
         """Over the cap (interactive load came, or the backend said 429): the slots this lease keeps start no
@@ -352,14 +352,14 @@ class SlotPump:
 
     def _wanted(self, soon: int, most: int) -> int:
         """What a claim made now should bring, within what can start in time (`policy.wanted`)."""
-        return policy.wanted(self.held.idle(self.busy), soon, self.ahead, len(self.queue), most)
+        return policy.wanted(self.held.idle(self.busy), soon, self.lookahead, len(self.queue), most)
 
     def _can_start_in_time(self) -> int:
         """How many more requests the slots can start before the deadline, past what is queued."""
         return self.timing.can_start_in_time(self.held.open, self.deadline, len(self.queue))
 
     def _claim_at(self) -> int:
-        return policy.claim_at(self.ahead)
+        return policy.claim_at(self.lookahead)
 
     def _cap_stale(self) -> bool:
         return self.watch.stale(self.config.stale_cap_seconds)
@@ -381,7 +381,7 @@ class SlotPump:
                     polled = self.clock.monotonic()
                     await self._claiming(self._refresh_stops)
                 # Claim for the slots that will be free when the claim lands (idle runners, and calls expected
-                # to answer by then) and `ahead` more, once half of `ahead` is missing. Just in time, not a round
+                # to answer by then) and `ahead` more, once half of `lookahead` is missing. Just in time, not a round
                 # early: work claimed ahead runs before any batch that arrives after it, and a claim made a round
                 # early kept a new batch waiting a whole round of calls. Claims cost the same whatever their
                 # size (each makes a group, whose close costs the same): at least a batch's share of the slots
@@ -408,7 +408,7 @@ class SlotPump:
                     continue  # look again at once: the queue may still be short
                 # Wait for runners to take work, a call to come within a claim's round trip of its answer, or
                 # the next look for stopped batches.
-                self.need.clear()
+                self.room_made.clear()
                 until = min(polled + config.poll_seconds, self.clock.monotonic() + next_soon)
                 while self.clock.monotonic() < until:
                     soon, next_soon = self.timing.ending_soon()
@@ -416,12 +416,12 @@ class SlotPump:
                     short = self._wanted(soon, self._can_start_in_time())
                     if policy.should_claim(short, self._claim_at(), len(self.queue), idle=idle_since is not None):
                         break
-                    if not await self.clock.wait(self.need, max(0.0, until - self.clock.monotonic())):
+                    if not await self.clock.wait(self.room_made, max(0.0, until - self.clock.monotonic())):
                         break
-                    self.need.clear()
+                    self.room_made.clear()
         finally:
             self.done_claiming = True
-            self.wake.set()
+            self.work_queued.set()
 
     async def _poll_loop(self) -> None:
         while not self.watch.stop.is_set():
@@ -458,15 +458,15 @@ class SlotPump:
         in_flight = int((budget_item or {}).get("in_flight", 0)) - self.held.releasing
         mine = self.held.kept
         if stale:
-            self.wake.set()  # runners held for a fresh cap: here it is
+            self.work_queued.set()  # runners held for a fresh cap: here it is
         if self.watch.over(in_flight, cap, mine):
-            self.wake.set()  # back within the cap: the runners kept may start again
+            self.work_queued.set()  # back within the cap: the runners kept may start again
         if in_flight > cap and mine > 0:
             # Its share of the excess, never below its part of the cap as things stood when the model went over
             # (`policy.give_back`). Those it keeps start nothing until the model is within its cap
             # (`_holding`); once it is, the lease grows back into it.
             self.held.release = max(self.held.release, policy.give_back(in_flight, cap, mine, self.watch.over_share))
-            self.wake.set()
+            self.work_queued.set()
         elif in_flight < cap:
             await self._grow(budget_item, cap)
         return budget_item
@@ -481,7 +481,7 @@ class SlotPump:
             # runs and has queued here (`policy.lane_most_in_pump`): the rest stays for a pump with room.
             here = {batch: n for batch, n in (self.queued_of + Counter(self.timing.running_past())).items()
                     if batch is not None}
-            wave = policy.pump_wave(self.held.open, self.ahead, self.model.batch_budget)
+            wave = policy.pump_wave(self.held.open, self.lookahead, self.model.batch_budget)
             units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most,
                                          standing, wave, here)
         except (ConditionFailed, Throttled):
@@ -548,7 +548,7 @@ class SlotPump:
         """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
         or retries alone) can leave idle runners asleep beside it until the deadline."""
         self.fair.add(members, self.batches)
-        self.wake.set()
+        self.work_queued.set()
 
     def _refresh_stops(self) -> None:
         """Look again, at most every half second, whether a batch with queued requests was stopped or

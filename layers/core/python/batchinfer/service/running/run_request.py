@@ -521,8 +521,8 @@ class BatchRequests:
     def __init__(self, svc: Services) -> None:
         self.svc = svc
 
-    async def call(self, model: Model, batch: dict, body: dict, key: str | None) -> Attempt:
-        return await _attempt(model, batch, body, key, self.svc.settings.backend_timeout_seconds)
+    async def call(self, model: Model, batch: dict, body: dict, api_key: str | None) -> Attempt:
+        return await _attempt(model, batch, body, api_key, self.svc.settings.backend_timeout_seconds)
 
     async def run_retry(self, retry: dict) -> Counter:
         return await process(self.svc, queue_message(retry), claimed=retry)
@@ -537,7 +537,7 @@ class BatchRequests:
     def finish_retries(self, answered: list[tuple[StartedRetry, Attempt]]) -> Counter:
         return finish_retries(self.svc, answered)
 
-    def key(self, model: Model) -> str | None:
+    def api_key(self, model: Model) -> str | None:
         return backend_key(self.svc, model)
 
     def close_without_running(self, group: dict, batch: dict | None, account_read: tuple | None = None) -> Counter:
