@@ -1,6 +1,6 @@
 """A model's provider batch tier in the catalog: read into a typed value, and refused, naming the field, when the
-service could not honour it (a price above the model's, a guard as long as the window, a kind with no tier, an
-unknown key)."""
+service could not honour it (a price above the model's, a guard as long as the window, a job smaller or larger than
+its kind takes, an unknown key)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def test_an_anthropic_model_may_have_a_tier_of_up_to_100000_requests_a_job():
     assert tier.provider_batch.max_requests == 100_000
 
 
+def test_a_bedrock_model_may_have_a_tier_of_at_least_100_requests_a_job():
+    tier = parse_catalog({"models": [model({**TIER, "min_requests": 100}, "bedrock")]}, {}).get("gpt-mini")
+    assert (tier.provider_batch.min_requests, tier.provider_batch.max_requests) == (100, 50000)
+
+
 def test_a_model_without_a_tier_has_none_and_a_tier_defaults_to_direct():
     catalog = parse_catalog({"models": [{"id": "a", "backend": {"kind": "openai", "base_url": "http://x/v1"}},
                                         model({"price": {"input_per_mtok": 0.1}})]}, {})
@@ -48,7 +53,9 @@ def test_a_model_without_a_tier_has_none_and_a_tier_defaults_to_direct():
     ({**TIER, "min_requests": 10, "max_requests": 5}, "openai", "provider_batch.max_requests is below min_requests"),
     ({**TIER, "default": "provider_batch"}, "openai", "provider_batch.default"),
     ({**TIER, "guard_secs": 60}, "openai", "unknown key 'provider_batch.guard_secs'"),
-    (TIER, "bedrock", "provider_batch: the bedrock backend kind has no batch tier"),
+    ({**TIER, "min_requests": 99}, "bedrock", "provider_batch.min_requests (99) is below the fewest requests one "
+                                            "bedrock job takes (100)"),
+    ({**TIER, "max_requests": 50_001}, "bedrock", "above what one bedrock job takes (50000)"),
     ({**TIER, "max_requests": 100_001}, "anthropic", "above what one anthropic job takes (100000)"),
 ])
 def test_a_tier_the_service_cannot_honour_is_refused_naming_the_field(tier, kind, named):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ...catalog import Model
 from ...errors import InvalidRequest
-from ...providers.batch_tiers import tier_takes
+from ...providers.batch_tiers import tier_ready, tier_takes
 from ...records import BatchItem, Op
 from ...records.provider_jobs import ProviderJob
 from ...runtime import Services
@@ -58,7 +58,7 @@ def plan(svc: Services, batch: BatchItem, lanes: dict[str, int], now: int) -> tu
     ops: list[Op] = []
     for model_id, total in lanes.items():
         model = svc.catalog.lookup(model_id)
-        if model is None or not goes_to_tier(batch, model, total, now):
+        if model is None or not goes_to_tier(batch, model, total, now) or not ready(svc, model):
             continue
         tier = model.provider_batch
         assert tier is not None
@@ -77,4 +77,9 @@ def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority:
     (a capped batch's too: its jobs commit their worst case at the tier's price before they are submitted)."""
     now = svc.now()
     batch = {"endpoint": endpoint, "execution": execution, "priority": priority, "expires_at": now + window_seconds}
-    return lambda model, count: goes_to_tier(batch, model, count, now)
+    return lambda model, count: goes_to_tier(batch, model, count, now) and ready(svc, model)
+
+
+def ready(svc: Services, model: Model) -> bool:
+    """Whether this deployment can use the model's tier (Bedrock's needs its service role configured)."""
+    return tier_ready(model, svc.settings.bedrock_batch_role_arn)
