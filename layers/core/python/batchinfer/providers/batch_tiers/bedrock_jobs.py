@@ -164,8 +164,8 @@ def cancel(model: Model, api_key: str | None, provider_id: str) -> JobView:
     view = look(model, api_key, provider_id)
     if view.ended or view.status == "Stopping":
         return view
-    _call(model, "stop_model_invocation_job", jobIdentifier=provider_id)  # an empty answer
-    return look(model, api_key, provider_id)
+    _call(model, "stop_model_invocation_job", jobIdentifier=provider_id)  # an empty answer: Stopping, then Stopped
+    return JobView(provider_id=provider_id, status="Stopping", ended=False)
 
 
 def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int,
