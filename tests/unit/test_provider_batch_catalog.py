@@ -1,12 +1,13 @@
 """A model's provider batch tier in the catalog: read into a typed value, and refused, naming the field, when the
 service could not honour it (a price above the model's, a guard as long as the window, a job smaller or larger than
-its kind takes, an unknown key)."""
+its kind takes, an unknown key); and a part split into jobs of at most `max_requests`, as even as can be."""
 
 from __future__ import annotations
 
 import pytest
 
 from batchinfer.catalog import CatalogError, parse_catalog
+from batchinfer.service.offloading.execution import MAX_PLANNED_JOBS, job_sizes
 
 PRICE = {"input_per_mtok": 0.40, "output_per_mtok": 1.60}
 TIER = {"price": {"input_per_mtok": 0.20, "output_per_mtok": 0.80}, "min_requests": 100, "max_requests": 50000,
@@ -63,3 +64,14 @@ def test_a_tier_the_service_cannot_honour_is_refused_naming_the_field(tier, kind
         parse_catalog({"models": [model(tier, kind)]}, {})
     assert "model 'gpt-mini'" in str(raised.value)
     assert named in str(raised.value)
+
+
+@pytest.mark.parametrize(("total", "most", "sizes"), [
+    (100, 50_000, [100]),
+    (50_000, 50_000, [50_000]),
+    (50_001, 50_000, [25_001, 25_000]),  # never a job of one request beside a full one
+    (250, 100, [84, 83, 83]),
+    (100 * MAX_PLANNED_JOBS + 1, 100, [100] * MAX_PLANNED_JOBS),  # the rest runs directly
+])
+def test_a_part_is_split_into_as_few_jobs_as_its_tier_allows_as_even_as_can_be(total, most, sizes):
+    assert job_sizes(total, most) == sizes

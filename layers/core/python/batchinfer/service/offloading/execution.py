@@ -63,12 +63,22 @@ def plan(svc: Services, batch: BatchItem, lanes: dict[str, int], now: int) -> tu
         tier = model.provider_batch
         assert tier is not None
         held.add(model_id)
-        for seq, lane_from in enumerate(range(0, total, tier.max_requests)):
-            if seq == MAX_PLANNED_JOBS:
-                break
-            job = ProviderJob.new(batch, model_id, seq, lane_from, min(tier.max_requests, total - lane_from), now)
-            ops.append(ProviderJob.create(svc.table, job))
+        lane_from = 0
+        for seq, size in enumerate(job_sizes(total, tier.max_requests)):
+            ops.append(ProviderJob.create(svc.table, ProviderJob.new(batch, model_id, seq, lane_from, size, now)))
+            lane_from += size
     return held, ops
+
+
+def job_sizes(total: int, most: int) -> list[int]:
+    """How many of a part's `total` requests each of its jobs takes: as few jobs as `most` a job allows, as
+    even as can be (so none is left far smaller than the others: a Bedrock job under its 100 records would
+    run directly); beyond MAX_PLANNED_JOBS full jobs, the rest runs directly."""
+    count = -(-total // most)
+    if count > MAX_PLANNED_JOBS:
+        return [most] * MAX_PLANNED_JOBS
+    base, extra = divmod(total, count)
+    return [base + 1] * extra + [base] * (count - extra)
 
 
 def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority: str, window_seconds: int,
