@@ -150,3 +150,16 @@ def test_a_job_too_small_or_failing_as_a_whole_and_no_role(model, staging, sim_c
     assert tier.results(model, None, ended.output_file, 0, 10, staging=staging).answers == []
     with pytest.raises(TierError, match="ResourceNotFoundException"):
         tier.look(model, None, made.provider_id + "x")
+
+
+def test_records_longer_than_a_range_are_read_whole_one_page_after_another(model, staging, monkeypatch):
+    made = tier.submit(model, None, "job-long", "/v1/chat/completions", lines(100), staging=staging)
+    output = tier.look(model, None, made.provider_id).output_file
+    monkeypatch.setattr(tier, "RANGE_BYTES", 64)  # every record is longer than a range
+    keys, cursor = [], 0
+    while cursor is not None:
+        page = tier.results(model, None, output, cursor, 30, staging=staging)
+        assert 1 <= len(page.answers) <= 30
+        keys += [a.key for a in page.answers]
+        cursor = page.next
+    assert sorted(keys, key=int) == [str(i) for i in range(100)]

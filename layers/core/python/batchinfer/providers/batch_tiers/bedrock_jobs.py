@@ -45,7 +45,7 @@ MIN_REQUESTS = BATCH_TIER_MIN_REQUESTS["bedrock"]  # fewer records: Bedrock fail
 TIMEOUT_HOURS = 24  # timeoutDurationInHours: Bedrock's least (24 to 168)
 ENDED = ("Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired")
 FAILED = ("Failed", "Expired")  # nothing of the job ran
-RANGE_BYTES = 1 << 20  # what one page reads at most (a record longer than that: the rest of the file)
+RANGE_BYTES = 1 << 20  # what one page reads (a record longer than that: a longer range, never the whole file)
 LIST_PAGES = 5  # pages of jobs a lookup reads at most (the name is the job's own: one page is the rule)
 # A Converse request field a model invocation job cannot carry: such a request runs directly.
 NOT_IN_JOBS = ("toolConfig", "outputConfig")
@@ -177,16 +177,17 @@ def results(model: Model, api_key: str | None, file_id: str, start: int, limit: 
     outputs = sorted(k for k in staging.blobs.keys(file_id) if k.endswith(".jsonl.out"))
     if not outputs:  # stopped or failed before it wrote any: every request runs directly
         return Page()
-    key = outputs[0]
-    page = _read(staging, key, start, limit, RANGE_BYTES)
-    if not page.answers and page.next is not None:  # one record longer than a range
-        page = _read(staging, key, start, limit, None)
-    return page
+    length = RANGE_BYTES
+    while True:  # a record longer than the range: a range four times as long, until it holds it whole
+        page = _read(staging, outputs[0], start, limit, length)
+        if page.answers or page.next is None:
+            return page
+        length *= 4
 
 
-def _read(staging: Staging, key: str, start: int, limit: int, length: int | None) -> Page:
+def _read(staging: Staging, key: str, start: int, limit: int, length: int) -> Page:
     page = Page()
-    data, total = staging.blobs.read_range(key, start, length or (1 << 62))
+    data, total = staging.blobs.read_range(key, start, length)
     at = start
     for raw in data.splitlines(keepends=True):
         whole = raw.endswith(b"\n") or at + len(raw) >= total
