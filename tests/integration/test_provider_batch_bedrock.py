@@ -88,6 +88,7 @@ def test_a_bedrock_part_runs_as_a_model_invocation_job_with_a_direct_runs_result
     assert shown["saved_usd"] == pytest.approx(cost(shown["usage"], MODEL_PRICE) - shown["cost_usd"], abs=1e-9)
     assert direct["cost_usd"] == pytest.approx(cost(direct["usage"], MODEL_PRICE), abs=1e-9)
     assert the_job(svc, shown["id"])["state"] == "done"
+    assert svc.blobs.keys("provider-jobs/") == []  # its input and output went with it
 
 
 def test_a_part_under_bedrocks_100_records_runs_directly(svc, api, sim_control):

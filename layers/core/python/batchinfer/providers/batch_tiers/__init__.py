@@ -5,8 +5,9 @@
 `Staging` the runner hands it).
 
 Beside the calls, a kind's module may say what it takes request by request: `MIN_REQUESTS` (a job with fewer
-runs directly), `takes_request` (a request it cannot carry runs directly) and `as_asked` (its answer shown as
-a direct call's, when the tier answers in another shape). `tier_takes` is the endpoint-level check."""
+runs directly), `takes_request` (a request it cannot carry runs directly), `as_asked` (its answer shown as
+a direct call's, when the tier answers in another shape) and `forget` (what a done job kept in the service's
+bucket is deleted). `tier_takes` is the endpoint-level check."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from . import anthropic_batches, bedrock_jobs, openai_batches
 from .common import JobView, LineAnswer, Page, Staging, TierError
 
 __all__ = ["BATCH_TIERS", "BatchTier", "JobView", "LineAnswer", "Page", "Staging", "TierError", "as_asked",
-           "min_requests", "takes_request", "tier_of", "tier_ready", "tier_takes"]
+           "forget", "min_requests", "takes_request", "tier_of", "tier_ready", "tier_takes"]
 
 
 class BatchTier(Protocol):
@@ -91,3 +92,10 @@ def tier_ready(model: Model, role_arn: str | None) -> bool:
     the service's bucket (`STAGED`: Bedrock) needs the service role its provider assumes."""
     kind = model.backend.kind if model.backend else None
     return kind in BATCH_TIERS and (not getattr(BATCH_TIERS[kind], "STAGED", False) or bool(role_arn))
+
+
+def forget(model: Model, job_key: str, staging: Staging) -> None:
+    """Delete what a done job of the model's tier kept in the service's bucket, for a kind that keeps any."""
+    drop = getattr(tier_of(model), "forget", None)
+    if drop is not None:
+        drop(model, job_key, staging)

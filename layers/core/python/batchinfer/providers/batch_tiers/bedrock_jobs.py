@@ -185,6 +185,15 @@ def results(model: Model, api_key: str | None, file_id: str, start: int, limit: 
         length *= 4
 
 
+def forget(model: Model, job_key: str, staging: Staging) -> None:
+    """Delete what the job kept in the bucket (its input, its output and manifest) once it is done: a deleted
+    batch's requests and answers must not outlive it there (the bucket's lifecycle rule catches what a worker
+    that died here left)."""
+    name = job_name(job_key)
+    staging.blobs.delete(f"{PROVIDER_JOBS_INPUT_PREFIX}{name}.jsonl")
+    staging.blobs.delete_prefix(f"{PROVIDER_JOBS_OUTPUT_PREFIX}{name}/")
+
+
 def _read(staging: Staging, key: str, start: int, limit: int, length: int) -> Page:
     page = Page()
     data, total = staging.blobs.read_range(key, start, length)

@@ -29,7 +29,7 @@ from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, reques
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
 from ...providers import as_asked, as_sent, translates
-from ...providers.batch_tiers import LineAnswer, Staging, TierError, min_requests, takes_request, tier_of
+from ...providers.batch_tiers import LineAnswer, Staging, TierError, forget, min_requests, takes_request, tier_of
 from ...providers.batch_tiers import as_asked as tier_as_asked
 from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem, key_account_and_usage
 from ...records.provider_jobs import ProviderJob
@@ -117,7 +117,21 @@ def _state(svc: Services, job: dict, state: str, **sets: object) -> bool:
     done = state == "done"
     svc.table.transact([ProviderJob.change(svc.table, job, {"state": state, **({} if done else {"due_at": svc.now()}),
                                                             **sets}, done=done)])
+    if done:
+        _forget(svc, job)
     return True
+
+
+def _forget(svc: Services, job: dict) -> None:
+    """What the tier kept of a done job in the service's bucket (Bedrock's input and output) is deleted; a
+    failure is only logged (the bucket's lifecycle rule deletes it later)."""
+    model = svc.catalog.lookup(job["model"])
+    if model is None or job.get("submit_tried_at") is None or model.provider_batch is None:
+        return
+    try:
+        forget(model, _job_key(job), _staging(svc))
+    except Exception:  # noqa: BLE001 - the job is done either way
+        log.warning("provider job %s/%s: its objects could not be deleted", job["pk"], job["sk"], exc_info=True)
 
 
 def _stopped(svc: Services, batch: BatchItem) -> bool:
