@@ -1,6 +1,7 @@
 """A Bedrock model's part of a batch on Bedrock's batch inference (model invocation jobs on the simulated
 backend's control plane, their input and output in moto's bucket), through the real API handler, worker and
-sweeper: each request lands as a direct Converse call's answer would, at the tier's price with what it saved; a
+sweeper (inline batches and Message Batches): each request lands as a direct Converse call's answer would, at the
+tier's price with what it saved, and the job's objects leave the bucket once it is done; a
 part under Bedrock's 100 records, a request a job cannot carry (tools) and a deployment without the service role
 run directly; a record Bedrock refused fails with its answer, one it did not run runs directly; a job that never
 finishes is stopped at the guard and its rest runs directly; a worker dying between the job's record and
@@ -15,6 +16,7 @@ from batchinfer.records.provider_jobs import ProviderJob
 from batchinfer.service.offloading import jobs
 from tests.faults.harness import Clock
 from tests.helpers import finish, new_key, ok, req, services_in_use, step_by_record
+from tests.integration.test_message_batches import Messages
 
 CLAUDE = "claude-bedrock"  # the default catalog's Bedrock model, with a tier of at least 100 requests a job
 MODEL_PRICE, TIER_PRICE = (1.00, 5.00), (0.50, 2.50)
@@ -25,7 +27,8 @@ TOOL = {"type": "function", "function": {"name": "search", "parameters": {"type"
 @pytest.fixture
 def svc(svc, sim, sim_control):
     sim_control.post("/_sim/batches/reset")
-    with services_in_use(svc, sim.url, "tierbedrock", bedrock_batch_role_arn=ROLE) as services:
+    with services_in_use(svc, sim.url, "tierbedrock", bedrock_batch_role_arn=ROLE,
+                         message_batches_enabled=True) as services:
         services.clock = Clock()
         yield services
     sim_control.post("/_sim/batches/reset")
@@ -89,6 +92,37 @@ def test_a_bedrock_part_runs_as_a_model_invocation_job_with_a_direct_runs_result
     assert direct["cost_usd"] == pytest.approx(cost(direct["usage"], MODEL_PRICE), abs=1e-9)
     assert the_job(svc, shown["id"])["state"] == "done"
     assert svc.blobs.keys("provider-jobs/") == []  # its input and output went with it
+
+
+def test_a_message_batch_for_a_bedrock_model_runs_on_its_tier_with_a_direct_runs_messages(svc, api, sim_control):
+    _, key = new_key(svc)
+    messages = Messages(api, key)
+    entries = [{"custom_id": f"m-{n}", "params": {"model": CLAUDE, "max_tokens": 32, "stop_sequences": ["zz"],
+                                                  "system": "Be brief.",
+                                                  "messages": [{"role": "user", "content": f"question {n}"}]}}
+               for n in range(100)]
+
+    def run_messages(execution: str) -> tuple[dict, dict]:
+        created = ok(messages("POST", json_body={"requests": entries, "execution": execution}))
+        finish(svc, created["id"])
+        shown = ok(messages("GET", f"/{created['id']}"))
+        return shown, {line["custom_id"]: line["result"] for line in messages.results(created["id"])}
+
+    direct, expected = run_messages("direct")
+    assert converse_calls(sim_control) == 100
+    sim_control.post("/_sim/stats/reset")
+    shown, results = run_messages("provider_batch")
+
+    assert tier_stats(sim_control)["jobs"] == 1 and converse_calls(sim_control) == 0
+    assert shown["request_counts"]["succeeded"] == 100
+    for custom_id, result in results.items():  # the very messages a direct run gives (but their ids)
+        assert result["type"] == "succeeded"
+        got, want = result["message"], expected[custom_id]["message"]
+        assert {k: v for k, v in got.items() if k != "id"} == {k: v for k, v in want.items() if k != "id"}
+    assert shown["usage"] == direct["usage"]
+    tokens = (shown["usage"]["input_tokens"], shown["usage"]["output_tokens"])
+    assert shown["cost_usd"] == pytest.approx((tokens[0] * TIER_PRICE[0] + tokens[1] * TIER_PRICE[1]) / 1e6,
+                                              abs=1e-9)
 
 
 def test_a_part_under_bedrocks_100_records_runs_directly(svc, api, sim_control):
