@@ -84,11 +84,13 @@ def _converse(model: Model, endpoint: str, body: dict) -> dict:
 def takes_request(model: Model, endpoint: str, body: dict) -> bool:
     """Whether a model invocation job carries this request (else it runs directly): tools, structured output
     and streaming do not go."""
+    if endpoint not in ENDPOINTS:
+        return False
     try:
         _converse(model, endpoint, body)
     except Untranslatable:
         return False
-    return endpoint in ENDPOINTS
+    return True
 
 
 def _json(value: object) -> object:
