@@ -374,6 +374,9 @@ class CatalogModel:
     bedrock_model_id: str | None = None
     region: str | None = None
     endpoint_url: str | None = None
+    # Whether its part of a batch may go to its provider's batch tier (`provider_batch`): for a Bedrock model,
+    # the stack makes the jobs' service role (infra/bedrock_batch.py).
+    batch_tier: bool = False
 
     @classmethod
     def from_core(cls, model: core.Model, slug: str) -> CatalogModel:
@@ -391,6 +394,7 @@ class CatalogModel:
             bedrock_model_id=backend.model_id if bedrock else None,
             region=backend.region if bedrock else None,
             endpoint_url=(backend.endpoint_url or None) if bedrock else None,
+            batch_tier=model.provider_batch is not None,
         )
 
     @property

@@ -15,6 +15,7 @@ from constructs import Construct
 
 from batchinfer.catalog import function_service_name
 from infra import bedrock, layers
+from infra.bedrock_batch import LIST_REASON, ROLE_ENV, BedrockBatchJobs, tier_models
 from infra.config import (
     DEFAULT_ACCOUNT_CONCURRENCY,
     REPO_ROOT,
@@ -220,20 +221,26 @@ class ServiceFunctions(Construct):
         # Reserved concurrency: the worker's keeps what the scheduler's calls run on out of a flood of API
         # calls' reach (and the dispatcher's and sweeper's, below); the api's, when set, caps the API.
         models = [entry.model for entry in queues.by_model.values()]
+        # Bedrock's batch inference (infra/bedrock_batch.py): its service role, named to the functions that
+        # plan parts of batches (api: create; worker and sweeper: file batches validated).
+        self.bedrock_batch = (BedrockBatchJobs(self, "BedrockBatch", storage=storage, models=models)
+                              if tier_models(models) else None)
+        tier_env = {ROLE_ENV: self.bedrock_batch.role.role_arn} if self.bedrock_batch else {}
         self.api = self._function(
             API,
             common_env,
-            {"MAX_BODY_BYTES": str(config.max_body_bytes), **model_secrets, **webhook_env},
+            {"MAX_BODY_BYTES": str(config.max_body_bytes), **model_secrets, **webhook_env, **tier_env},
             reserved=config.api_reserved_concurrency,
         )
         self.dispatcher = self._function(
             DISPATCHER, common_env, {"MODEL_QUEUES": queues.queue_urls_json()}, scheduled=True
         )
         self.worker = self._function(
-            WORKER, common_env, {**model_secrets, **webhook_env}, reserved=config.worker_reserve(models)
+            WORKER, common_env, {**model_secrets, **webhook_env, **tier_env}, reserved=config.worker_reserve(models)
         )
         self.sweeper = self._function(
-            SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json(), **webhook_env}, scheduled=True
+            SWEEPER, common_env, {"MODEL_QUEUES": queues.queue_urls_json(), **webhook_env, **tier_env},
+            scheduled=True
         )
         self.webhooks = self._function(WEBHOOKS, common_env, webhook_env)
         reserved = config.reserved_total(models)
@@ -256,6 +263,9 @@ class ServiceFunctions(Construct):
         # invoke exactly the catalog's models and inference profiles.
         for function in (self.api, self.worker):
             self._grant_bedrock(function, models)
+        # The sweeper alone makes Bedrock's batch jobs (service.offloading.jobs), and alone may pass their role.
+        if self.bedrock_batch is not None:
+            self.bedrock_batch.allow_jobs(self.sweeper)
         # dispatcher and sweeper (lease recovery) send to the model queues; the worker consumes them.
         for queue in queues.queues:
             queue.grant_send_messages(self.dispatcher)
@@ -445,7 +455,8 @@ class ServiceFunctions(Construct):
         bucket = nag_ref(self._storage.bucket)
         for name, function in self.functions.items():
             assert function.role is not None
-            findings = {"AwsSolutions-IAM5[Resource::*]": _XRAY_REASON}
+            findings = {"AwsSolutions-IAM5[Resource::*]": _XRAY_REASON + (
+                " " + LIST_REASON if name == "sweeper" and self.bedrock_batch is not None else "")}
             if DATA_ACCESS[name].object_actions:
                 findings[f"AwsSolutions-IAM5[Resource::{bucket}/*]"] = _BUCKET_OBJECTS_REASON
             acknowledge_all(function.role, findings)

@@ -7,7 +7,14 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from batchinfer.layout import BATCHES_PREFIX, FILES_PREFIX, INDEX_PROJECTIONS, INDEXES, TTL_ATTRIBUTE
+from batchinfer.layout import (
+    BATCHES_PREFIX,
+    FILES_PREFIX,
+    INDEX_PROJECTIONS,
+    INDEXES,
+    PROVIDER_JOBS_INPUT_PREFIX,
+    TTL_ATTRIBUTE,
+)
 from infra.config import InfraConfig
 
 # How long an overwritten or deleted object of the data bucket can still be restored.
@@ -112,6 +119,13 @@ class Storage(Construct):
                     id="expire-files",
                     prefix=FILES_PREFIX,
                     expiration=Duration.days(config.files_expire_after_days),
+                ),
+                # Bedrock's batch jobs' input and output (provider-jobs/in/, provider-jobs/out/): read once
+                # the job has ended, within its batch's window; kept as long as a batch's data at most.
+                s3.LifecycleRule(
+                    id="expire-provider-jobs",
+                    prefix=PROVIDER_JOBS_INPUT_PREFIX.split("/")[0] + "/",
+                    expiration=Duration.days(config.batches_expire_after_days),
                 ),
             ],
             removal_policy=removal,

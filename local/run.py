@@ -31,6 +31,8 @@ from local.simulated_backend import SimConfig  # noqa: E402
 from local.simulated_backend import create_app as create_sim  # noqa: E402
 
 STATE = Path(".local")
+# The service role the simulated backend's Bedrock batch jobs are created with (it checks the ARN's shape only).
+LOCAL_BEDROCK_BATCH_ROLE = "arn:aws:iam::123456789012:role/batchinfer-local-bedrock-batch"
 
 
 def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConfig | None = None,
@@ -38,7 +40,7 @@ def start(settings: Settings, moto_port: int, sim_port: int, sim_config: SimConf
     """Start every piece; returns (services, api key, stop function). Used by `make run` and e2e tests.
     `api_url`: where the caller serves the API, written to the stack file for batchctl's user commands."""
     moto = MotoServer(moto_port).start()
-    sim = UvicornThread(create_sim(sim_config), sim_port).start()
+    sim = UvicornThread(create_sim(sim_config, s3_endpoint_url=moto.url), sim_port).start()
     settings = settings.model_copy(update={"aws_endpoint_url": moto.url})
     ddb, s3, sqs = clients_for(settings)
     bootstrap.create_table(ddb, settings.table_name)
@@ -80,10 +82,13 @@ def local_settings() -> Settings:
     """The settings of `make run`: the environment's, with the extensions that are built on unless the
     environment says otherwise (a deployment turns them on in its config)."""
     settings = Settings()
-    built = {name: True for name in ("file_batches_enabled", "message_batches_enabled", "batch_webhooks_enabled",
-                                     "embeddings_responses_batches_enabled", "interactive_streaming_enabled",
-                                     "api_docs_enabled")
-             if name not in settings.model_fields_set}
+    built: dict[str, object] = {
+        name: True for name in ("file_batches_enabled", "message_batches_enabled", "batch_webhooks_enabled",
+                                "embeddings_responses_batches_enabled", "interactive_streaming_enabled",
+                                "api_docs_enabled")
+        if name not in settings.model_fields_set}
+    if "bedrock_batch_role_arn" not in settings.model_fields_set:  # the simulated Bedrock jobs take any role
+        built["bedrock_batch_role_arn"] = LOCAL_BEDROCK_BATCH_ROLE
     return settings.model_copy(update=built) if built else settings
 
 

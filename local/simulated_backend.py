@@ -18,7 +18,9 @@ metadata with the usage; `[[sim:cut-stream]]` ends it after its first delta, wit
 there answer as Bedrock's classes: 429 ThrottlingException, 500 InternalServerException, a timeout 408
 ModelTimeoutException, a 400 ValidationException. Chat completions and messages stream with `stream: true` (server-sent
 events in each API's shapes: the same answer, a word per delta, after the latency; chat sends a usage chunk
-only with `stream_options.include_usage`, as OpenAI does).
+only with `stream_options.include_usage`, as OpenAI does). The providers' batch tiers: OpenAI's Files and
+Batches (`simulated_batches`), Anthropic's Message Batches (`simulated_message_batches`) and Bedrock's model
+invocation jobs on its control plane (`simulated_bedrock_jobs`, reading and writing the moto bucket).
 
 Faults, set at start-up (CLI / SimConfig) or at run time through the control API:
   latency_seconds        every model request sleeps this long (asyncio, so requests overlap): the mean
@@ -97,7 +99,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from local import simulated_batches, simulated_message_batches
+from local import simulated_batches, simulated_bedrock_jobs, simulated_message_batches
 from local.simulated_answers import (
     BEDROCK_BY_STATUS,
     BEDROCK_ERRORS,
@@ -372,8 +374,9 @@ def _endpoint(state: _SimState, parse: Callable[[Any], Prompt], build: Callable[
     return endpoint
 
 
-def create_app(config: SimConfig | None = None) -> FastAPI:
-    """Build the simulated backend app; its state is reachable as app.state.sim."""
+def create_app(config: SimConfig | None = None, s3_endpoint_url: str | None = None) -> FastAPI:
+    """Build the simulated backend app; its state is reachable as app.state.sim. `s3_endpoint_url`: where the
+    bucket Bedrock's simulated batch jobs read and write is (None: AWS's own, which an in-process moto answers)."""
     app = FastAPI(title="Simulated model backend (test double, not a model)")
     app.state.sim = state = _SimState(config or SimConfig())
     routes: dict[str, tuple[Callable[..., Any], Callable[..., Any], str]] = {
@@ -389,6 +392,7 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
         app.add_api_route(path, _endpoint(state, parse, build, flavour), methods=["POST"])
     simulated_batches.mount(app)  # OpenAI's Files and Batches API: the batch tier of `provider_batch` models
     simulated_message_batches.mount(app)  # Anthropic's Message Batches: the tier of anthropic-kind models
+    simulated_bedrock_jobs.mount(app, s3_endpoint_url)  # Bedrock's model invocation jobs: the bedrock kind's tier
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:

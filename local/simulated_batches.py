@@ -58,6 +58,9 @@ class _Batches:
         self.message_batches: dict[str, dict[str, Any]] = {}
         self.message_batch_cancels = 0
         self.message_batch_keys: set[str | None] = set()
+        # Amazon Bedrock's model invocation jobs (local.simulated_bedrock_jobs), by ARN.
+        self.bedrock_jobs: dict[str, dict[str, Any]] = {}
+        self.bedrock_stops = 0
 
     def answer(self, line: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         """(the output or error line for one input line, whether it goes to the output file)."""
@@ -203,7 +206,15 @@ def mount(app: FastAPI) -> None:
                 "lines": sum(len(j["_lines"]) for j in sim.jobs.values()),
                 "message_batches": {"jobs": len(sim.message_batches), "cancels": sim.message_batch_cancels,
                                     "lines": sum(len(j["_requests"]) for j in sim.message_batches.values()),
-                                    "api_keys": sorted(k or "" for k in sim.message_batch_keys)}}
+                                    "api_keys": sorted(k or "" for k in sim.message_batch_keys)},
+                "bedrock_jobs": {"jobs": len(sim.bedrock_jobs), "stops": sim.bedrock_stops,
+                                 "records": sum(len(j["_records"]) for j in sim.bedrock_jobs.values()),
+                                 "by_status": {s: sum(1 for j in sim.bedrock_jobs.values() if j["status"] == s)
+                                               for s in {j["status"] for j in sim.bedrock_jobs.values()}},
+                                 "role_arns": sorted({j["roleArn"] for j in sim.bedrock_jobs.values()}),
+                                 "timeouts": sorted({j["timeoutDurationInHours"] for j in sim.bedrock_jobs.values()}),
+                                 "invocation_types": sorted({j["modelInvocationType"]
+                                                             for j in sim.bedrock_jobs.values()})}}
 
     @app.put("/_sim/batches/config")
     async def batches_config(request: Request) -> Response:

@@ -4,7 +4,9 @@ with the official Anthropic SDK (newest and previous major). The simulated backe
 for `glm-5.3-flash` (the default catalog's tier; a Message Batch on it is translated, as it is when it runs
 directly) and Anthropic's Message Batches for `claude-sim`, an `anthropic`-kind model with a tier added to the
 default catalog. Each flow shows exact results and usage, `cost_usd` at the tier's price and `saved_usd`, and
-the simulator shows one tier job holding exactly its requests; nothing in this module calls a model directly."""
+the simulator shows one tier job holding exactly its requests; nothing in this module calls a model directly.
+And `claude-bedrock`'s part runs on the simulated Bedrock batch inference, its input and output in the moto
+server's bucket, as under `make run`."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from batchinfer.api.app import create_app
 from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.service import accounts
 from batchinfer.settings import Settings
-from local.run import start
+from local.run import LOCAL_BEDROCK_BATCH_ROLE, start
 from local.servers import UvicornThread, free_port
 from local.simulated_answers import build_anthropic, build_chat, parse_chat
 from local.simulated_backend import SimConfig
@@ -47,11 +49,13 @@ def stack(tmp_path_factory):
     models_file = state.parent / "models.yaml"
     models_file.write_text(yaml.safe_dump(catalog))
     settings = Settings(table_name="e2e-tier", bucket_name="e2e-tier", stage="e2e-tier", file_batches_enabled=True,
-                        message_batches_enabled=True, models_file=str(models_file))
+                        message_batches_enabled=True, models_file=str(models_file),
+                        bedrock_batch_role_arn=LOCAL_BEDROCK_BATCH_ROLE)
     sim_port = free_port()
     svc, _, stop = start(settings, free_port(), sim_port, SimConfig(), pollers=1, state_dir=state)
     api = UvicornThread(create_app(), free_port()).start()
-    yield {"base": f"{api.url}/v1", "root": api.url, "svc": svc, "sim": f"http://127.0.0.1:{sim_port}"}
+    yield {"base": f"{api.url}/v1", "root": api.url, "svc": svc, "sim": f"http://127.0.0.1:{sim_port}",
+           "bucket": settings.bucket_name}
     api.stop()
     stop()
 
@@ -206,3 +210,27 @@ def test_anthropic_sdk_message_batch_runs_on_the_tier_at_its_price(stack, runs, 
         assert message_batch_jobs(stack["sim"], [text for text, _, _ in expected]) == \
             [sorted(text for text, _, _ in expected)]
     no_direct_calls(stack["sim"])
+
+
+def test_a_bedrock_models_part_runs_as_a_model_invocation_job_over_the_moto_bucket(stack):
+    account = accounts.create_account(stack["svc"], tier="internal", batch_access=True, daily_quota_usd=1000.0)
+    key = accounts.create_key(stack["svc"], account["id"])
+    requests = [{"custom_id": f"b-{i}", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"model": "claude-bedrock", "max_tokens": 16,
+                          "messages": [{"role": "user", "content": f"question {i}"}]}} for i in range(100)]
+    with httpx.Client(base_url=stack["base"], headers={"Authorization": f"Bearer {key}"}, timeout=30) as api:
+        created = api.post("/batches", json={"requests": requests, "execution": "provider_batch"})
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+        deadline = time.monotonic() + 120
+        while (shown := api.get(f"/batches/{batch_id}").json())["status"] not in ("completed", "failed"):
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.5)
+        results = api.get(f"/batches/{batch_id}/results", params={"limit": 1000}).json()["data"]
+    assert shown["status"] == "completed" and shown["request_counts"]["completed"] == 100, shown
+    assert sorted(r["custom_id"] for r in results) == sorted(f"b-{i}" for i in range(100))
+    jobs = httpx.get(stack["sim"] + "/_sim/batches").json()["bedrock_jobs"]
+    assert (jobs["jobs"], jobs["records"], jobs["role_arns"]) == (1, 100, [LOCAL_BEDROCK_BATCH_ROLE]), jobs
+    paths = httpx.get(stack["sim"] + "/_sim/stats").json()["by_path"]
+    assert not [p for p in paths if p.startswith("/model/")], paths  # nothing ran directly
+    assert shown["saved_usd"] > 0 and shown["cost_usd"] == pytest.approx(shown["saved_usd"], abs=1e-9)

@@ -128,12 +128,15 @@ class Price(_Strict):
 
 # Backend kinds whose provider sells a batch tier this service can hand requests to (`providers.batch_tiers`
 # holds a client for each); the catalog refuses a `provider_batch` on any other kind.
-BATCH_TIER_KINDS = ("openai", "anthropic")
+BATCH_TIER_KINDS = ("openai", "anthropic", "bedrock")
 # The longest completion window a batch has (24 h): a guard at least this long could never let a job run.
 LONGEST_WINDOW_SECONDS = 24 * 3600
 # The most requests one provider job may carry, by kind (OpenAI: 50,000 lines per input file; Anthropic:
-# 100,000 requests per Message Batch).
-BATCH_TIER_MAX_REQUESTS = {"openai": 50_000, "anthropic": 100_000}
+# 100,000 requests per Message Batch; Bedrock: 50,000 records per model invocation job, its usual quota).
+BATCH_TIER_MAX_REQUESTS = {"openai": 50_000, "anthropic": 100_000, "bedrock": 50_000}
+# The fewest requests one provider job may carry, by kind: a Bedrock model invocation job with fewer records
+# than its model's quota (100 for most models) fails validation, so a part smaller than that runs directly.
+BATCH_TIER_MIN_REQUESTS = {"openai": 1, "anthropic": 1, "bedrock": 100}
 
 
 class ProviderBatch(_Strict):
@@ -228,6 +231,9 @@ class Model(_Strict):
         if tier.max_requests > BATCH_TIER_MAX_REQUESTS[kind]:
             raise ValueError(f"model {self.id!r}: provider_batch.max_requests is above what one {kind} job "
                              f"takes ({BATCH_TIER_MAX_REQUESTS[kind]})")
+        if tier.min_requests < BATCH_TIER_MIN_REQUESTS[kind]:
+            raise ValueError(f"model {self.id!r}: provider_batch.min_requests ({tier.min_requests}) is below the "
+                             f"fewest requests one {kind} job takes ({BATCH_TIER_MIN_REQUESTS[kind]})")
         return self
 
     @property

@@ -29,6 +29,11 @@ INDEX_PROJECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
 TTL_ATTRIBUTE = "ttl"  # DynamoDB deletes an item on its own once this time (epoch seconds) has passed
 BATCHES_PREFIX = "batches/"  # S3: everything of a batch lies under batches/<id>/
 FILES_PREFIX = "files/"  # S3: uploaded and result files
+# S3: the provider batch jobs that read their input from and write their output to the service's bucket
+# (Bedrock's model invocation jobs): one input file each under the first, the job's output under the second.
+# Bedrock's service role reads only the first and writes only the second (infra/storage.py).
+PROVIDER_JOBS_INPUT_PREFIX = "provider-jobs/in/"
+PROVIDER_JOBS_OUTPUT_PREFIX = "provider-jobs/out/"
 
 
 def account_key(account_id: str) -> tuple[str, str]:

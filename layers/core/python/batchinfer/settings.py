@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     powertools_metrics_namespace: str = METRICS_NAMESPACE
     local_pollers_per_queue: int = 0  # local worker invocations per queue at once; 0: the model's budget
 
+    # The service role Amazon Bedrock assumes to run a `bedrock` model's provider batch jobs (model invocation
+    # jobs): it reads their input from, and writes their output to, the bucket's provider-jobs/ prefix. Unset:
+    # a bedrock model's part of a batch runs directly (docs/provider-batch.md).
+    bedrock_batch_role_arn: str | None = None
+
     batches_enabled: bool = True  # off: every batch route answers 404 "unavailable at the moment"
     # The API's public base URL (scheme and host, and a stage path if any, e.g. https://api.example.com), where
     # URLs the API hands out point (a Message Batch's results_url). Unset: the host the request came to (its

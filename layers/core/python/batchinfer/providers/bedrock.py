@@ -3,6 +3,9 @@ Chat completions and Anthropic Messages go through `Converse` (translated by `pr
 interactive `stream: true` through `ConverseStream` (relayed by `streaming`), embeddings through `InvokeModel`
 (Titan text or Cohere embed bodies, by the catalog's `embedding_format`).
 
+Its batch tier (model invocation jobs, `batch_tiers.bedrock_jobs`) calls the control plane, the `bedrock`
+client, through `control_call` here, so that boto3 stays in this one module of the kind.
+
 This is the one module outside `storage/` that touches boto3 (an allowance tests/unit/test_architecture.py
 names): Bedrock is a model backend like the HTTP ones, reached only through the AWS SDK's SigV4 signing, and
 splitting its one kind across two layers would spread what a Bedrock attempt is over both. Its session (the
@@ -84,6 +87,32 @@ def client(region: str, endpoint_url: str | None, timeout: float, connections: i
                                                   endpoint_url=endpoint_url, config=config)
             _clients[key] = found
         return found
+
+
+class ControlError(Exception):
+    """A call to Bedrock's control plane (`bedrock`: model invocation jobs) that did not go through."""
+
+
+def control_call(region: str, endpoint_url: str | None, operation: str, **params: object) -> dict:
+    """One call to Bedrock's control plane (the `bedrock` client of a region and endpoint, built once), its
+    answer without botocore's metadata; ControlError naming Bedrock's error class when it did not go through.
+    botocore's standard retries stay on: every operation used is idempotent (a create carries its
+    clientRequestToken)."""
+    key = ("control", region, endpoint_url)
+    with _lock:
+        found = _clients.get(key)
+        if found is None:
+            config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                            read_timeout=60.0, ignore_configured_endpoint_urls=True)
+            found = session(endpoint_url).client("bedrock", region_name=region, endpoint_url=endpoint_url,
+                                                 config=config)
+            _clients[key] = found
+    try:
+        answer = getattr(found, operation)(**params)
+    except (BotoCoreError, ClientError) as error:
+        raise ControlError(f"Amazon Bedrock {operation}: {_failed(error).message}") from error
+    answer.pop("ResponseMetadata", None)
+    return answer
 
 
 def _threads(model: Model) -> int:

@@ -35,6 +35,24 @@ class Blobs:
         answer = self.s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
         return answer["Body"].read()
 
+    def read_range(self, key: str, offset: int, length: int) -> tuple[bytes, int]:
+        """Up to `length` bytes from `offset` and the object's whole size; (b"", size) from its end on."""
+        try:
+            answer = self.s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "InvalidRange":
+                raise
+            return b"", int(self.s3.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+        total = str(answer.get("ContentRange") or "").rpartition("/")[2]
+        data = answer["Body"].read()
+        return data, int(total) if total.isdigit() else offset + len(data)
+
+    def keys(self, prefix: str) -> list[str]:
+        """The keys of the objects under `prefix` (a few: every page is listed)."""
+        return [o["Key"] for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                                       Prefix=prefix)
+                for o in page.get("Contents", [])]
+
     def stream(self, key: str, chunk: int = 1 << 20) -> Iterator[bytes]:
         body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"]
         yield from body.iter_chunks(chunk)

@@ -1,18 +1,26 @@
 """Providers' own batch tiers (docs/provider-batch.md), by backend kind: each kind is one module offering the
 `BatchTier` calls below, so the job runner (`service.offloading.jobs`) never names a provider. `openai`
-(OpenAI's Batch API) and `anthropic` (Message Batches); `bedrock` (model invocation jobs) is to implement the
-same calls."""
+(OpenAI's Batch API, `openai_batches`), `anthropic` (Message Batches, `anthropic_batches`) and `bedrock`
+(Amazon Bedrock's model invocation jobs, `bedrock_jobs`: its input and output in the service's bucket, the
+`Staging` the runner hands it).
+
+Beside the calls, a kind's module may say what it takes request by request: `MIN_REQUESTS` (a job with fewer
+runs directly), `takes_request` (a request it cannot carry runs directly), `as_asked` (its answer shown as
+a direct call's, when the tier answers in another shape) and `forget` (what a done job kept in the service's
+bucket is deleted). `tier_takes` is the endpoint-level check."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from ...catalog import CHAT_ENDPOINT, Model
+from ...domain import Attempt
 from .. import translates
-from . import anthropic_batches, openai_batches
-from .common import JobView, LineAnswer, Page, TierError
+from . import anthropic_batches, bedrock_jobs, openai_batches
+from .common import JobView, LineAnswer, Page, Staging, TierError
 
-__all__ = ["BATCH_TIERS", "BatchTier", "JobView", "LineAnswer", "Page", "TierError", "tier_of", "tier_takes"]
+__all__ = ["BATCH_TIERS", "BatchTier", "JobView", "LineAnswer", "Page", "Staging", "TierError", "as_asked",
+           "forget", "min_requests", "takes_request", "tier_of", "tier_ready", "tier_takes"]
 
 
 class BatchTier(Protocol):
@@ -27,20 +35,23 @@ class BatchTier(Protocol):
         ...
 
     def submit(self, model: Model, api_key: str | None, job_key: str, endpoint: str,
-               lines: list[tuple[str, dict]], version: str | None = None) -> JobView:
-        """Make the provider's job; `version`: a Message Batch's `anthropic-version`, for a kind that takes it."""
+               lines: list[tuple[str, dict]], version: str | None = None, staging: Staging | None = None) -> JobView:
+        """Make the provider's job; `version`: a Message Batch's `anthropic-version`, for a kind that takes it;
+        `staging`: the service's bucket and role, for a kind whose jobs read and write it."""
         ...
 
     def look(self, model: Model, api_key: str | None, provider_id: str) -> JobView: ...
 
     def cancel(self, model: Model, api_key: str | None, provider_id: str) -> JobView: ...
 
-    def results(self, model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
+    def results(self, model: Model, api_key: str | None, file_id: str, start: int, limit: int,
+                staging: Staging | None = None) -> Page:
         """Up to `limit` answers from `start` (the kind's own cursor: a byte offset, a line, a token)."""
         ...
 
 
-BATCH_TIERS: dict[str, BatchTier] = {"openai": openai_batches, "anthropic": anthropic_batches}  # type: ignore[dict-item]
+BATCH_TIERS: dict[str, BatchTier] = {"openai": openai_batches, "anthropic": anthropic_batches,  # type: ignore[dict-item]
+                                     "bedrock": bedrock_jobs}
 
 
 def tier_of(model: Model) -> BatchTier:
@@ -57,3 +68,34 @@ def tier_takes(model: Model, endpoint: str) -> bool:
         return False
     sent = CHAT_ENDPOINT if translates(model, endpoint) else endpoint
     return sent in getattr(BATCH_TIERS[kind], "ENDPOINTS", ())
+
+
+def min_requests(model: Model) -> int:
+    """The fewest requests one job of the model's tier may carry (fewer: they run directly)."""
+    return int(getattr(tier_of(model), "MIN_REQUESTS", 1))
+
+
+def takes_request(model: Model, endpoint: str, body: dict) -> bool:
+    """Whether the model's tier carries this request, as it is sent (else it runs directly)."""
+    check = getattr(tier_of(model), "takes_request", None)
+    return check is None or bool(check(model, endpoint, body))
+
+
+def as_asked(model: Model, endpoint: str, body: dict, attempt: Attempt) -> Attempt:
+    """A tier's answer in the shape a direct call shows it, for a kind whose tier answers in another."""
+    shown = getattr(tier_of(model), "as_asked", None)
+    return attempt if shown is None else shown(model, endpoint, body, attempt)
+
+
+def tier_ready(model: Model, role_arn: str | None) -> bool:
+    """Whether the model's tier can be used with this deployment's settings: a kind whose jobs read and write
+    the service's bucket (`STAGED`: Bedrock) needs the service role its provider assumes."""
+    kind = model.backend.kind if model.backend else None
+    return kind in BATCH_TIERS and (not getattr(BATCH_TIERS[kind], "STAGED", False) or bool(role_arn))
+
+
+def forget(model: Model, job_key: str, staging: Staging) -> None:
+    """Delete what a done job of the model's tier kept in the service's bucket, for a kind that keeps any."""
+    drop = getattr(tier_of(model), "forget", None)
+    if drop is not None:
+        drop(model, job_key, staging)

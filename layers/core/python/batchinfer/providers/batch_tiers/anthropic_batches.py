@@ -27,7 +27,7 @@ from ...domain import Attempt
 from ...jsontext import Text
 from ..anthropic import ERROR_STATUS, error_message, message_attempt, request_body
 from ..anthropic import headers as anthropic_headers
-from .common import JobView, LineAnswer, Page, call_json
+from .common import JobView, LineAnswer, Page, Staging, call_json
 from .jsonl_pages import TIMEOUT as PAGE_TIMEOUT
 from .jsonl_pages import read as read_pages
 from .jsonl_pages import value_text
@@ -117,7 +117,7 @@ def _first_tag(model: Model, api_key: str | None, output_file: str) -> str | Non
 
 
 def submit(model: Model, api_key: str | None, job_key: str, endpoint: str, lines: list[tuple[str, dict]],
-           version: str | None = None) -> JobView:
+           version: str | None = None, staging: Staging | None = None) -> JobView:
     """Create the Message Batch: one entry per request, `custom_id` the job's tag and the request's key,
     `params` as a direct call sends them, under the batch's `anthropic-version`."""
     tag = tag_of(job_key)
@@ -135,7 +135,8 @@ def cancel(model: Model, api_key: str | None, provider_id: str) -> JobView:
     return _view(_call("POST", f"{_base(model)}/{batch_id}/cancel", api_key), tag)
 
 
-def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
+def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int,
+            staging: Staging | None = None) -> Page:
     """Up to `limit` results lines from byte `start`, each as the Attempt a direct call would have given, its
     key the request's index (a line of another job keeps its whole `custom_id`: the runner passes it over).
     `file_id`: the results URL and the job's tag (an empty tag: every line keeps its whole `custom_id`)."""

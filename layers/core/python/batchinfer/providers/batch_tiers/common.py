@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ...domain import Attempt
+from ...storage.blobs import Blobs
 
 
 class TierError(Exception):
@@ -26,6 +27,16 @@ class JobView:
     output_file: str | None = None
     error_file: str | None = None
     message: str = ""
+
+
+@dataclass(frozen=True)
+class Staging:
+    """What a kind whose jobs read their input from and write their output to the service's own bucket needs
+    (Bedrock's model invocation jobs): the bucket, and the service role the provider assumes to reach it
+    (None: not configured; such a kind's parts run directly)."""
+
+    blobs: Blobs
+    role_arn: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from ...catalog import Model
 from ...domain import Attempt
 from ...jsontext import Text
 from ..openai_compat import _usage
-from .common import JobView, LineAnswer, Page, call_json
+from .common import JobView, LineAnswer, Page, Staging, call_json
 from .jsonl_pages import TIMEOUT as PAGE_TIMEOUT
 from .jsonl_pages import read as read_pages
 from .jsonl_pages import value_text
@@ -63,7 +63,7 @@ def find(model: Model, api_key: str | None, job_key: str, count: int = 0, since:
 
 
 def submit(model: Model, api_key: str | None, job_key: str, endpoint: str, lines: list[tuple[str, dict]],
-           version: str | None = None) -> JobView:
+           version: str | None = None, staging: Staging | None = None) -> JobView:
     """Upload the input file (one line per request, `custom_id` the service's key of it) and create the job."""
     text = "".join(json.dumps({"custom_id": key, "method": "POST", "url": endpoint,
                                "body": {**body, "model": model.backend_model}}, separators=(",", ":")) + "\n"
@@ -84,7 +84,8 @@ def cancel(model: Model, api_key: str | None, provider_id: str) -> JobView:
     return _view(_call("POST", f"{_base(model)}/batches/{provider_id}/cancel", api_key))
 
 
-def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int) -> Page:
+def results(model: Model, api_key: str | None, file_id: str, start: int, limit: int,
+            staging: Staging | None = None) -> Page:
     """Up to `limit` lines of an output or error file from byte `start` (a page's `next` is the byte after its
     last line), each as the Attempt a direct call would have given (`jsonl_pages`: a bounded range at a time)."""
     return read_pages(f"{_base(model)}/files/{file_id}/content", _headers(api_key), start, limit, _answer)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ...catalog import Model
 from ...errors import InvalidRequest
-from ...providers.batch_tiers import tier_takes
+from ...providers.batch_tiers import tier_ready, tier_takes
 from ...records import BatchItem, Op
 from ...records.provider_jobs import ProviderJob
 from ...runtime import Services
@@ -58,17 +58,27 @@ def plan(svc: Services, batch: BatchItem, lanes: dict[str, int], now: int) -> tu
     ops: list[Op] = []
     for model_id, total in lanes.items():
         model = svc.catalog.lookup(model_id)
-        if model is None or not goes_to_tier(batch, model, total, now):
+        if model is None or not goes_to_tier(batch, model, total, now) or not ready(svc, model):
             continue
         tier = model.provider_batch
         assert tier is not None
         held.add(model_id)
-        for seq, lane_from in enumerate(range(0, total, tier.max_requests)):
-            if seq == MAX_PLANNED_JOBS:
-                break
-            job = ProviderJob.new(batch, model_id, seq, lane_from, min(tier.max_requests, total - lane_from), now)
-            ops.append(ProviderJob.create(svc.table, job))
+        lane_from = 0
+        for seq, size in enumerate(job_sizes(total, tier.max_requests)):
+            ops.append(ProviderJob.create(svc.table, ProviderJob.new(batch, model_id, seq, lane_from, size, now)))
+            lane_from += size
     return held, ops
+
+
+def job_sizes(total: int, most: int) -> list[int]:
+    """How many of a part's `total` requests each of its jobs takes: as few jobs as `most` a job allows, as
+    even as can be (so none is left far smaller than the others: a Bedrock job under its 100 records would
+    run directly); beyond MAX_PLANNED_JOBS full jobs, the rest runs directly."""
+    count = -(-total // most)
+    if count > MAX_PLANNED_JOBS:
+        return [most] * MAX_PLANNED_JOBS
+    base, extra = divmod(total, count)
+    return [base + 1] * extra + [base] * (count - extra)
 
 
 def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority: str, window_seconds: int,
@@ -77,4 +87,9 @@ def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority:
     (a capped batch's too: its jobs commit their worst case at the tier's price before they are submitted)."""
     now = svc.now()
     batch = {"endpoint": endpoint, "execution": execution, "priority": priority, "expires_at": now + window_seconds}
-    return lambda model, count: goes_to_tier(batch, model, count, now)
+    return lambda model, count: goes_to_tier(batch, model, count, now) and ready(svc, model)
+
+
+def ready(svc: Services, model: Model) -> bool:
+    """Whether this deployment can use the model's tier (Bedrock's needs its service role configured)."""
+    return tier_ready(model, svc.settings.bedrock_batch_role_arn)

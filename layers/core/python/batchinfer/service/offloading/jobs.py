@@ -29,7 +29,8 @@ from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, reques
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
 from ...providers import as_asked, as_sent, translates
-from ...providers.batch_tiers import LineAnswer, TierError, tier_of
+from ...providers.batch_tiers import LineAnswer, Staging, TierError, forget, min_requests, takes_request, tier_of
+from ...providers.batch_tiers import as_asked as tier_as_asked
 from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem, key_account_and_usage
 from ...records.provider_jobs import ProviderJob
 from ...runtime import Services
@@ -116,7 +117,21 @@ def _state(svc: Services, job: dict, state: str, **sets: object) -> bool:
     done = state == "done"
     svc.table.transact([ProviderJob.change(svc.table, job, {"state": state, **({} if done else {"due_at": svc.now()}),
                                                             **sets}, done=done)])
+    if done:
+        _forget(svc, job)
     return True
+
+
+def _forget(svc: Services, job: dict) -> None:
+    """What the tier kept of a done job in the service's bucket (Bedrock's input and output) is deleted; a
+    failure is only logged (the bucket's lifecycle rule deletes it later)."""
+    model = svc.catalog.lookup(job["model"])
+    if model is None or job.get("submit_tried_at") is None or model.provider_batch is None:
+        return
+    try:
+        forget(model, _job_key(job), _staging(svc))
+    except Exception:  # noqa: BLE001 - the job is done either way
+        log.warning("provider job %s/%s: its objects could not be deleted", job["pk"], job["sk"], exc_info=True)
 
 
 def _stopped(svc: Services, batch: BatchItem) -> bool:
@@ -206,6 +221,11 @@ def _lane_rest_to_direct(svc: Services, batch_id: str) -> None:
 
 # --- submitting and polling --------------------------------------------------------------------------------
 
+def _staging(svc: Services) -> Staging:
+    """The service's bucket and Bedrock's service role, for a tier whose jobs read and write the bucket."""
+    return Staging(svc.blobs, svc.settings.bedrock_batch_role_arn)
+
+
 def _job_key(job: dict) -> str:
     return f"{job['batch_id']}:{job['sk']}"
 
@@ -244,7 +264,9 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
     if found is None:
         held = list(ProviderJob.held(svc.table, job))
         endpoint, lines = _as_sent(model, job["endpoint"], held, _bodies(svc, held))
-        if not lines:  # none can be sent (their translation refuses them): they run directly, and fail there
+        if len(lines) < min_requests(model):
+            # Too few can be sent (their translation refuses them, or the tier does not carry them; or fewer
+            # than one of its jobs takes): they run directly (and fail there, if they fail).
             return _state(svc, job, "handing_back")
         # Recorded before the create: a later find knows where to look, and for how many requests.
         tried: dict = {"submit_tried_at": svc.now(), "submit_count": len(lines)}
@@ -261,7 +283,7 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
         svc.table.transact([ProviderJob.change(svc.table, job, tried), *ops])
         job = {**job, **tried, "version": int(job["version"]) + 1}
         try:
-            found = tier.submit(model, key, _job_key(job), endpoint, lines,
+            found = tier.submit(model, key, _job_key(job), endpoint, lines, staging=_staging(svc),
                                 **protocols.of_batch(batch).backend_options(batch))
         except TierError:  # tried again a bit later (the record's version moved: `look` cannot put it off)
             svc.table.transact([ProviderJob.change(svc.table, job, {"due_at": svc.now() + RETRY_SECONDS})])
@@ -273,14 +295,16 @@ def _submit(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
 def _as_sent(model: Model, endpoint: str, held: list[RequestItem], bodies: list[dict]
              ) -> tuple[str, list[tuple[str, dict]]]:
     """The job's lines as a direct call sends each request (a Messages request to an `openai` model: its chat
-    completion); one its translation refuses is left out (never answered: it runs directly)."""
+    completion); one its translation refuses, or the tier does not carry (`takes_request`: Bedrock's jobs
+    take no tools), is left out (never answered: it runs directly)."""
     sent_endpoint, lines = endpoint, []
     for req, body in zip(held, bodies, strict=True):
         try:
             sent_endpoint, sent = as_sent(model, endpoint, body)
         except ValueError:
             continue
-        lines.append((str(req["index"]), sent))
+        if takes_request(model, sent_endpoint, sent):
+            lines.append((str(req["index"]), sent))
     return sent_endpoint, lines
 
 
@@ -331,7 +355,7 @@ def _collect(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
         cursor = job.get(f"cursor_{kind}")
         if job.get(f"{kind}_file") and cursor is not None:
             page = tier_of(model).results(model, backend_key(svc, model), job[f"{kind}_file"], int(cursor),
-                                          RESULT_PAGE)
+                                          RESULT_PAGE, staging=_staging(svc))
             _land(svc, job, batch, model, page.answers)
             return _state(svc, job, "collecting", **{f"cursor_{kind}": page.next})
     return _state(svc, job, "handing_back")
@@ -346,6 +370,7 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
     assert tier is not None
     settled: list[tuple[RequestItem, Settlement]] = []
     back: list[tuple[RequestItem, int, dict | None]] = []
+    shows_its_own = hasattr(tier_of(model), "as_asked")
     for answer in answers:
         if not answer.key.isdigit():
             continue
@@ -358,6 +383,8 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
         attempt = answer.attempt
         if translates(model, job["endpoint"]):  # back in the shape asked for, as a direct call's answer is
             attempt = as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
+        elif shows_its_own:  # a tier answering in its own shape (Bedrock: Converse's), shown as a direct call's
+            attempt = tier_as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
         outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, attempt)
         if outcome.to is RequestState.WAITING:
             back.append((req, 1, outcome.error))
