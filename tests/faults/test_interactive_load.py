@@ -17,7 +17,6 @@ from tests.faults.harness import (
     budget_in_flight,
     pump,
     requests_by_custom_id,
-    run_pump,
     run_queued,
     set_budgets,
     sim_config,
@@ -143,50 +142,55 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
     go on once a poll answers (at the floor); every request still ends once."""
     from batchinfer.scheduling.capacity import track_interactive
 
-    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=200, word="stall")
-    stall = threading.Event()
-    released = threading.Event()
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.0, n=200, word="stall")
+    config = scheduler_config(svc.settings)
+    stall, stalled, released = threading.Event(), threading.Event(), threading.Event()
     real_read = slot_pump.read_budget
 
     def stalling_read(*args, **kwargs):
         if stall.is_set() and threading.current_thread().name.startswith("pump-poll"):
-            released.wait(10)
+            stalled.set()
+            released.wait(30)
         return real_read(*args, **kwargs)
-
-    real_attempt = run_request._attempt
-    starts: list[float] = []
-
-    async def attempt(*args, **kwargs):
-        starts.append(time.monotonic())
-        return await real_attempt(*args, **kwargs)
 
     marks: dict[str, float] = {}
 
-    def load_arrives_while_the_poll_stalls() -> None:
-        time.sleep(1.0)
-        stall.set()
-        time.sleep(0.3)  # the stalled poll has been sent
-        marks["stalled"] = time.monotonic()
+    async def scenario(gate: Gate) -> None:
+        clock = FakeClock()
+        pump_ = gated_pump(svc, gate, clock, seconds=6.0)
+        running = asyncio.create_task(pump_.run(8))
+        step = config.poll_seconds
+
+        async def until(moment: float) -> None:
+            await drive(running, clock, gate, step, until=lambda: clock.monotonic() >= moment)
+
+        await until(clock.start + 1.0)
+        stall.set()  # the next budget poll stalls; the last one answered before this
+        marks["stall"] = clock.monotonic()
+        await drive(running, clock, gate, step, until=stalled.is_set)
         track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2: no poll sees it yet
-        time.sleep(2.5)
-        marks["released"] = time.monotonic()
+        await until(marks["stall"] + 2.8)
+        marks["released"] = clock.monotonic()
         released.set()
-        time.sleep(1.5)
+        await until(marks["released"] + 1.5)
         track_interactive(svc, GLM, -6)
+        await drive(running, clock, gate, step)
 
     monkeypatch.setattr(slot_pump, "read_budget", stalling_read)
-    monkeypatch.setattr(run_request, "_attempt", attempt)
-    load = threading.Thread(target=load_arrives_while_the_poll_stalls)
-    load.start()
-    run_pump(svc, slots=8, seconds=6)
-    load.join()
+    gate = Gate(latency=0.3)  # calls of 0.3 s on the pump's clock
+    try:
+        asyncio.run(scenario(gate))
+    finally:
+        released.set()
     monkeypatch.undo()
 
-    # The last poll answered before the stall began; from a second after it (stale_cap_seconds, and a
-    # runner's wait), until the stalled poll answers, no call starts.
-    assert scheduler_config(svc.settings).stale_cap_seconds <= 1.0
-    quiet_from = marks["stalled"] - 0.3 + 1.0 + scheduler_config(svc.settings).poll_seconds + 0.1
-    assert not [round(a - marks["stalled"], 2) for a in starts if quiet_from < a < marks["released"]]
+    # From the cap's going stale (stale_cap_seconds after the last poll, and a runner's wait) until the
+    # stalled poll answers, no call starts; once it answers, calls go on.
+    assert config.stale_cap_seconds <= 1.0
+    quiet_from = marks["stall"] + config.stale_cap_seconds + config.poll_seconds + 0.1
+    starts = gate.started_at
+    assert [a for a in starts if a < marks["stall"]], "calls ran before the stall"
+    assert not [round(a - marks["stall"], 2) for a in starts if quiet_from < a < marks["released"]]
     assert [a for a in starts if a > marks["released"]], "the pump went on once the poll answered"
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
@@ -236,15 +240,22 @@ def test_a_new_dispatcher_claims_nothing_in_a_dip_of_interactive_load_until_it_h
 
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=20, word="dip")
     model = svc.catalog.get(GLM)
+    window = scheduler_config(svc.settings).interactive_window_seconds
+    clock = FakeClock()  # the new dispatcher's: it watches the load for the window on it
+
+    def window_passes() -> None:
+        clock.advance(window + 0.05)
+        svc.clock.advance(window + 0.05)  # and the load's count, stamped on the service's clock, is that old
+
     track_interactive(svc, GLM, 6)  # six interactive calls: the budget of 8 shrinks to its floor of 2
     track_interactive(svc, GLM, -6)  # they end together; their clients' next calls are a moment away
-    new = Dispatcher(svc)
+    new = Dispatcher(svc, clock=clock)
     assert new.dispatch_model(model) == 0  # the count reads 0, but it moved a moment ago
     track_interactive(svc, GLM, 6)  # the next calls
-    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)
+    window_passes()
     assert new.dispatch_model(model) == 2  # it has watched for the window: the floor
     track_interactive(svc, GLM, -6)
-    time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 0.05)  # the load has gone and stayed gone
+    window_passes()  # the load has gone and stayed gone
     assert Dispatcher(svc).dispatch_model(model) == 6  # a new one takes the rest of the budget at once
 
     assert budget_in_flight(svc) == 8
@@ -259,22 +270,24 @@ def test_new_pump_does_not_take_a_dip_between_interactive_calls_for_room(svc, si
     pump that starts then watches the count over the memory's window before taking slots."""
     from batchinfer.scheduling.capacity import track_interactive
 
-    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.3, n=24, word="dip")
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.0, n=24, word="dip")
     track_interactive(svc, GLM, 6)
     track_interactive(svc, GLM, -6)  # the calls end together...
 
-    def next_calls_arrive() -> None:
-        time.sleep(0.1)
+    async def scenario() -> int:
+        clock, gate = FakeClock(), Gate(held=lambda body: True, latency=0.3)  # calls of 0.3 s on the pump's clock
+        pump_ = gated_pump(svc, gate, clock, seconds=2.5)
+        running = asyncio.create_task(pump_.run(8))
+        await gate.quiet()
+        clock.advance(0.1)
         track_interactive(svc, GLM, 6)  # ...and the clients' next ones are counted a moment later
-        time.sleep(scheduler_config(svc.settings).interactive_window_seconds + 2.0)
-        track_interactive(svc, GLM, -6)
+        await drive(running, clock, gate, scheduler_config(svc.settings).poll_seconds)
+        return gate.peak
 
-    load = threading.Thread(target=next_calls_arrive)
-    load.start()
-    run_pump(svc, slots=8, seconds=2.5)
-    load.join()
+    peak = asyncio.run(scenario())
+    track_interactive(svc, GLM, -6)
 
-    assert sim_stats(sim_control, settle=True)["max_in_flight"] <= 2  # the floor, not the dip's 8
+    assert peak <= 2, peak  # the floor, not the dip's 8
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 24

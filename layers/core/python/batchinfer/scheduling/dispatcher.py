@@ -18,6 +18,7 @@ from ..records import Batch, Request
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from .capacity import Draws, InteractiveMemory, effective_budget, probe_up, read_budget
+from .clock import REAL_CLOCK, Clock
 from .config import SchedulerConfig, scheduler_config
 from .lanes import AccountSlots, ClaimScope, Lanes
 from .policy import walk_order
@@ -34,8 +35,9 @@ class Dispatcher:
     (`lanes`), the interactive load seen lately."""
 
     def __init__(self, svc: Services, runs_what_it_claims: bool = False,
-                 stop_at_cap: Callable[[str], object] | None = None) -> None:
+                 stop_at_cap: Callable[[str], object] | None = None, clock: Clock = REAL_CLOCK) -> None:
         self.svc = svc
+        self.clock = clock  # what its memory of the interactive load is timed on (a test's, moved by hand)
         # What stops a capped batch that a claim finds can start nothing more (the service's, handed in: the
         # scheduler stays below it); without one, the sweeper's next look stops it.
         self.stop_at_cap = stop_at_cap
@@ -49,7 +51,7 @@ class Dispatcher:
         # The accounts the last claim read (`AccountSlots.read`), for a worker running its groups at once.
         self.accounts_read: dict[str, tuple[str, dict | None, dict | None]] = {}
         # The interactive load seen lately, per model.
-        self.interactive = InteractiveMemory(self.config.interactive_window_seconds)
+        self.interactive = InteractiveMemory(self.config.interactive_window_seconds, clock)
 
     @property
     def config(self) -> SchedulerConfig:

@@ -88,7 +88,8 @@ class SlotPump:
         self.outcomes = Outcomes(svc, model, requests, self.fair)
         self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
         self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
-        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=getattr(requests, "stop_at_cap", None))
+        self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=getattr(requests, "stop_at_cap", None),
+                                     clock=clock)
         self.api_key: str | None = None
         # Threads of its own for claims and for writes: a claim must never wait behind the writes of outcomes
         # (nor those behind the rest of the process) for a thread of the shared pool.
