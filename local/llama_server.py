@@ -15,12 +15,11 @@ prompt tokens it processed, those it found in a slot's cache (or its RAM prompt 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import urllib.request
 from pathlib import Path
 
-from local.servers import free_port, wait_until_answering
+from local.servers import LoggedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_SERVER = ROOT / "build" / "llama-server" / "bin" / "llama-server"
@@ -30,30 +29,28 @@ SLOTS = 4  # --parallel: the slots, each with a prompt cache of its own
 SLOT_CONTEXT = 3072  # tokens of context per slot: a 500-word system prompt of the tiny vocabulary and more
 
 
+def real_env() -> dict[str, str]:
+    """The environment of a process in the real-backend venv: nothing of the service's PYTHONPATH."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 def make_model(out: Path, shape: str = "tiny") -> Path:
     """A GGUF model made by tests/real_backend/make_model.py in the real-backend venv (`shape`: its size)."""
     if not os.access(REAL_PYTHON, os.X_OK):
         raise RuntimeError(f"{REAL_PYTHON} does not exist: run `make real-backend`")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run([str(REAL_PYTHON), "-m", "tests.real_backend.make_model", str(out), "--shape", shape],
-                   cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=300)
+                   cwd=ROOT, env=real_env(), check=True, capture_output=True, text=True, timeout=300)
     return out
 
 
-class LlamaCppServer:
+class LlamaCppServer(LoggedServer):
     """`llama-server` with `slots` slots (continuous batching, one thread), the model known as `alias`;
     started, stopped and started again on the same port (each start: every cache empty)."""
 
     def __init__(self, model: Path, log: Path, alias: str, slots: int = SLOTS, port: int | None = None,
                  binary: Path = LLAMA_SERVER, extra: tuple[str, ...] = ()) -> None:
-        self.model, self.log, self.alias, self.slots, self.binary = model, log, alias, slots, binary
-        self.extra = extra
-        self.port = port or free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(log, port)
+        self.model, self.alias, self.slots, self.binary, self.extra = model, alias, slots, binary, extra
 
     def command(self) -> list[str]:
         return [str(self.binary), "--model", str(self.model), "--alias", self.alias, "--host", "127.0.0.1",
@@ -64,24 +61,9 @@ class LlamaCppServer:
     def start(self, timeout: float = 120) -> LlamaCppServer:
         if not os.access(self.binary, os.X_OK):
             raise RuntimeError(f"{self.binary} does not exist: {BUILD_HINT}")
-        command = self.command()
-        with self.log.open("a") as log:
-            log.write(f"\n--- {' '.join(command)}\n")
-            log.flush()
-            self.process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         # /health answers 503 while the model loads, 200 once the slots take requests.
-        wait_until_answering(self.url + "/health", self.process, f"llama-server (its log: {self.log})",
-                             timeout=timeout, request_timeout=2)
+        self.launch(self.command(), "/health", "llama-server", timeout, ROOT)
         return self
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.send_signal(signal.SIGKILL)
-                self.process.wait(timeout=30)
 
     def restart(self) -> LlamaCppServer:
         """The same server on the same port with every cache empty."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,42 @@ def wait_until_answering(url: str, process: subprocess.Popen, what: str, timeout
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not start: no answer from {url}")
         time.sleep(0.1)
+
+
+class LoggedServer:
+    """A server in a process of its own, its output appended to `log`: started (and waited for until `health`
+    answers), killed (as in a crash: connections in flight are cut) and stopped; started again on the same port."""
+
+    def __init__(self, log: Path, port: int | None = None) -> None:
+        self.log = log
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self, command: list[str], health: str, what: str, timeout: float, cwd: Path,
+               env: dict[str, str] | None = None) -> None:
+        with self.log.open("a") as log:
+            log.write(f"\n--- {' '.join(command)}\n")
+            log.flush()
+            self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_until_answering(self.url + health, self.process, f"{what} (its log: {self.log})", timeout=timeout,
+                             request_timeout=2)
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
 
 class UvicornThread:

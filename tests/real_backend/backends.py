@@ -5,9 +5,6 @@ bytes, so a batch result can be compared with exactly what the server sent."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,65 +15,28 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from local.servers import UvicornThread, free_port, wait_until_answering
+from local.llama_server import REAL_PYTHON, real_env
+from local.servers import LoggedServer, UvicornThread, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_VENV = ROOT / ".venv-real-backend"
-REAL_PYTHON = REAL_VENV / "bin" / "python"
 BUILD_HINT = "run `make test-real-backend` (it builds .venv-real-backend from requirements-real-backend.txt)"
 ALIAS = "tiny-llama"  # the name the server knows its model by
 
 
-def real_env() -> dict[str, str]:
-    """The environment of a process in the real-backend venv: nothing of the service's PYTHONPATH."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-
-
-def make_model(out: Path) -> Path:
-    """The tiny GGUF model, made by tests/real_backend/make_model.py in the real-backend venv."""
-    subprocess.run([str(REAL_PYTHON), "-m", "tests.real_backend.make_model", str(out)], cwd=ROOT, env=real_env(),
-                   check=True, capture_output=True, text=True, timeout=300)
-    return out
-
-
-class LlamaServer:
+class LlamaServer(LoggedServer):
     """`python -m llama_cpp.server` on 127.0.0.1: started, killed (an outage: connections in flight are cut)
     and started again on the same port."""
 
     def __init__(self, model: Path, log: Path, embedding: bool = False, port: int | None = None) -> None:
-        self.model, self.log, self.embedding = model, log, embedding
-        self.port = port or free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(log, port)
+        self.model, self.embedding = model, embedding
 
     def start(self, timeout: float = 120) -> LlamaServer:
         command = [str(REAL_PYTHON), "-m", "llama_cpp.server", "--model", str(self.model), "--model_alias", ALIAS,
                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", "2048", "--n_threads", "1",
                    "--n_threads_batch", "1", "--embedding", "true" if self.embedding else "false"]
-        with self.log.open("a") as log:
-            log.write(f"\n--- {' '.join(command)}\n")
-            log.flush()
-            self.process = subprocess.Popen(command, cwd=ROOT, env=real_env(), stdout=log, stderr=subprocess.STDOUT)
-        wait_until_answering(self.url + "/v1/models", self.process, f"llama_cpp.server (its log: {self.log})",
-                             timeout=timeout, request_timeout=2)
+        self.launch(command, "/v1/models", "llama_cpp.server", timeout, ROOT, real_env())
         return self
-
-    def kill(self) -> None:
-        """Gone at once, as in a crash: open connections are cut, new ones refused."""
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @dataclass(frozen=True)

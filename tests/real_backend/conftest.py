@@ -17,6 +17,7 @@ import yaml
 if os.environ.get("REAL_BACKEND_TESTS") != "1":
     collect_ignore_glob = ["test_*.py"]
 
+from local.llama_server import make_model  # noqa: E402
 from tests.e2e.conftest import local_stack  # noqa: E402
 from tests.real_backend.backends import (  # noqa: E402
     ALIAS,
@@ -24,7 +25,6 @@ from tests.real_backend.backends import (  # noqa: E402
     REAL_PYTHON,
     LlamaServer,
     RecordingProxy,
-    make_model,
 )
 
 # Prices of the catalog's models (USD per million tokens): unround, so a cost computed from other numbers
