@@ -48,7 +48,8 @@ request. That was about half of what an idle local stack's polls cost the server
 serializer walks the operation's output shape for every value, trying several spellings of each member's
 name, and was a quarter of the CPU of a test that runs batches through in-process moto. An answer holding
 anything but plain JSON values and bytes (a timestamp: DescribeTable and the like) still goes through it.
-`MOTO_JSON_CHECK=1` writes every answer both ways and raises where they differ.
+`MOTO_JSON_CHECK=1` writes every answer both ways and raises where they differ. And the names of a
+response class's methods are listed once per class, not with `inspect.getmembers` at every request.
 """
 
 from __future__ import annotations
@@ -440,3 +441,7 @@ def _patch_dynamodb_answers() -> None:
         return answer["status_code"], headers, body
 
     DynamoResult.execute_result = execute_result
+
+    import moto.core.responses as responses
+
+    responses.method_names_from_class = functools.cache(responses.method_names_from_class)
