@@ -1,6 +1,6 @@
-"""The order in which the suite's test files start, so that two workers finish together.
+"""The order in which the suite's test files start, so that the workers finish together.
 
-`make test` runs on two pytest-xdist workers with `--dist loadfile`: each file runs whole on one worker, and
+`make test` runs on pytest-xdist workers with `--dist loadfile`: each file runs whole on one worker, and
 the files are handed out in collection order, the next one to whichever worker runs out first. A long file
 handed out last keeps one worker busy while the other has nothing left; so the long files go first and the
 many short ones (tests/unit) last, where they fill the gaps. (pytest-xdist's own default, files with the most
