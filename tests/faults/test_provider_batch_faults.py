@@ -168,6 +168,7 @@ def test_a_worker_dying_after_the_providers_job_was_made_makes_no_second_one(svc
     monkeypatch.setattr(jobs, "_state", dies_before_recording)
     invoke("sweeper", {})
     assert died and the_job(svc, batch_id)["state"] == "submitting" and tier_stats(tier_sim)["jobs"] == 1
+    svc.clock.advance(jobs.RETRY_SECONDS)  # a job whose look raised is looked at again a little later
     final = pump(svc, batch_id)
 
     assert final["status"] == "completed" and final["completed"] == 5
@@ -193,7 +194,7 @@ def test_a_worker_dying_while_it_takes_the_results_lands_nothing_twice(svc, tier
     monkeypatch.setattr(jobs, "_state", dies_after_landing)
     for _ in range(5):
         invoke("sweeper", {})
-        svc.clock.advance(2)  # its next look
+        svc.clock.advance(jobs.RETRY_SECONDS)  # its next look (put off a little after the look that raised)
     assert died and get_batch(svc, batch_id)["completed"] == 5
     final = pump(svc, batch_id)
 
@@ -202,6 +203,42 @@ def test_a_worker_dying_while_it_takes_the_results_lands_nothing_twice(svc, tier
     expected = sum(cost(usage_of(r), TIER) for r in results.values())
     assert batches.batch_object(final)["cost_usd"] == pytest.approx(expected, abs=1e-9)
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_jobs_whose_look_always_raises_are_put_off_and_never_hold_back_another_accounts(svc, tier_sim, monkeypatch):
+    """One account's job whose every look raises (its bulkhead passes over it) is put off, longer at each
+    failure in a row, so that it does not stand first among the due jobs run after run: another account's
+    job, due after it, is looked at and ends though a run looks at one job only."""
+    _, poisoner_key = new_key(svc)
+    poisoned = submit_tier(svc, authenticate(svc, poisoner_key), [chat_request(f"p-{i}", f"p {i}") for i in range(5)])
+    svc.clock.advance(1)  # the poisoned job is due first
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"h-{i}", f"healthy {i}") for i in range(5)]
+    healthy = submit_tier(svc, who, requests)
+    real_step, raised = jobs._step, []
+
+    def step(svc_, job):
+        if job["batch_id"] == poisoned:
+            raised.append(svc_.now())
+            raise RuntimeError("a step that always raises")
+        return real_step(svc_, job)
+
+    monkeypatch.setattr(jobs, "_step", step)
+    monkeypatch.setattr(jobs, "JOBS_PER_RUN", 1)
+    for _ in range(12):
+        invoke("sweeper", {})
+        svc.clock.advance(1)
+
+    assert the_job(svc, healthy)["state"] == "done" and get_batch(svc, healthy)["completed"] == 5
+    # At its first look, 5 s later, then 10 s after that (the service's clock also moves with real time): not
+    # at every run.
+    assert 2 <= len(raised) <= 3, raised
+    assert the_job(svc, poisoned)["failures"] == len(raised)
+    final = pump(svc, healthy)
+    assert final["status"] == "completed"
+    assert_ledger_consistent(svc, healthy, who, [r["custom_id"] for r in requests])
 
 
 def test_a_job_that_fails_as_a_whole_runs_its_requests_directly(svc, tier_sim):

@@ -85,6 +85,17 @@ class Request:
         return t.get(*request_key(batch_id, index))  # type: ignore[return-value]
 
     @staticmethod
+    def get_many(t: Table, batch_id: str, indexes: list[int]) -> dict[int, RequestItem]:
+        """The batch's request items at `indexes` that exist, by index: strongly consistent reads of up to 100
+        at a time (BatchGetItem's most)."""
+        keys = [request_key(batch_id, index) for index in dict.fromkeys(indexes)]
+        found: dict[int, RequestItem] = {}
+        for at in range(0, len(keys), 100):
+            for item in t.get_many(keys[at:at + 100]).values():
+                found[int(item["sk"][len(REQUEST_PREFIX):])] = item  # type: ignore[assignment]
+        return found
+
+    @staticmethod
     def put_outcome(t: Table, item: RequestItem) -> None:
         """A group member's outcome: written once (a recovered lease wrote it first otherwise)."""
         t.put(item, condition="attribute_not_exists(pk)")

@@ -53,9 +53,14 @@ JOBS_PER_RUN = 50  # due jobs one sweeper run looks at at most
 RETRY_SECONDS = 5
 
 
+# A job whose look raised is put off this long, doubled at each failure in a row, up to FAILED_MOST_SECONDS:
+# jobs that always raise (one account's, say) then never fill a run's JOBS_PER_RUN ahead of the others.
+FAILED_MOST_SECONDS = 900
+
+
 def run_due(svc: Services, deadline: float | None = None) -> int:
-    """Look at every provider job that is due, each in a bulkhead: one that raises is logged and passed
-    over, and the others go on. Returns how many were looked at."""
+    """Look at every provider job that is due, each in a bulkhead: one that raises is logged, put off
+    (`put_off_after_failure`) and passed over, and the others go on. Returns how many were looked at."""
     looked = 0
     for key in ProviderJob.due(svc.table, svc.now(), JOBS_PER_RUN):
         if deadline is not None and time.monotonic() >= deadline:
@@ -63,7 +68,21 @@ def run_due(svc: Services, deadline: float | None = None) -> int:
         with Bulkhead("provider jobs", f"{key['pk']}/{key['sk']}", "look") as guard:
             look(svc, key["pk"], key["sk"], deadline, guard)
             looked += 1
+        if guard.error is not None:
+            with Bulkhead("provider jobs", f"{key['pk']}/{key['sk']}", "putting off after a failure"):
+                put_off_after_failure(svc, key["pk"], key["sk"])
     return looked
+
+
+def put_off_after_failure(svc: Services, pk: str, sk: str) -> None:
+    """A job whose look raised is looked at again RETRY_SECONDS later, twice that after a second failure in a
+    row, and so on up to FAILED_MOST_SECONDS; a step that moves it on starts the count again."""
+    job = ProviderJob.get(svc.table, pk, sk)
+    if job is None or job["state"] == "done":
+        return
+    failures = int(job.get("failures", 0)) + 1
+    wait = min(RETRY_SECONDS * 2 ** (failures - 1), FAILED_MOST_SECONDS)
+    svc.table.transact([ProviderJob.change(svc.table, job, {"failures": failures, "due_at": svc.now() + wait})])
 
 
 def look(svc: Services, pk: str, sk: str, deadline: float | None = None, guard: Bulkhead | None = None) -> dict | None:
@@ -115,6 +134,8 @@ def _step(svc: Services, job: dict) -> bool:
 
 def _state(svc: Services, job: dict, state: str, **sets: object) -> bool:
     done = state == "done"
+    if job.get("failures"):  # a step went through: a later failure is put off from RETRY_SECONDS again
+        sets = {"failures": 0, **sets}
     svc.table.transact([ProviderJob.change(svc.table, job, {"state": state, **({} if done else {"due_at": svc.now()}),
                                                             **sets}, done=done)])
     if done:
@@ -371,10 +392,11 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
     settled: list[tuple[RequestItem, Settlement]] = []
     back: list[tuple[RequestItem, int, dict | None]] = []
     shows_its_own = hasattr(tier_of(model), "as_asked")
+    held = Request.get_many(svc.table, job["batch_id"], [int(a.key) for a in answers if a.key.isdigit()])
     for answer in answers:
         if not answer.key.isdigit():
             continue
-        req = Request.get(svc.table, job["batch_id"], int(answer.key))
+        req = held.get(int(answer.key))
         if req is None or req.get("job") != job["sk"] or req["state"] != RequestState.WAITING.value:  # type: ignore[typeddict-item]
             continue
         if answer.attempt is None:
