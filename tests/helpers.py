@@ -219,3 +219,20 @@ def check_as_sent(timings: dict) -> None:
     assert timings["prompt_per_second"] == 12500.0 and isinstance(timings["prompt_per_second"], float)
     assert timings["predicted_ms"] == 1e-7 and timings["big"] == 123456789012345678901234567890123456789012
     assert [type(x) for x in timings["nested"]["draft"]] == [float] * 4
+
+
+def worker_dies_before_recording_the_job(monkeypatch) -> list[str]:  # noqa: ANN001
+    """The first provider job step that would record the provider's job as running raises instead, as a worker
+    dying between making the provider's job and recording it: the jobs it hit (their sort keys)."""
+    from batchinfer.service.offloading import jobs
+
+    real_state, died = jobs._state, []
+
+    def dies_before_recording(svc_, job, state, **sets):  # noqa: ANN001, ANN202
+        if state == "running" and not died:
+            died.append(job["sk"])
+            raise RuntimeError("the worker died before it recorded the provider's job")
+        return real_state(svc_, job, state, **sets)
+
+    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    return died

@@ -17,7 +17,7 @@ from batchinfer.service.offloading import jobs
 from batchinfer.service.offloading.execution import goes_to_tier
 from local.lambda_runtime import invoke
 from tests.faults.harness import get_batch, pump, results_by_custom_id, sim_stats
-from tests.helpers import chat_request, new_key
+from tests.helpers import chat_request, new_key, worker_dies_before_recording_the_job
 from tests.invariants import assert_ledger_consistent
 
 TIER = (0.05, 0.20)
@@ -157,15 +157,7 @@ def test_a_worker_dying_after_the_providers_job_was_made_makes_no_second_one(svc
     who = authenticate(svc, key)
     requests = [chat_request(f"d-{i}", f"die {i}") for i in range(5)]
     batch_id = submit_tier(svc, who, requests)
-    real_state, died = jobs._state, []
-
-    def dies_before_recording(svc_, job, state, **sets):
-        if state == "running" and not died:
-            died.append(job["sk"])
-            raise RuntimeError("the worker died before it recorded the provider's job")
-        return real_state(svc_, job, state, **sets)
-
-    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    died = worker_dies_before_recording_the_job(monkeypatch)
     invoke("sweeper", {})
     assert died and the_job(svc, batch_id)["state"] == "submitting" and tier_stats(tier_sim)["jobs"] == 1
     svc.clock.advance(jobs.RETRY_SECONDS)  # a job whose look raised is looked at again a little later

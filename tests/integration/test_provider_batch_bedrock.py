@@ -15,7 +15,15 @@ from batchinfer.layout import batch_key
 from batchinfer.records.provider_jobs import ProviderJob
 from batchinfer.service.offloading import jobs
 from tests.faults.harness import Clock
-from tests.helpers import finish, new_key, ok, req, services_in_use, step_by_record
+from tests.helpers import (
+    finish,
+    new_key,
+    ok,
+    req,
+    services_in_use,
+    step_by_record,
+    worker_dies_before_recording_the_job,
+)
 from tests.integration.test_message_batches import Messages
 
 CLAUDE = "claude-bedrock"  # the default catalog's Bedrock model, with a tier of at least 100 requests a job
@@ -191,15 +199,7 @@ def test_a_job_that_never_finishes_is_stopped_at_the_guard_and_the_rest_runs_dir
 
 @pytest.mark.background_failures
 def test_a_worker_dying_after_bedrocks_job_was_made_makes_no_second_one(svc, api, sim_control, monkeypatch):
-    real_state, died = jobs._state, []
-
-    def dies_before_recording(svc_, job, state, **sets):
-        if state == "running" and not died:
-            died.append(job["sk"])
-            raise RuntimeError("the worker died before it recorded the provider's job")
-        return real_state(svc_, job, state, **sets)
-
-    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    died = worker_dies_before_recording_the_job(monkeypatch)
     _, key = new_key(svc)
     shown, results = run(svc, api, key, requests(100, "die"), "provider_batch")
 

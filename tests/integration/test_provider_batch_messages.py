@@ -14,8 +14,7 @@ import yaml
 
 from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.records.provider_jobs import ProviderJob
-from batchinfer.service.offloading import jobs
-from tests.helpers import finish, new_key, ok, services_in_use, step_by_record
+from tests.helpers import finish, new_key, ok, services_in_use, step_by_record, worker_dies_before_recording_the_job
 from tests.integration.test_message_batches import Messages
 
 CLAUDE = "claude-sim"  # an anthropic-kind model with a tier, on the simulator's Messages and Message Batches
@@ -125,15 +124,7 @@ def test_a_line_refused_by_anthropics_tier_fails_with_its_answer_and_one_it_coul
 
 @pytest.mark.background_failures
 def test_a_worker_dying_after_anthropics_job_was_made_makes_no_second_one(svc, messages, sim_control, monkeypatch):
-    real_state, died = jobs._state, []
-
-    def dies_before_recording(svc_, job, state, **sets):
-        if state == "running" and not died:
-            died.append(job["sk"])
-            raise RuntimeError("the worker died before it recorded the provider's job")
-        return real_state(svc_, job, state, **sets)
-
-    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    died = worker_dies_before_recording_the_job(monkeypatch)
     shown, results = run(svc, messages, entries(CLAUDE, [f"die {n}" for n in range(3)]), "provider_batch")
 
     assert died and shown["request_counts"]["succeeded"] == 3
