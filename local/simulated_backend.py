@@ -27,6 +27,8 @@ Faults, set at start-up (CLI / SimConfig) or at run time through the control API
   latency_distribution   fixed (the default), lognormal (latency_sigma around the mean) or long_tail (one
                          request in ten takes ten times the others); drawn from the request's own body, so
                          the same request always takes the same time (a direct client sees the same times)
+  hold                   true: every model request waits (in flight, unanswered) until it is set false again,
+                         then goes on as configured; a test holds calls for as long as it needs them running
   rate_429/500/timeout   probabilities, drawn from random.Random(seed) (one draw per request);
                          a timeout sleeps timeout_sleep_seconds, then answers 504
   answer_extra_json      JSON members (text, e.g. '"timings":{"prompt_per_second":12500.0}') added as they
@@ -131,6 +133,7 @@ from local.simulated_answers import (
 from local.simulated_cache import PromptCache, tokens_of
 
 TIMELINE_MAX = 200_000  # requests whose start and end times GET /_sim/timeline keeps (since the last reset)
+HOLD_CHECK_SECONDS = 0.05  # how often a held request looks whether it was let go
 # status -> (OpenAI error type, OpenAI error code, Anthropic error type)
 _ERROR_KINDS = {400: ("invalid_request_error", None, "invalid_request_error"),
                 500: ("server_error", None, "api_error"),
@@ -145,6 +148,7 @@ class SimConfig(BaseModel):
     latency_seconds: float = Field(0.0, ge=0)
     latency_distribution: Literal["fixed", "lognormal", "long_tail"] = "fixed"
     latency_sigma: float = Field(0.5, ge=0, le=3)
+    hold: bool = False
     rate_429: float = Field(0.0, ge=0, le=1)
     rate_500: float = Field(0.0, ge=0, le=1)
     rate_timeout: float = Field(0.0, ge=0, le=1)
@@ -259,6 +263,8 @@ async def _apply_faults(request: Request, state: _SimState, prompt: Prompt, body
         raise SimError(400, message, body={"error": {
             "code": 400, "message": message, "type": "exceed_context_size_error",
             "n_prompt_tokens": SIM_CONTEXT_SIZE + prompt.prompt_tokens, "n_ctx": SIM_CONTEXT_SIZE}})
+    while state.config.hold:
+        await asyncio.sleep(HOLD_CHECK_SECONDS)
     cfg = state.config
     if cfg.latency_seconds > 0:
         await asyncio.sleep(latency_of(cfg, body))

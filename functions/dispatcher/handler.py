@@ -27,6 +27,7 @@ def handler(event: dict, context: object) -> dict:
     svc = services()
     # A capped batch its claims find can start nothing more stops (and settles) at once.
     dispatcher = Dispatcher(svc, stop_at_cap=lambda batch_id: stop_if_reached(svc, batch_id))
-    sent = dispatcher.run(loop_seconds(event, context, svc.settings.dispatcher_loop_seconds))
+    sent = dispatcher.run(loop_seconds(event, context, svc.settings.dispatcher_loop_seconds),
+                          time_left=lambda: context.get_remaining_time_in_millis() / 1000 - STOP_BEFORE_TIMEOUT_SECONDS)
     metrics.add_metric(name=METRIC_REQUESTS_DISPATCHED, unit=MetricUnit.Count, value=sent)
     return {"dispatched": sent}

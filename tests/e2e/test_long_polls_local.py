@@ -22,6 +22,7 @@ pytestmark = pytest.mark.e2e
 MODEL = "glm-5.3-flash"
 POLLS = 100
 ANSWERS_WITHIN_SECONDS = 3.0  # generous: each call takes well under a second on an idle stack
+WAIT = 25  # each poll's `wait`, the most the API allows: the polls outlast the other account's calls
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +30,14 @@ def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("polls-stack") / ".local"
     settings = Settings(table_name="e2e-polls", bucket_name="e2e-polls", stage="e2e-polls",
                         max_long_polls_per_account=POLLS)
-    # Every model call takes 30 s: no result finishes while the polls wait, so each waits its whole `wait`.
-    svc, _, stop = start(settings, free_port(), free_port(), sim_config=SimConfig(latency_seconds=30),
-                         pollers=1, state_dir=state)
+    # The backend holds every model call until the test lets them go: no result finishes while the polls
+    # wait, however long the machine takes to start them.
+    sim_port = free_port()
+    svc, _, stop = start(settings, free_port(), sim_port, sim_config=SimConfig(hold=True), pollers=1,
+                         state_dir=state)
     api = UvicornThread(create_app(), free_port()).start()
-    yield {"base": f"{api.url}/v1", "svc": svc}
+    yield {"base": f"{api.url}/v1", "svc": svc, "sim": f"http://127.0.0.1:{sim_port}"}
+    httpx.put(f"http://127.0.0.1:{sim_port}/_sim/config", json={"hold": False}, trust_env=False)
     api.stop()
     stop()
 
@@ -62,7 +66,7 @@ def test_a_hundred_long_polls_of_one_account_leave_another_accounts_calls_answer
         polls = ThreadPoolExecutor(max_workers=POLLS)
         try:
             waiting = [polls.submit(poller.get, f"/batches/{batch['id']}/results",
-                                    params={"order": "finished", "wait": 20}) for _ in range(POLLS)]
+                                    params={"order": "finished", "wait": WAIT}) for _ in range(POLLS)]
             deadline = time.monotonic() + 15
             while (stack["svc"].table.get(*holds) or {}).get("held", 0) < POLLS:  # every poll waits, held
                 assert time.monotonic() < deadline, stack["svc"].table.get(*holds)
@@ -80,14 +84,16 @@ def test_a_hundred_long_polls_of_one_account_leave_another_accounts_calls_answer
                 assert seconds < ANSWERS_WITHIN_SECONDS, (name, seconds)
             # One more poll than the account may hold: refused at once, as a rate limit.
             seconds, refused = timed(lambda: poller.get(f"/batches/{batch['id']}/results",
-                                                        params={"order": "finished", "wait": 20}))
+                                                        params={"order": "finished", "wait": WAIT}))
             assert refused.status_code == 429 and seconds < ANSWERS_WITHIN_SECONDS, refused.text
             assert refused.json()["error"]["type"] == "rate_limit_error" and refused.headers["retry-after"]
-            # The hundred were still waiting all along.
+            # The hundred were still waiting all along; once the backend answers, each gets the results.
             assert not any(poll.done() for poll in waiting)
+            assert httpx.put(f"{stack['sim']}/_sim/config", json={"hold": False}, trust_env=False).is_success
             for poll in waiting:
-                page = poll.result(timeout=40)
-                assert page.status_code == 200 and page.json()["data"] == [], page.text
+                page = poll.result(timeout=WAIT + 15)
+                assert page.status_code == 200, page.text
+                assert {r["custom_id"] for r in page.json()["data"]} <= {"a", "b"} and page.json()["data"], page.text
         finally:
             polls.shutdown(wait=False, cancel_futures=True)
         assert stack["svc"].table.get(*holds)["held"] == 0  # every poll gave its hold back

@@ -57,14 +57,15 @@ class Dispatcher:
     def config(self) -> SchedulerConfig:
         return scheduler_config(self.svc.settings)
 
-    def run(self, seconds: float) -> int:
-        """Refill free slots until `seconds` have passed; a freed slot waits at most one idle sleep."""
+    def run(self, seconds: float, time_left: Callable[[], float] | None = None) -> int:
+        """Refill free slots until `seconds` have passed, or `time_left` (the invocation's, in seconds) is
+        up; a freed slot waits at most one idle sleep."""
         deadline = time.monotonic() + seconds
         sent = 0
         while True:
             n = self.pass_once()
             sent += n
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (time_left is not None and time_left() <= 0):
                 return sent
             if n == 0:
                 time.sleep(self.config.idle_sleep_seconds)
