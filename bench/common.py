@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -47,18 +48,28 @@ def backend_process(latency: float):
     process = subprocess.Popen([sys.executable, "-m", "local.simulated_backend", "--port", str(port),
                                 "--latency", str(latency)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    previous = os.environ.get("SIMULATED_BACKEND_URL")
     try:
         wait_until_answering(f"{url}/_sim/stats", process, "the simulated backend")
-        os.environ["SIMULATED_BACKEND_URL"] = url
+        with backend_at(url):
+            yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@contextmanager
+def backend_at(url: str) -> Iterator[str]:
+    """The default catalog's backends point at `url` (SIMULATED_BACKEND_URL) while the block runs: a stack
+    started in it calls that server."""
+    previous = os.environ.get("SIMULATED_BACKEND_URL")
+    os.environ["SIMULATED_BACKEND_URL"] = url
+    try:
         yield url
     finally:
         if previous is None:
             os.environ.pop("SIMULATED_BACKEND_URL", None)
         else:
             os.environ["SIMULATED_BACKEND_URL"] = previous
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @contextmanager

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import shlex
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import MODEL, backend_process, command_line, create, local_stack, median, wait
+from bench.common import MODEL, backend_at, backend_process, command_line, create, local_stack, median, wait
 from bench.throughput import POLL_SECONDS, direct
 from local.llama_server import LlamaCppServer, make_model
 
@@ -106,16 +105,11 @@ def one_run(token_ms: float, latency: float, order_for: str = "slot") -> dict:
 @contextmanager
 def serving(server: LlamaCppServer) -> Iterator[LlamaCppServer]:
     """The server started (every cache empty) while the block runs, the stack's catalog pointing at it."""
-    previous = os.environ.get("SIMULATED_BACKEND_URL")
     server.start()
-    os.environ["SIMULATED_BACKEND_URL"] = server.url
     try:
-        yield server
+        with backend_at(server.url):
+            yield server
     finally:
-        if previous is None:
-            os.environ.pop("SIMULATED_BACKEND_URL", None)
-        else:
-            os.environ["SIMULATED_BACKEND_URL"] = previous
         server.stop()
 
 
