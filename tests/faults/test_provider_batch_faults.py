@@ -16,7 +16,8 @@ from batchinfer.service.accounts import authenticate
 from batchinfer.service.offloading import jobs
 from batchinfer.service.offloading.execution import goes_to_tier
 from local.lambda_runtime import invoke
-from tests.faults.harness import get_batch, pump, results_by_custom_id, sim_stats
+from local.simulated_answers import build_chat, parse_chat
+from tests.faults.harness import account_counters, configure, get_batch, pump, results_by_custom_id, sim_stats
 from tests.helpers import chat_request, new_key, worker_dies_before_recording_the_job
 from tests.invariants import assert_ledger_consistent
 
@@ -219,6 +220,7 @@ def test_jobs_whose_look_always_raises_are_put_off_and_never_hold_back_another_a
 
     monkeypatch.setattr(jobs, "_step", step)
     monkeypatch.setattr(jobs, "JOBS_PER_RUN", 1)
+    configure(svc, sweep_failures_to_fail=10)  # only put off here, never given up (a slow run may see a third)
     for _ in range(12):
         invoke("sweeper", {})
         svc.clock.advance(1)
@@ -231,6 +233,103 @@ def test_jobs_whose_look_always_raises_are_put_off_and_never_hold_back_another_a
     final = pump(svc, healthy)
     assert final["status"] == "completed"
     assert_ledger_consistent(svc, healthy, who, [r["custom_id"] for r in requests])
+
+
+def looks_until(svc, batch_id: str, states: tuple[str, ...], seconds: float = 30, rounds: int = 12) -> dict:
+    """Sweeper runs, the clock moved on between them (past any put-off), until the job is in one of `states`."""
+    for _ in range(rounds):
+        invoke("sweeper", {})
+        if the_job(svc, batch_id)["state"] in states:
+            return the_job(svc, batch_id)
+        svc.clock.advance(seconds)
+    raise AssertionError(f"the job never got to {states}: {the_job(svc, batch_id)}")
+
+
+@pytest.mark.background_failures
+def test_a_job_whose_look_at_its_provider_keeps_raising_is_given_up_and_its_requests_run_directly(
+        svc, tier_sim, monkeypatch):
+    """A running job whose look raises `sweep_failures_to_fail` times in a row is given up: its provider's job
+    is cancelled and every request it held runs directly (those the provider had finished too: nothing of
+    the provider's was landed, so nothing is charged twice), and the batch completes."""
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=2)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"u-{i}", f"unseen {i}") for i in range(5)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    raised = []
+
+    def poll(svc_, job, batch, model):
+        raised.append(job["state"])
+        raise RuntimeError("a look at the provider that always raises")
+
+    monkeypatch.setattr(jobs, "_poll", poll)
+    given_up = looks_until(svc, batch_id, ("handing_back", "done"))
+
+    assert raised == ["running"] * svc.settings.sweep_failures_to_fail
+    assert tier_stats(tier_sim)["cancels"] == 1 and given_up.get("failures", 0) == 0
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 5 and final.get("offloaded", 0) == 0
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 5  # every one of them, directly
+    results = results_by_custom_id(svc, who, batch_id)
+    for request in requests:
+        sent = request["body"]
+        answer = build_chat(parse_chat(sent), sent)
+        body = results[request["custom_id"]]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+        assert usage_of(results[request["custom_id"]]) == (answer["usage"]["prompt_tokens"],
+                                                           answer["usage"]["completion_tokens"])
+    assert batches.batch_object(final)["cost_usd"] == pytest.approx(
+        sum(cost(usage_of(r), DIRECT) for r in results.values()), abs=1e-9)
+    assert final.get("saved_usd", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_a_job_whose_hand_back_keeps_raising_fails_its_batch_and_frees_its_accounts_slot(svc, tier_sim, monkeypatch):
+    """A job whose hand-back raises `sweep_failures_to_fail` times in a row is abandoned: its batch ends failed
+    with `internal_error`, what the provider finished kept, the requests it still held counted as failed,
+    the account's unfinished batch given back; another account's batch goes on and completes."""
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=2)
+    _, poisoner_key = new_key(svc)
+    poisoner = authenticate(svc, poisoner_key)
+    poisoned_requests = [chat_request(f"p-{i}", f"p {i}") for i in range(5)]
+    poisoned = submit_tier(svc, poisoner, poisoned_requests)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"h-{i}", f"healthy {i}") for i in range(4)]
+    healthy = submit_tier(svc, who, requests)
+    until_job(svc, poisoned, "running")
+    until_job(svc, healthy, "running")
+    real_hand_back, raised = jobs._hand_back, []
+
+    def hand_back(svc_, job, batch, model):
+        if job["batch_id"] == poisoned:
+            raised.append(svc_.now())
+            raise RuntimeError("a hand-back that always raises")
+        return real_hand_back(svc_, job, batch, model)
+
+    monkeypatch.setattr(jobs, "_hand_back", hand_back)
+    model = svc.catalog.get("glm-5.3-flash")
+    guard = max(jobs.guard_at(svc, get_batch(svc, b), model, n) for b, n in ((poisoned, 5), (healthy, 4)))
+    svc.clock.advance(guard - svc.now())  # both jobs are cancelled at their guard; each lands the two it finished
+    looks_until(svc, poisoned, ("done",))
+
+    assert len(raised) == svc.settings.sweep_failures_to_fail
+    failed = pump(svc, poisoned)
+    assert failed["status"] == "failed"
+    obj = batches.batch_object(failed)
+    assert obj["error"]["code"] == "internal_error" and "provider job" in obj["error"]["message"]
+    assert obj["request_counts"] == {"total": 5, "completed": 2, "failed": 3}
+    assert failed.get("offloaded", 0) == 0 and failed.get("open", 0) == 0 and failed.get("in_flight", 0) == 0
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 2  # only the healthy batch's rest
+    assert_ledger_consistent(svc, poisoned, poisoner, [r["custom_id"] for r in poisoned_requests])
+    assert account_counters(svc, poisoner.account_id) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                          "in_flight": 0}
+    final = pump(svc, healthy)
+    assert final["status"] == "completed" and final["completed"] == 4
+    assert_ledger_consistent(svc, healthy, who, [r["custom_id"] for r in requests])
+    assert tier_stats(tier_sim)["cancels"] == 2
 
 
 def test_a_job_that_fails_as_a_whole_runs_its_requests_directly(svc, tier_sim):

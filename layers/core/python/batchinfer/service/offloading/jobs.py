@@ -12,6 +12,9 @@ one step at a time, every step fenced on the record's version so that two sweepe
                    place kept on the record), each answer landed through the ledger as a direct call's is
   handing_back     what it did not finish (never run, expired, cancelled, retryable errors) goes to run
                    directly, due at once; the lane's rest too, once no job of the model is left to fill
+
+A job whose look raises `sweep_failures_to_fail` times in a row is given up (`_give_up`): handed back, or, if
+handing back is what raises, abandoned with its batch failed.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ...spending import fits, settled_delta, worst_usd
 from ...storage.dynamo import ConditionFailed
 from ..accounts import key_problem
 from ..creating.forecast import read_queue, seconds_to_finish
-from ..lifecycle import stop_batch
+from ..lifecycle import fail_batch, internal_error, stop_batch
 from ..running.backend_call import backend_key
 from ..running.run_request import answered_outcome
 
@@ -83,6 +86,59 @@ def put_off_after_failure(svc: Services, pk: str, sk: str) -> None:
     failures = int(job.get("failures", 0)) + 1
     wait = min(RETRY_SECONDS * 2 ** (failures - 1), FAILED_MOST_SECONDS)
     svc.table.transact([ProviderJob.change(svc.table, job, {"failures": failures, "due_at": svc.now() + wait})])
+    if failures >= svc.settings.sweep_failures_to_fail:
+        _give_up(svc, pk, sk, failures)
+
+
+def _give_up(svc: Services, pk: str, sk: str, times: int) -> None:
+    """A job whose look failed `sweep_failures_to_fail` times in a row (as a batch's sweep step that keeps
+    raising fails its batch): before handing back, the provider is given up (its job cancelled, best effort)
+    and the held requests go to run directly (what it finished and was not landed runs again: only landed
+    answers are charged); while handing back, the job is abandoned (`_abandon`). Should this raise too, the
+    next failure tries again."""
+    job = ProviderJob.get(svc.table, pk, sk)
+    if job is None or job["state"] == "done":
+        return
+    if job["state"] == "handing_back":
+        _abandon(svc, job, times)
+        return
+    log.error("provider job %s of batch %s: its %s step failed %d times in a row; its requests run directly",
+              sk, job["batch_id"], job["state"], times)
+    model = svc.catalog.lookup(job["model"])
+    if job.get("provider_id") and job["state"] in ("running", "cancelling") and model is not None \
+            and model.provider_batch is not None:
+        with Bulkhead("provider jobs", f"{pk}/{sk}", "cancelling at the provider, given up"):
+            tier_of(model).cancel(model, backend_key(svc, model), job["provider_id"])
+    _state(svc, job, "handing_back")
+
+
+def _abandon(svc: Services, job: dict, times: int) -> None:
+    """A job whose hand-back keeps failing: its batch fails with `internal_error` (stopped first, so that it
+    settles once the hold is released), the job ends and the batch's `offloaded` lets go of the requests it
+    still holds; the batch's settle closes them (still waiting) as its stop says."""
+    log.error("provider job %s of batch %s: handing back failed %d times in a row; failing the batch",
+              job["sk"], job["batch_id"], times)
+    error = internal_error("provider job", times)
+    fail_batch(svc, job["batch_id"], error)  # stopped; it waits on the job's hold
+    held = list(ProviderJob.held(svc.table, job))
+    batch = Batch.get(svc.table, job["batch_id"])
+    ops = [ProviderJob.change(svc.table, job, {"state": "done"}, done=True)]
+    if held and batch is not None:
+        ops.append(ProviderJob.release(svc.table, job["batch_id"], len(held), _uncommitted(svc, job, batch, held)))
+    svc.table.transact(ops)
+    _forget(svc, job)
+    fail_batch(svc, job["batch_id"], error)  # its still-waiting requests closed, it ends failed
+
+
+def _uncommitted(svc: Services, job: dict, batch: BatchItem, held: list[RequestItem]) -> float:
+    """What the job committed against its batch's cap for `held` (0 if nothing, or if it cannot be read)."""
+    if job.get("committed_usd") is None:
+        return 0.0
+    try:
+        return sum(_worst(svc, batch, held, job["committed_price"]))
+    except Exception:  # noqa: BLE001 - the batch is failing: its cap no longer starts anything
+        log.warning("provider job %s: its commitment could not be read", job["sk"], exc_info=True)
+        return 0.0
 
 
 def look(svc: Services, pk: str, sk: str, deadline: float | None = None, guard: Bulkhead | None = None) -> dict | None:
