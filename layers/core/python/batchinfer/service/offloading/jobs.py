@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import time
+from bisect import bisect_right
 from dataclasses import replace
 
 from ... import protocols
@@ -403,9 +404,39 @@ def _worst(svc: Services, batch: BatchItem, reqs: list[RequestItem], price: list
     return worst
 
 
-def _bodies(svc: Services, held: list[RequestItem]) -> list[dict]:
-    key = requests_object(held[0]["batch_id"]) if held else ""
-    return [json.loads(svc.blobs.get_range(key, int(req["offset"]), int(req["length"])))["body"] for req in held]
+# Requests read together from the batch's file: one ranged read spans neighbours this close, up to this much.
+READ_GAP = 64 * 1024
+READ_MOST = 4 * 1024 * 1024
+
+
+def read_runs(spans: list[tuple[int, int]], gap: int = READ_GAP, most: int = READ_MOST) -> list[tuple[int, int]]:
+    """The ranges `(start, end)` to read for these `(offset, length)` spans, by offset: a span joins the range
+    before it while it starts at most `gap` bytes after its end and the range stays within `most` bytes (one
+    inside it always joins); each span lies whole in the last range starting at or before its offset."""
+    runs: list[list[int]] = []
+    for offset, length in sorted(spans, key=lambda span: (span[0], -span[1])):
+        end = offset + length
+        if runs and (end <= runs[-1][1] or (offset - runs[-1][1] <= gap and end - runs[-1][0] <= most)):
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([offset, end])
+    return [(start, end) for start, end in runs]
+
+
+def _bodies(svc: Services, reqs: list[RequestItem]) -> list[dict]:
+    """The requests' bodies, in their order, read from the batch's file a run of neighbours at a time."""
+    if not reqs:
+        return []
+    key = requests_object(reqs[0]["batch_id"])
+    spans = [(int(req["offset"]), int(req["length"])) for req in reqs]
+    runs = read_runs(spans)
+    data = [svc.blobs.get_range(key, start, end - start) for start, end in runs]
+    starts = [start for start, _ in runs]
+    bodies = []
+    for offset, length in spans:
+        at = bisect_right(starts, offset) - 1
+        bodies.append(json.loads(data[at][offset - starts[at]:offset - starts[at] + length])["body"])
+    return bodies
 
 
 def _poll(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
@@ -449,20 +480,25 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
     back: list[tuple[RequestItem, int, dict | None]] = []
     shows_its_own = hasattr(tier_of(model), "as_asked")
     held = Request.get_many(svc.table, job["batch_id"], [int(a.key) for a in answers if a.key.isdigit()])
+    taken: list[tuple[LineAnswer, RequestItem]] = []
     for answer in answers:
-        if not answer.key.isdigit():
-            continue
-        req = held.get(int(answer.key))
-        if req is None or req.get("job") != job["sk"] or req["state"] != RequestState.WAITING.value:  # type: ignore[typeddict-item]
-            continue
+        req = held.get(int(answer.key)) if answer.key.isdigit() else None
+        if req is not None and req.get("job") == job["sk"] and req["state"] == RequestState.WAITING.value:  # type: ignore[typeddict-item]
+            taken.append((answer, req))
+    translated = translates(model, job["endpoint"])
+    bodies: dict[int, dict] = {}
+    if translated or shows_its_own:  # shown in the shape asked for: the page's bodies, read together
+        answered = [req for answer, req in taken if answer.attempt is not None]
+        bodies = dict(zip([int(req["index"]) for req in answered], _bodies(svc, answered), strict=True))
+    for answer, req in taken:
         if answer.attempt is None:
             back.append((req, 0, None))
             continue
         attempt = answer.attempt
-        if translates(model, job["endpoint"]):  # back in the shape asked for, as a direct call's answer is
-            attempt = as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
+        if translated:  # back in the shape asked for, as a direct call's answer is
+            attempt = as_asked(model, job["endpoint"], bodies[int(req["index"])], attempt)
         elif shows_its_own:  # a tier answering in its own shape (Bedrock: Converse's), shown as a direct call's
-            attempt = tier_as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
+            attempt = tier_as_asked(model, job["endpoint"], bodies[int(req["index"])], attempt)
         outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, attempt)
         if outcome.to is RequestState.WAITING:
             back.append((req, 1, outcome.error))
