@@ -286,6 +286,35 @@ def test_a_job_whose_look_at_its_provider_keeps_raising_is_given_up_and_its_requ
 
 
 @pytest.mark.background_failures
+def test_a_job_whose_submit_never_gets_recorded_is_given_up_and_its_providers_job_cancelled(
+        svc, tier_sim, monkeypatch):
+    """The provider's job is made but the job's record of it fails at every try: once given up, the provider's
+    job (found by the job's key) is cancelled, never made twice, and the requests run directly."""
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"s-{i}", f"submitted {i}") for i in range(3)]
+    batch_id = submit_tier(svc, who, requests)
+    real_state, died = jobs._state, []
+
+    def dies_before_recording(svc_, job, state, **sets):
+        if state == "running":
+            died.append(job["sk"])
+            raise RuntimeError("the worker died before it recorded the provider's job")
+        return real_state(svc_, job, state, **sets)
+
+    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    looks_until(svc, batch_id, ("handing_back", "done"))
+
+    assert len(died) == svc.settings.sweep_failures_to_fail
+    assert tier_stats(tier_sim)["jobs"] == 1 and tier_stats(tier_sim)["cancels"] == 1
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 3
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 3
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
 def test_a_job_whose_hand_back_keeps_raising_fails_its_batch_and_frees_its_accounts_slot(svc, tier_sim, monkeypatch):
     """A job whose hand-back raises `sweep_failures_to_fail` times in a row is abandoned: its batch ends failed
     with `internal_error`, what the provider finished kept, the requests it still held counted as failed,

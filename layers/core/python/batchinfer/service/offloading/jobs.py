@@ -105,12 +105,25 @@ def _give_up(svc: Services, pk: str, sk: str, times: int) -> None:
         return
     log.error("provider job %s of batch %s: its %s step failed %d times in a row; its requests run directly",
               sk, job["batch_id"], job["state"], times)
-    model = svc.catalog.lookup(job["model"])
-    if job.get("provider_id") and job["state"] in ("running", "cancelling") and model is not None \
-            and model.provider_batch is not None:
-        with Bulkhead("provider jobs", f"{pk}/{sk}", "cancelling at the provider, given up"):
-            tier_of(model).cancel(model, backend_key(svc, model), job["provider_id"])
+    with Bulkhead("provider jobs", f"{pk}/{sk}", "cancelling at the provider, given up"):
+        _cancel_given_up(svc, job)
     _state(svc, job, "handing_back")
+
+
+def _cancel_given_up(svc: Services, job: dict) -> None:
+    """Cancel the provider's job of a job given up while it may still run there: running, or being submitted
+    (a create that went through but was never recorded is found by the job's key, as `_submit` finds it)."""
+    model = svc.catalog.lookup(job["model"])
+    if model is None or model.provider_batch is None or job["state"] not in ("submitting", "running", "cancelling"):
+        return
+    tier, key = tier_of(model), backend_key(svc, model)
+    provider_id = job.get("provider_id")
+    if provider_id is None and job.get("submit_tried_at") is not None:
+        found = tier.find(model, key, _job_key(job), count=int(job.get("submit_count", job["count"])),
+                          since=job.get("submit_tried_at"))
+        provider_id = found.provider_id if found is not None else None
+    if provider_id:
+        tier.cancel(model, key, provider_id)
 
 
 def _abandon(svc: Services, job: dict, times: int) -> None:
