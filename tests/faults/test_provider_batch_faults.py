@@ -10,6 +10,7 @@ import json
 import pytest
 
 from batchinfer.operations.openai import batches
+from batchinfer.providers.batch_tiers import TierError
 from batchinfer.records.provider_jobs import ProviderJob
 from batchinfer.service import accounts
 from batchinfer.service.accounts import authenticate
@@ -312,6 +313,91 @@ def test_a_job_whose_submit_never_gets_recorded_is_given_up_and_its_providers_jo
     assert final["status"] == "completed" and final["completed"] == 3
     assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 3
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def provider_stops_answering(svc, monkeypatch) -> list[tuple[str, int]]:
+    """From now on the tier's looks and cancels do not go through (an outage, a revoked provider key); the
+    calls tried are listed, in order, each with when it was tried."""
+    tier, tried = jobs.tier_of(svc.catalog.get("glm-5.3-flash")), []
+
+    def silent(call: str):
+        def no_answer(model, api_key, provider_id):
+            tried.append((call, svc.now()))
+            raise TierError(f"the provider did not answer its {call}")
+        return no_answer
+
+    for call in ("look", "cancel"):
+        monkeypatch.setattr(tier, call, silent(call))
+    return tried
+
+
+@pytest.mark.background_failures
+def test_a_job_whose_provider_stops_answering_runs_its_requests_directly_once_its_guards_moment_passed(
+        svc, tier_sim, monkeypatch):
+    """While the guard's moment is ahead a provider that does not answer is only tried again (nothing given
+    up); past it, each look it does not answer counts, and after `sweep_failures_to_fail` of them the job is
+    given up: its requests run directly and the batch completes within its window, with their answers."""
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"o-{i}", f"outage {i}") for i in range(5)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    tried = provider_stops_answering(svc, monkeypatch)
+    for _ in range(6):  # an outage of minutes before the guard's moment
+        svc.clock.advance(jobs.RETRY_SECONDS)
+        invoke("sweeper", {})
+    job = the_job(svc, batch_id)
+    assert [call for call, _ in tried] == ["look"] * 6 and job["state"] == "running" and job.get("failures", 0) == 0
+    guard = jobs.guard_at(svc, get_batch(svc, batch_id), svc.catalog.get("glm-5.3-flash"), 5)
+    svc.clock.advance(guard - svc.now())
+    del tried[:]
+    looks_until(svc, batch_id, ("handing_back", "done"), seconds=jobs.RETRY_SECONDS)
+
+    times = svc.settings.sweep_failures_to_fail
+    assert [call for call, _ in tried] == ["look"] * times + ["cancel"]  # its provider's job cancelled, best effort
+    assert [at for _, at in tried] == [guard + n * jobs.RETRY_SECONDS for n in range(times)] + [tried[-2][1]]
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 5 and final.get("offloaded", 0) == 0
+    assert final["completed_at"] < final["expires_at"]
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 5
+    results = results_by_custom_id(svc, who, batch_id)
+    for request in requests:
+        answer = build_chat(parse_chat(request["body"]), request["body"])
+        body = results[request["custom_id"]]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+        assert usage_of(results[request["custom_id"]]) == (answer["usage"]["prompt_tokens"],
+                                                           answer["usage"]["completion_tokens"])
+    assert batches.batch_object(final)["cost_usd"] == pytest.approx(
+        sum(cost(usage_of(r), DIRECT) for r in results.values()), abs=1e-9)
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_a_batch_cancelled_while_its_provider_does_not_answer_ends_cancelled(svc, tier_sim, monkeypatch):
+    """A batch cancelled while its job's provider does not answer: each try counts, and after
+    `sweep_failures_to_fail` of them the job is given up and the batch ends cancelled, nothing run directly."""
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"x-{i}", f"cancelled in an outage {i}") for i in range(4)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    tried = provider_stops_answering(svc, monkeypatch)
+    assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
+    looks_until(svc, batch_id, ("handing_back", "done"), seconds=jobs.RETRY_SECONDS)
+
+    times = svc.settings.sweep_failures_to_fail
+    assert [call for call, _ in tried] == ["look"] * times + ["cancel"]
+    first = tried[0][1]  # its next look, on schedule; then RETRY_SECONDS apart
+    assert [at for _, at in tried] == [first + n * jobs.RETRY_SECONDS for n in range(times)] + [tried[-2][1]]
+    final = pump(svc, batch_id)
+    assert final["status"] == "cancelled" and final["completed"] == 0 and final.get("offloaded", 0) == 0
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert tier_stats(tier_sim)["cancels"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert account_counters(svc, who.account_id) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                     "in_flight": 0}
 
 
 @pytest.mark.background_failures

@@ -14,7 +14,8 @@ one step at a time, every step fenced on the record's version so that two sweepe
                    directly, due at once; the lane's rest too, once no job of the model is left to fill
 
 A job whose look raises `sweep_failures_to_fail` times in a row is given up (`_give_up`): handed back, or, if
-handing back is what raises, abandoned with its batch failed.
+handing back is what raises, abandoned with its batch failed. Once its batch stopped or past its guard's moment
+(`_late`), a provider that does not answer counts so too, each try RETRY_SECONDS apart (before: only put off).
 """
 
 from __future__ import annotations
@@ -78,14 +79,14 @@ def run_due(svc: Services, deadline: float | None = None) -> int:
     return looked
 
 
-def put_off_after_failure(svc: Services, pk: str, sk: str) -> None:
-    """A job whose look raised is looked at again RETRY_SECONDS later, twice that after a second failure in a
-    row, and so on up to FAILED_MOST_SECONDS; a step that moves it on starts the count again."""
+def put_off_after_failure(svc: Services, pk: str, sk: str, wait: int | None = None) -> None:
+    """A job whose look raised is looked at again RETRY_SECONDS later (or `wait`), twice that after a second
+    failure in a row, and so on up to FAILED_MOST_SECONDS; a step that moves it on starts the count again."""
     job = ProviderJob.get(svc.table, pk, sk)
     if job is None or job["state"] == "done":
         return
     failures = int(job.get("failures", 0)) + 1
-    wait = min(RETRY_SECONDS * 2 ** (failures - 1), FAILED_MOST_SECONDS)
+    wait = wait or min(RETRY_SECONDS * 2 ** (failures - 1), FAILED_MOST_SECONDS)
     svc.table.transact([ProviderJob.change(svc.table, job, {"failures": failures, "due_at": svc.now() + wait})])
     if failures >= svc.settings.sweep_failures_to_fail:
         _give_up(svc, pk, sk, failures)
@@ -168,6 +169,11 @@ def look(svc: Services, pk: str, sk: str, deadline: float | None = None, guard: 
         try:
             changed = _step(svc, job)
         except (ConditionFailed, TierError) as error:  # raced, or the provider did not answer: a bit later
+            if isinstance(error, TierError) and _late(svc, job):  # the window is at stake: each try counts
+                log.warning("provider job %s/%s: %s step, past its guard: %s", pk, sk, job["state"], error)
+                with Bulkhead("provider jobs", f"{pk}/{sk}", "counting a failure"):
+                    put_off_after_failure(svc, pk, sk, RETRY_SECONDS)
+                return ProviderJob.get(svc.table, pk, sk)
             log.warning("provider job %s/%s: %s step put off: %s", pk, sk, job["state"], error)
             current = ProviderJob.get(svc.table, pk, sk)
             if current is not None and current["version"] == job["version"] and current["state"] != "done":
@@ -227,6 +233,16 @@ def _forget(svc: Services, job: dict) -> None:
 
 def _stopped(svc: Services, batch: BatchItem) -> bool:
     return bool(batch.get("stop") or batch.get("deleting") or batch["status"] in FINAL_BATCH)
+
+
+def _late(svc: Services, job: dict) -> bool:
+    """The job's provider must answer now: its batch stopped, or the guard's moment for what it holds passed
+    (a job cancelling is so by now): a provider that does not answer then counts toward giving it up."""
+    batch, model = Batch.get(svc.table, job["batch_id"]), svc.catalog.lookup(job["model"])
+    if batch is None or model is None or model.provider_batch is None:
+        return False
+    held = sum(1 for _ in ProviderJob.held(svc.table, job))
+    return job["state"] == "cancelling" or _stopped(svc, batch) or svc.now() >= guard_at(svc, batch, model, held)
 
 
 def guard_at(svc: Services, batch: BatchItem, model: Model, unfinished: int) -> int:
