@@ -10,7 +10,7 @@ import json
 import pytest
 
 from batchinfer.operations.openai import batches
-from batchinfer.providers.batch_tiers import TierError
+from batchinfer.providers.batch_tiers import JobView, TierError
 from batchinfer.records.provider_jobs import ProviderJob
 from batchinfer.service import accounts
 from batchinfer.service.accounts import authenticate
@@ -398,6 +398,37 @@ def test_a_batch_cancelled_while_its_provider_does_not_answer_ends_cancelled(svc
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     assert account_counters(svc, who.account_id) == {"unfinished_batches": 0, "unfinished_requests": 0,
                                                      "in_flight": 0}
+
+
+def test_a_provider_answering_between_failures_past_the_guard_never_gets_its_job_given_up(
+        svc, tier_sim, monkeypatch):
+    """Only tries not answered in a row count: a cancelling job whose provider answers every other look (its job
+    still cancelling there) is never given up, and once the provider's job has ended what it finished lands."""
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"i-{i}", f"intermittent {i}") for i in range(4)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    tier = jobs.tier_of(svc.catalog.get("glm-5.3-flash"))
+    real_look, looks = tier.look, []
+
+    def now_and_then(model, api_key, provider_id):  # answered (and cancelled), then every other look answered
+        looks.append(svc.now())
+        if len(looks) == 1 or len(looks) > 8:
+            return real_look(model, api_key, provider_id)
+        if len(looks) % 2 == 0:
+            raise TierError("the provider did not answer this look")
+        return JobView(provider_id=provider_id, status="cancelling", ended=False)
+
+    monkeypatch.setattr(tier, "look", now_and_then)
+    assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
+    final = pump(svc, batch_id, clock_step=jobs.RETRY_SECONDS, rounds=60)
+
+    assert len(looks) == 9 and final["status"] == "cancelled" and final["completed"] == 1
+    assert tier_stats(tier_sim)["cancels"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
 @pytest.mark.background_failures

@@ -81,7 +81,7 @@ def run_due(svc: Services, deadline: float | None = None) -> int:
 
 def put_off_after_failure(svc: Services, pk: str, sk: str, wait: int | None = None) -> None:
     """A job whose look raised is looked at again RETRY_SECONDS later (or `wait`), twice that after a second
-    failure in a row, and so on up to FAILED_MOST_SECONDS; a step that moves it on starts the count again."""
+    failure in a row, and so on up to FAILED_MOST_SECONDS; a step that goes through starts the count again."""
     job = ProviderJob.get(svc.table, pk, sk)
     if job is None or job["state"] == "done":
         return
@@ -353,7 +353,8 @@ def _owner(svc: Services, batch: BatchItem) -> str:
 
 
 def _later(svc: Services, job: dict, model: Model) -> bool:
-    svc.table.transact([ProviderJob.change(svc.table, job, {
+    """Looked at again at its next poll; the step went through, so a later failure counts from 0 again."""
+    svc.table.transact([ProviderJob.change(svc.table, job, {**({"failures": 0} if job.get("failures") else {}),
         "due_at": svc.now() + math.ceil(model.provider_batch.poll_seconds)})])  # type: ignore[union-attr]
     return False
 
