@@ -10,13 +10,15 @@ import json
 import pytest
 
 from batchinfer.operations.openai import batches
+from batchinfer.providers.batch_tiers import JobView, TierError
 from batchinfer.records.provider_jobs import ProviderJob
 from batchinfer.service import accounts
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.offloading import jobs
 from batchinfer.service.offloading.execution import goes_to_tier
 from local.lambda_runtime import invoke
-from tests.faults.harness import get_batch, pump, results_by_custom_id, sim_stats
+from local.simulated_answers import build_chat, parse_chat
+from tests.faults.harness import account_counters, configure, get_batch, pump, results_by_custom_id, sim_stats
 from tests.helpers import chat_request, new_key, worker_dies_before_recording_the_job
 from tests.invariants import assert_ledger_consistent
 
@@ -219,6 +221,7 @@ def test_jobs_whose_look_always_raises_are_put_off_and_never_hold_back_another_a
 
     monkeypatch.setattr(jobs, "_step", step)
     monkeypatch.setattr(jobs, "JOBS_PER_RUN", 1)
+    configure(svc, sweep_failures_to_fail=10)  # only put off here, never given up (a slow run may see a third)
     for _ in range(12):
         invoke("sweeper", {})
         svc.clock.advance(1)
@@ -231,6 +234,248 @@ def test_jobs_whose_look_always_raises_are_put_off_and_never_hold_back_another_a
     final = pump(svc, healthy)
     assert final["status"] == "completed"
     assert_ledger_consistent(svc, healthy, who, [r["custom_id"] for r in requests])
+
+
+def looks_until(svc, batch_id: str, states: tuple[str, ...], seconds: float = 30, rounds: int = 12) -> dict:
+    """Sweeper runs, the clock moved on between them (past any put-off), until the job is in one of `states`."""
+    for _ in range(rounds):
+        invoke("sweeper", {})
+        if the_job(svc, batch_id)["state"] in states:
+            return the_job(svc, batch_id)
+        svc.clock.advance(seconds)
+    raise AssertionError(f"the job never got to {states}: {the_job(svc, batch_id)}")
+
+
+@pytest.mark.background_failures
+def test_a_job_whose_look_at_its_provider_keeps_raising_is_given_up_and_its_requests_run_directly(
+        svc, tier_sim, monkeypatch):
+    """A running job whose look raises `sweep_failures_to_fail` times in a row is given up: its provider's job
+    is cancelled and every request it held runs directly (those the provider had finished too: nothing of
+    the provider's was landed, so nothing is charged twice), and the batch completes."""
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=2)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"u-{i}", f"unseen {i}") for i in range(5)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    raised = []
+
+    def poll(svc_, job, batch, model):
+        raised.append(job["state"])
+        raise RuntimeError("a look at the provider that always raises")
+
+    monkeypatch.setattr(jobs, "_poll", poll)
+    given_up = looks_until(svc, batch_id, ("handing_back", "done"))
+
+    assert raised == ["running"] * svc.settings.sweep_failures_to_fail
+    assert tier_stats(tier_sim)["cancels"] == 1 and given_up.get("failures", 0) == 0
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 5 and final.get("offloaded", 0) == 0
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 5  # every one of them, directly
+    results = results_by_custom_id(svc, who, batch_id)
+    for request in requests:
+        sent = request["body"]
+        answer = build_chat(parse_chat(sent), sent)
+        body = results[request["custom_id"]]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+        assert usage_of(results[request["custom_id"]]) == (answer["usage"]["prompt_tokens"],
+                                                           answer["usage"]["completion_tokens"])
+    assert batches.batch_object(final)["cost_usd"] == pytest.approx(
+        sum(cost(usage_of(r), DIRECT) for r in results.values()), abs=1e-9)
+    assert final.get("saved_usd", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_a_job_whose_submit_never_gets_recorded_is_given_up_and_its_providers_job_cancelled(
+        svc, tier_sim, monkeypatch):
+    """The provider's job is made but the job's record of it fails at every try: once given up, the provider's
+    job (found by the job's key) is cancelled, never made twice, and the requests run directly."""
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"s-{i}", f"submitted {i}") for i in range(3)]
+    batch_id = submit_tier(svc, who, requests)
+    real_state, died = jobs._state, []
+
+    def dies_before_recording(svc_, job, state, **sets):
+        if state == "running":
+            died.append(job["sk"])
+            raise RuntimeError("the worker died before it recorded the provider's job")
+        return real_state(svc_, job, state, **sets)
+
+    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    looks_until(svc, batch_id, ("handing_back", "done"))
+
+    assert len(died) == svc.settings.sweep_failures_to_fail
+    assert tier_stats(tier_sim)["jobs"] == 1 and tier_stats(tier_sim)["cancels"] == 1
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 3
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 3
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+def provider_stops_answering(svc, monkeypatch) -> list[tuple[str, int]]:
+    """From now on the tier's looks and cancels do not go through (an outage, a revoked provider key); the
+    calls tried are listed, in order, each with when it was tried."""
+    tier, tried = jobs.tier_of(svc.catalog.get("glm-5.3-flash")), []
+
+    def silent(call: str):
+        def no_answer(model, api_key, provider_id):
+            tried.append((call, svc.now()))
+            raise TierError(f"the provider did not answer its {call}")
+        return no_answer
+
+    for call in ("look", "cancel"):
+        monkeypatch.setattr(tier, call, silent(call))
+    return tried
+
+
+@pytest.mark.background_failures
+def test_a_job_whose_provider_stops_answering_runs_its_requests_directly_once_its_guards_moment_passed(
+        svc, tier_sim, monkeypatch):
+    """While the guard's moment is ahead a provider that does not answer is only tried again (nothing given
+    up); past it, each look it does not answer counts, and after `sweep_failures_to_fail` of them the job is
+    given up: its requests run directly and the batch completes within its window, with their answers."""
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"o-{i}", f"outage {i}") for i in range(5)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    tried = provider_stops_answering(svc, monkeypatch)
+    for _ in range(6):  # an outage of minutes before the guard's moment
+        svc.clock.advance(jobs.RETRY_SECONDS)
+        invoke("sweeper", {})
+    job = the_job(svc, batch_id)
+    assert [call for call, _ in tried] == ["look"] * 6 and job["state"] == "running" and job.get("failures", 0) == 0
+    guard = jobs.guard_at(svc, get_batch(svc, batch_id), svc.catalog.get("glm-5.3-flash"), 5)
+    svc.clock.advance(guard - svc.now())
+    del tried[:]
+    looks_until(svc, batch_id, ("handing_back", "done"), seconds=jobs.RETRY_SECONDS)
+
+    times = svc.settings.sweep_failures_to_fail
+    assert [call for call, _ in tried] == ["look"] * times + ["cancel"]  # its provider's job cancelled, best effort
+    assert [at for _, at in tried] == [guard + n * jobs.RETRY_SECONDS for n in range(times)] + [tried[-2][1]]
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 5 and final.get("offloaded", 0) == 0
+    assert final["completed_at"] < final["expires_at"]
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 5
+    results = results_by_custom_id(svc, who, batch_id)
+    for request in requests:
+        answer = build_chat(parse_chat(request["body"]), request["body"])
+        body = results[request["custom_id"]]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+        assert usage_of(results[request["custom_id"]]) == (answer["usage"]["prompt_tokens"],
+                                                           answer["usage"]["completion_tokens"])
+    assert batches.batch_object(final)["cost_usd"] == pytest.approx(
+        sum(cost(usage_of(r), DIRECT) for r in results.values()), abs=1e-9)
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_a_batch_cancelled_while_its_provider_does_not_answer_ends_cancelled(svc, tier_sim, monkeypatch):
+    """A batch cancelled while its job's provider does not answer: each try counts, and after
+    `sweep_failures_to_fail` of them the job is given up and the batch ends cancelled, nothing run directly."""
+    tier_config(tier_sim, never_finish=True)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"x-{i}", f"cancelled in an outage {i}") for i in range(4)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    tried = provider_stops_answering(svc, monkeypatch)
+    assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
+    looks_until(svc, batch_id, ("handing_back", "done"), seconds=jobs.RETRY_SECONDS)
+
+    times = svc.settings.sweep_failures_to_fail
+    assert [call for call, _ in tried] == ["look"] * times + ["cancel"]
+    first = tried[0][1]  # its next look, on schedule; then RETRY_SECONDS apart
+    assert [at for _, at in tried] == [first + n * jobs.RETRY_SECONDS for n in range(times)] + [tried[-2][1]]
+    final = pump(svc, batch_id)
+    assert final["status"] == "cancelled" and final["completed"] == 0 and final.get("offloaded", 0) == 0
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert tier_stats(tier_sim)["cancels"] == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert account_counters(svc, who.account_id) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                     "in_flight": 0}
+
+
+def test_a_provider_answering_between_failures_past_the_guard_never_gets_its_job_given_up(
+        svc, tier_sim, monkeypatch):
+    """Only tries not answered in a row count: a cancelling job whose provider answers every other look (its job
+    still cancelling there) is never given up, and once the provider's job has ended what it finished lands."""
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=1)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"i-{i}", f"intermittent {i}") for i in range(4)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    tier = jobs.tier_of(svc.catalog.get("glm-5.3-flash"))
+    real_look, looks = tier.look, []
+
+    def now_and_then(model, api_key, provider_id):  # answered (and cancelled), then every other look answered
+        looks.append(svc.now())
+        if len(looks) == 1 or len(looks) > 8:
+            return real_look(model, api_key, provider_id)
+        if len(looks) % 2 == 0:
+            raise TierError("the provider did not answer this look")
+        return JobView(provider_id=provider_id, status="cancelling", ended=False)
+
+    monkeypatch.setattr(tier, "look", now_and_then)
+    assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
+    final = pump(svc, batch_id, clock_step=jobs.RETRY_SECONDS, rounds=60)
+
+    assert len(looks) == 9 and final["status"] == "cancelled" and final["completed"] == 1
+    assert tier_stats(tier_sim)["cancels"] == 1
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
+@pytest.mark.background_failures
+def test_a_job_whose_hand_back_keeps_raising_fails_its_batch_and_frees_its_accounts_slot(svc, tier_sim, monkeypatch):
+    """A job whose hand-back raises `sweep_failures_to_fail` times in a row is abandoned: its batch ends failed
+    with `internal_error`, what the provider finished kept, the requests it still held counted as failed,
+    the account's unfinished batch given back; another account's batch goes on and completes."""
+    tier_config(tier_sim, never_finish=True, answered_before_cancel=2)
+    _, poisoner_key = new_key(svc)
+    poisoner = authenticate(svc, poisoner_key)
+    poisoned_requests = [chat_request(f"p-{i}", f"p {i}") for i in range(5)]
+    poisoned = submit_tier(svc, poisoner, poisoned_requests)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"h-{i}", f"healthy {i}") for i in range(4)]
+    healthy = submit_tier(svc, who, requests)
+    until_job(svc, poisoned, "running")
+    until_job(svc, healthy, "running")
+    real_hand_back, raised = jobs._hand_back, []
+
+    def hand_back(svc_, job, batch, model):
+        if job["batch_id"] == poisoned:
+            raised.append(svc_.now())
+            raise RuntimeError("a hand-back that always raises")
+        return real_hand_back(svc_, job, batch, model)
+
+    monkeypatch.setattr(jobs, "_hand_back", hand_back)
+    model = svc.catalog.get("glm-5.3-flash")
+    guard = max(jobs.guard_at(svc, get_batch(svc, b), model, n) for b, n in ((poisoned, 5), (healthy, 4)))
+    svc.clock.advance(guard - svc.now())  # both jobs are cancelled at their guard; each lands the two it finished
+    looks_until(svc, poisoned, ("done",))
+
+    assert len(raised) == svc.settings.sweep_failures_to_fail
+    failed = pump(svc, poisoned)
+    assert failed["status"] == "failed"
+    obj = batches.batch_object(failed)
+    assert obj["error"]["code"] == "internal_error" and "provider job" in obj["error"]["message"]
+    assert obj["request_counts"] == {"total": 5, "completed": 2, "failed": 3}
+    assert failed.get("offloaded", 0) == 0 and failed.get("open", 0) == 0 and failed.get("in_flight", 0) == 0
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 2  # only the healthy batch's rest
+    assert_ledger_consistent(svc, poisoned, poisoner, [r["custom_id"] for r in poisoned_requests])
+    assert account_counters(svc, poisoner.account_id) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                          "in_flight": 0}
+    final = pump(svc, healthy)
+    assert final["status"] == "completed" and final["completed"] == 4
+    assert_ledger_consistent(svc, healthy, who, [r["custom_id"] for r in requests])
+    assert tier_stats(tier_sim)["cancels"] == 2
 
 
 def test_a_job_that_fails_as_a_whole_runs_its_requests_directly(svc, tier_sim):

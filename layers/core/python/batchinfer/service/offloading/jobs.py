@@ -12,6 +12,10 @@ one step at a time, every step fenced on the record's version so that two sweepe
                    place kept on the record), each answer landed through the ledger as a direct call's is
   handing_back     what it did not finish (never run, expired, cancelled, retryable errors) goes to run
                    directly, due at once; the lane's rest too, once no job of the model is left to fill
+
+A job whose look raises `sweep_failures_to_fail` times in a row is given up (`_give_up`): handed back, or, if
+handing back is what raises, abandoned with its batch failed. Once its batch stopped or past its guard's moment
+(`_late`), a provider that does not answer counts so too, each try RETRY_SECONDS apart (before: only put off).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import logging
 import math
 import time
+from bisect import bisect_right
 from dataclasses import replace
 
 from ... import protocols
@@ -38,7 +43,7 @@ from ...spending import fits, settled_delta, worst_usd
 from ...storage.dynamo import ConditionFailed
 from ..accounts import key_problem
 from ..creating.forecast import read_queue, seconds_to_finish
-from ..lifecycle import stop_batch
+from ..lifecycle import fail_batch, internal_error, stop_batch
 from ..running.backend_call import backend_key
 from ..running.run_request import answered_outcome
 
@@ -74,15 +79,81 @@ def run_due(svc: Services, deadline: float | None = None) -> int:
     return looked
 
 
-def put_off_after_failure(svc: Services, pk: str, sk: str) -> None:
-    """A job whose look raised is looked at again RETRY_SECONDS later, twice that after a second failure in a
-    row, and so on up to FAILED_MOST_SECONDS; a step that moves it on starts the count again."""
+def put_off_after_failure(svc: Services, pk: str, sk: str, wait: int | None = None) -> None:
+    """A job whose look raised is looked at again RETRY_SECONDS later (or `wait`), twice that after a second
+    failure in a row, and so on up to FAILED_MOST_SECONDS; a step that goes through starts the count again."""
     job = ProviderJob.get(svc.table, pk, sk)
     if job is None or job["state"] == "done":
         return
     failures = int(job.get("failures", 0)) + 1
-    wait = min(RETRY_SECONDS * 2 ** (failures - 1), FAILED_MOST_SECONDS)
+    wait = wait or min(RETRY_SECONDS * 2 ** (failures - 1), FAILED_MOST_SECONDS)
     svc.table.transact([ProviderJob.change(svc.table, job, {"failures": failures, "due_at": svc.now() + wait})])
+    if failures >= svc.settings.sweep_failures_to_fail:
+        _give_up(svc, pk, sk, failures)
+
+
+def _give_up(svc: Services, pk: str, sk: str, times: int) -> None:
+    """A job whose look failed `sweep_failures_to_fail` times in a row (as a batch's sweep step that keeps
+    raising fails its batch): before handing back, the provider is given up (its job cancelled, best effort)
+    and the held requests go to run directly (what it finished and was not landed runs again: only landed
+    answers are charged); while handing back, the job is abandoned (`_abandon`). Should this raise too, the
+    next failure tries again."""
+    job = ProviderJob.get(svc.table, pk, sk)
+    if job is None or job["state"] == "done":
+        return
+    if job["state"] == "handing_back":
+        _abandon(svc, job, times)
+        return
+    log.error("provider job %s of batch %s: its %s step failed %d times in a row; its requests run directly",
+              sk, job["batch_id"], job["state"], times)
+    with Bulkhead("provider jobs", f"{pk}/{sk}", "cancelling at the provider, given up"):
+        _cancel_given_up(svc, job)
+    _state(svc, job, "handing_back")
+
+
+def _cancel_given_up(svc: Services, job: dict) -> None:
+    """Cancel the provider's job of a job given up while it may still run there: running, or being submitted
+    (a create that went through but was never recorded is found by the job's key, as `_submit` finds it)."""
+    model = svc.catalog.lookup(job["model"])
+    if model is None or model.provider_batch is None or job["state"] not in ("submitting", "running", "cancelling"):
+        return
+    tier, key = tier_of(model), backend_key(svc, model)
+    provider_id = job.get("provider_id")
+    if provider_id is None and job.get("submit_tried_at") is not None:
+        found = tier.find(model, key, _job_key(job), count=int(job.get("submit_count", job["count"])),
+                          since=job.get("submit_tried_at"))
+        provider_id = found.provider_id if found is not None else None
+    if provider_id:
+        tier.cancel(model, key, provider_id)
+
+
+def _abandon(svc: Services, job: dict, times: int) -> None:
+    """A job whose hand-back keeps failing: its batch fails with `internal_error` (stopped first, so that it
+    settles once the hold is released), the job ends and the batch's `offloaded` lets go of the requests it
+    still holds; the batch's settle closes them (still waiting) as its stop says."""
+    log.error("provider job %s of batch %s: handing back failed %d times in a row; failing the batch",
+              job["sk"], job["batch_id"], times)
+    error = internal_error("provider job", times)
+    fail_batch(svc, job["batch_id"], error)  # stopped; it waits on the job's hold
+    held = list(ProviderJob.held(svc.table, job))
+    batch = Batch.get(svc.table, job["batch_id"])
+    ops = [ProviderJob.change(svc.table, job, {"state": "done"}, done=True)]
+    if held and batch is not None:
+        ops.append(ProviderJob.release(svc.table, job["batch_id"], len(held), _uncommitted(svc, job, batch, held)))
+    svc.table.transact(ops)
+    _forget(svc, job)
+    fail_batch(svc, job["batch_id"], error)  # its still-waiting requests closed, it ends failed
+
+
+def _uncommitted(svc: Services, job: dict, batch: BatchItem, held: list[RequestItem]) -> float:
+    """What the job committed against its batch's cap for `held` (0 if nothing, or if it cannot be read)."""
+    if job.get("committed_usd") is None:
+        return 0.0
+    try:
+        return sum(_worst(svc, batch, held, job["committed_price"]))
+    except Exception:  # noqa: BLE001 - the batch is failing: its cap no longer starts anything
+        log.warning("provider job %s: its commitment could not be read", job["sk"], exc_info=True)
+        return 0.0
 
 
 def look(svc: Services, pk: str, sk: str, deadline: float | None = None, guard: Bulkhead | None = None) -> dict | None:
@@ -98,6 +169,11 @@ def look(svc: Services, pk: str, sk: str, deadline: float | None = None, guard: 
         try:
             changed = _step(svc, job)
         except (ConditionFailed, TierError) as error:  # raced, or the provider did not answer: a bit later
+            if isinstance(error, TierError) and _late(svc, job):  # the window is at stake: each try counts
+                log.warning("provider job %s/%s: %s step, past its guard: %s", pk, sk, job["state"], error)
+                with Bulkhead("provider jobs", f"{pk}/{sk}", "counting a failure"):
+                    put_off_after_failure(svc, pk, sk, RETRY_SECONDS)
+                return ProviderJob.get(svc.table, pk, sk)
             log.warning("provider job %s/%s: %s step put off: %s", pk, sk, job["state"], error)
             current = ProviderJob.get(svc.table, pk, sk)
             if current is not None and current["version"] == job["version"] and current["state"] != "done":
@@ -157,6 +233,16 @@ def _forget(svc: Services, job: dict) -> None:
 
 def _stopped(svc: Services, batch: BatchItem) -> bool:
     return bool(batch.get("stop") or batch.get("deleting") or batch["status"] in FINAL_BATCH)
+
+
+def _late(svc: Services, job: dict) -> bool:
+    """The job's provider must answer now: its batch stopped, or the guard's moment for what it holds passed
+    (a job cancelling is so by now): a provider that does not answer then counts toward giving it up."""
+    batch, model = Batch.get(svc.table, job["batch_id"]), svc.catalog.lookup(job["model"])
+    if batch is None or model is None or model.provider_batch is None:
+        return False
+    held = sum(1 for _ in ProviderJob.held(svc.table, job))
+    return job["state"] == "cancelling" or _stopped(svc, batch) or svc.now() >= guard_at(svc, batch, model, held)
 
 
 def guard_at(svc: Services, batch: BatchItem, model: Model, unfinished: int) -> int:
@@ -267,7 +353,8 @@ def _owner(svc: Services, batch: BatchItem) -> str:
 
 
 def _later(svc: Services, job: dict, model: Model) -> bool:
-    svc.table.transact([ProviderJob.change(svc.table, job, {
+    """Looked at again at its next poll; the step went through, so a later failure counts from 0 again."""
+    svc.table.transact([ProviderJob.change(svc.table, job, {**({"failures": 0} if job.get("failures") else {}),
         "due_at": svc.now() + math.ceil(model.provider_batch.poll_seconds)})])  # type: ignore[union-attr]
     return False
 
@@ -347,9 +434,39 @@ def _worst(svc: Services, batch: BatchItem, reqs: list[RequestItem], price: list
     return worst
 
 
-def _bodies(svc: Services, held: list[RequestItem]) -> list[dict]:
-    key = requests_object(held[0]["batch_id"]) if held else ""
-    return [json.loads(svc.blobs.get_range(key, int(req["offset"]), int(req["length"])))["body"] for req in held]
+# Requests read together from the batch's file: one ranged read spans neighbours this close, up to this much.
+READ_GAP = 64 * 1024
+READ_MOST = 4 * 1024 * 1024
+
+
+def read_runs(spans: list[tuple[int, int]], gap: int = READ_GAP, most: int = READ_MOST) -> list[tuple[int, int]]:
+    """The ranges `(start, end)` to read for these `(offset, length)` spans, by offset: a span joins the range
+    before it while it starts at most `gap` bytes after its end and the range stays within `most` bytes (one
+    inside it always joins); each span lies whole in the last range starting at or before its offset."""
+    runs: list[list[int]] = []
+    for offset, length in sorted(spans, key=lambda span: (span[0], -span[1])):
+        end = offset + length
+        if runs and (end <= runs[-1][1] or (offset - runs[-1][1] <= gap and end - runs[-1][0] <= most)):
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([offset, end])
+    return [(start, end) for start, end in runs]
+
+
+def _bodies(svc: Services, reqs: list[RequestItem]) -> list[dict]:
+    """The requests' bodies, in their order, read from the batch's file a run of neighbours at a time."""
+    if not reqs:
+        return []
+    key = requests_object(reqs[0]["batch_id"])
+    spans = [(int(req["offset"]), int(req["length"])) for req in reqs]
+    runs = read_runs(spans)
+    data = [svc.blobs.get_range(key, start, end - start) for start, end in runs]
+    starts = [start for start, _ in runs]
+    bodies = []
+    for offset, length in spans:
+        at = bisect_right(starts, offset) - 1
+        bodies.append(json.loads(data[at][offset - starts[at]:offset - starts[at] + length])["body"])
+    return bodies
 
 
 def _poll(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
@@ -393,20 +510,25 @@ def _land(svc: Services, job: dict, batch: BatchItem, model: Model, answers: lis
     back: list[tuple[RequestItem, int, dict | None]] = []
     shows_its_own = hasattr(tier_of(model), "as_asked")
     held = Request.get_many(svc.table, job["batch_id"], [int(a.key) for a in answers if a.key.isdigit()])
+    taken: list[tuple[LineAnswer, RequestItem]] = []
     for answer in answers:
-        if not answer.key.isdigit():
-            continue
-        req = held.get(int(answer.key))
-        if req is None or req.get("job") != job["sk"] or req["state"] != RequestState.WAITING.value:  # type: ignore[typeddict-item]
-            continue
+        req = held.get(int(answer.key)) if answer.key.isdigit() else None
+        if req is not None and req.get("job") == job["sk"] and req["state"] == RequestState.WAITING.value:  # type: ignore[typeddict-item]
+            taken.append((answer, req))
+    translated = translates(model, job["endpoint"])
+    bodies: dict[int, dict] = {}
+    if translated or shows_its_own:  # shown in the shape asked for: the page's bodies, read together
+        answered = [req for answer, req in taken if answer.attempt is not None]
+        bodies = dict(zip([int(req["index"]) for req in answered], _bodies(svc, answered), strict=True))
+    for answer, req in taken:
         if answer.attempt is None:
             back.append((req, 0, None))
             continue
         attempt = answer.attempt
-        if translates(model, job["endpoint"]):  # back in the shape asked for, as a direct call's answer is
-            attempt = as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
+        if translated:  # back in the shape asked for, as a direct call's answer is
+            attempt = as_asked(model, job["endpoint"], bodies[int(req["index"])], attempt)
         elif shows_its_own:  # a tier answering in its own shape (Bedrock: Converse's), shown as a direct call's
-            attempt = tier_as_asked(model, job["endpoint"], _bodies(svc, [req])[0], attempt)
+            attempt = tier_as_asked(model, job["endpoint"], bodies[int(req["index"])], attempt)
         outcome = answered_outcome(svc, {**req, "attempt": 1}, job["batch_id"], model, attempt)
         if outcome.to is RequestState.WAITING:
             back.append((req, 1, outcome.error))
