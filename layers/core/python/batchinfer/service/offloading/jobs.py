@@ -24,13 +24,12 @@ import json
 import logging
 import math
 import time
-from bisect import bisect_right
 from dataclasses import replace
 
 from ... import protocols
 from ...catalog import Model
 from ...domain import FINAL_BATCH, RequestState, Stop, new_token, utc_day
-from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object, requests_object
+from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
 from ...providers import as_asked, as_sent, translates
@@ -44,6 +43,7 @@ from ...storage.dynamo import ConditionFailed
 from ..accounts import key_problem
 from ..creating.forecast import read_queue, seconds_to_finish
 from ..lifecycle import fail_batch, internal_error, stop_batch
+from ..running import request_file
 from ..running.backend_call import backend_key
 from ..running.run_request import answered_outcome
 
@@ -434,39 +434,9 @@ def _worst(svc: Services, batch: BatchItem, reqs: list[RequestItem], price: list
     return worst
 
 
-# Requests read together from the batch's file: one ranged read spans neighbours this close, up to this much.
-READ_GAP = 64 * 1024
-READ_MOST = 4 * 1024 * 1024
-
-
-def read_runs(spans: list[tuple[int, int]], gap: int = READ_GAP, most: int = READ_MOST) -> list[tuple[int, int]]:
-    """The ranges `(start, end)` to read for these `(offset, length)` spans, by offset: a span joins the range
-    before it while it starts at most `gap` bytes after its end and the range stays within `most` bytes (one
-    inside it always joins); each span lies whole in the last range starting at or before its offset."""
-    runs: list[list[int]] = []
-    for offset, length in sorted(spans, key=lambda span: (span[0], -span[1])):
-        end = offset + length
-        if runs and (end <= runs[-1][1] or (offset - runs[-1][1] <= gap and end - runs[-1][0] <= most)):
-            runs[-1][1] = max(runs[-1][1], end)
-        else:
-            runs.append([offset, end])
-    return [(start, end) for start, end in runs]
-
-
 def _bodies(svc: Services, reqs: list[RequestItem]) -> list[dict]:
-    """The requests' bodies, in their order, read from the batch's file a run of neighbours at a time."""
-    if not reqs:
-        return []
-    key = requests_object(reqs[0]["batch_id"])
-    spans = [(int(req["offset"]), int(req["length"])) for req in reqs]
-    runs = read_runs(spans)
-    data = [svc.blobs.get_range(key, start, end - start) for start, end in runs]
-    starts = [start for start, _ in runs]
-    bodies = []
-    for offset, length in spans:
-        at = bisect_right(starts, offset) - 1
-        bodies.append(json.loads(data[at][offset - starts[at]:offset - starts[at] + length])["body"])
-    return bodies
+    return request_file.bodies(svc, reqs[0]["batch_id"], [(int(r["offset"]), int(r["length"])) for r in reqs]) \
+        if reqs else []
 
 
 def _poll(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:

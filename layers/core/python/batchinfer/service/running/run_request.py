@@ -9,7 +9,6 @@ way of running what the pump claims.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -32,7 +31,7 @@ from ...domain import (
     utc_day,
 )
 from ...jsontext import Text, text_of, to_json
-from ...layout import group_key, requests_object, result_object
+from ...layout import group_key, result_object
 from ...ledger import (
     SETTLE_MAX,
     Settlement,
@@ -56,7 +55,7 @@ from ...storage.secrets import BackendKeyNotSet
 from ..accounts import key_problem, may_use_model
 from ..lifecycle import settle_batch, stop_batch
 from ..steering import pausing, spending_cap
-from . import backend_call
+from . import backend_call, request_file
 from .backend_call import backend_key
 
 log = logging.getLogger(__name__)
@@ -271,7 +270,7 @@ def start_retry(svc: Services, message: dict, claimed: dict | None = None, batch
                 return "stale" if decided == "may_run" else decided
             req = current
     model = svc.catalog.get(req["model"])
-    body = json.loads(svc.blobs.get_range(requests_object(batch_id), req["offset"], req["length"]))["body"]
+    body = request_file.bodies(svc, batch_id, [(int(req["offset"]), int(req["length"]))])[0]
     return StartedRetry(running=running, batch=batch, body=body, model=model, key=backend_key(svc, model))
 
 
@@ -431,15 +430,8 @@ def start_or_close(svc: Services, group: dict, starts: Callable[[Services, dict]
 
 
 def _bodies(svc: Services, group: dict) -> list[dict]:
-    """The members' request bodies: one ranged read when they lie close together in the batch's file."""
-    positions = group["positions"]
-    low = min(p[2] for p in positions)
-    high = max(p[2] + p[3] for p in positions)
-    key = requests_object(group["batch_id"])
-    if high - low <= 4 * sum(p[3] for p in positions):
-        span = svc.blobs.get_range(key, low, high - low)
-        return [json.loads(span[p[2] - low:p[2] - low + p[3]])["body"] for p in positions]
-    return [json.loads(svc.blobs.get_range(key, p[2], p[3]))["body"] for p in positions]
+    """The members' request bodies, read together where they lie close in the batch's file."""
+    return request_file.bodies(svc, group["batch_id"], [(int(p[2]), int(p[3])) for p in group["positions"]])
 
 
 async def process_group(svc: Services, message: dict, claimed: dict | None = None,

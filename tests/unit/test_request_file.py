@@ -1,5 +1,5 @@
-"""How a provider job reads its requests' bodies from the batch's file: neighbours together, in a few ranged
-reads, each body still its own and in the order asked for."""
+"""How requests' bodies are read back from the batch's file (a direct run's group, a provider job's page):
+neighbours together, in a few ranged reads, each body still its own and in the order asked for."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 from types import SimpleNamespace
 
 from batchinfer.layout import requests_object
-from batchinfer.service.offloading.jobs import _bodies, read_runs
+from batchinfer.service.running.request_file import bodies, read_runs
 
 KIB = 1024
 
@@ -82,6 +82,7 @@ def test_bodies_come_in_the_order_asked_for_from_few_reads():
     svc = SimpleNamespace(blobs=blobs)
     asked = reqs[150:] + reqs[:40:3] + [reqs[7]]
 
-    assert [body["n"] for body in _bodies(svc, asked)] == [req["index"] for req in asked]
+    read = bodies(svc, "batch_1", [(r["offset"], r["length"]) for r in asked])
+    assert [body["n"] for body in read] == [req["index"] for req in asked]
     assert [key for key, _, _ in blobs.reads] == [requests_object("batch_1")]  # one read for all of them
-    assert _bodies(svc, []) == []
+    assert bodies(svc, "batch_1", []) == []
