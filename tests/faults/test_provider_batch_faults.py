@@ -171,21 +171,30 @@ def test_a_worker_dying_after_the_providers_job_was_made_makes_no_second_one(svc
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
+def job_state_change_dies(monkeypatch, when, message: str) -> list[str]:
+    """A job's state change raises (the worker dies there) whenever `when(job, state, died so far)` says so;
+    the jobs it died on are listed."""
+    real_state, died = jobs._state, []
+
+    def dies(svc_, job, state, **sets):
+        if when(job, state, died):
+            died.append(job["sk"])
+            raise RuntimeError(message)
+        return real_state(svc_, job, state, **sets)
+
+    monkeypatch.setattr(jobs, "_state", dies)
+    return died
+
+
 @pytest.mark.background_failures
 def test_a_worker_dying_while_it_takes_the_results_lands_nothing_twice(svc, tier_sim, monkeypatch):
     _, key = new_key(svc)
     who = authenticate(svc, key)
     requests = [chat_request(f"t-{i}", f"take {i}") for i in range(5)]
     batch_id = submit_tier(svc, who, requests)
-    real_state, died = jobs._state, []
-
-    def dies_after_landing(svc_, job, state, **sets):
-        if job["state"] == state == "collecting" and not died:  # the page landed, its place not yet recorded
-            died.append(job["sk"])
-            raise RuntimeError("the worker died before it recorded the page's end")
-        return real_state(svc_, job, state, **sets)
-
-    monkeypatch.setattr(jobs, "_state", dies_after_landing)
+    # Once, after a page landed and before its place is recorded.
+    died = job_state_change_dies(monkeypatch, lambda job, state, died: job["state"] == state == "collecting"
+                                 and not died, "the worker died before it recorded the page's end")
     for _ in range(5):
         invoke("sweeper", {})
         svc.clock.advance(jobs.RETRY_SECONDS)  # its next look (put off a little after the look that raised)
@@ -296,15 +305,8 @@ def test_a_job_whose_submit_never_gets_recorded_is_given_up_and_its_providers_jo
     who = authenticate(svc, key)
     requests = [chat_request(f"s-{i}", f"submitted {i}") for i in range(3)]
     batch_id = submit_tier(svc, who, requests)
-    real_state, died = jobs._state, []
-
-    def dies_before_recording(svc_, job, state, **sets):
-        if state == "running":
-            died.append(job["sk"])
-            raise RuntimeError("the worker died before it recorded the provider's job")
-        return real_state(svc_, job, state, **sets)
-
-    monkeypatch.setattr(jobs, "_state", dies_before_recording)
+    died = job_state_change_dies(monkeypatch, lambda job, state, died: state == "running",
+                                 "the worker died before it recorded the provider's job")
     looks_until(svc, batch_id, ("handing_back", "done"))
 
     assert len(died) == svc.settings.sweep_failures_to_fail
