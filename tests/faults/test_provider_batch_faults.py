@@ -71,6 +71,18 @@ def usage_of(result: dict) -> tuple[int, int]:
     return usage["prompt_tokens"], usage["completion_tokens"]
 
 
+def job_running(svc, tier_sim, n: int, custom_id: str, text: str, **tier) -> tuple:
+    """A new account's batch of n requests on the tier, its job running at a provider that never finishes it
+    (`tier`: more of the simulator's tier settings): (who, requests, batch_id)."""
+    tier_config(tier_sim, never_finish=True, **tier)
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"{custom_id}{i}", f"{text}{i}") for i in range(n)]
+    batch_id = submit_tier(svc, who, requests)
+    until_job(svc, batch_id, "running")
+    return who, requests, batch_id
+
+
 def test_per_line_errors_final_ones_fail_with_the_providers_answer_retryable_ones_run_directly(svc, tier_sim):
     _, key = new_key(svc)
     who = authenticate(svc, key)
@@ -102,12 +114,7 @@ def test_per_line_errors_final_ones_fail_with_the_providers_answer_retryable_one
 
 
 def test_a_job_that_never_finishes_is_cancelled_at_the_guard_and_the_rest_runs_directly(svc, tier_sim):
-    tier_config(tier_sim, never_finish=True, answered_before_cancel=2)
-    _, key = new_key(svc)
-    who = authenticate(svc, key)
-    requests = [chat_request(f"n-{i}", f"never {i}") for i in range(6)]
-    batch_id = submit_tier(svc, who, requests)
-    until_job(svc, batch_id, "running")
+    who, requests, batch_id = job_running(svc, tier_sim, 6, "n-", "never ", answered_before_cancel=2)
     for _ in range(3):  # it runs on at the provider, looked at on schedule, while the guard's moment is ahead
         svc.clock.advance(2)
         invoke("sweeper", {})
@@ -137,12 +144,7 @@ def test_the_guard_comes_no_later_than_guard_seconds_before_the_window_ends(svc,
 
 
 def test_cancel_during_a_job_cancels_it_at_the_provider_and_keeps_what_it_finished(svc, tier_sim):
-    tier_config(tier_sim, never_finish=True, answered_before_cancel=1)
-    _, key = new_key(svc)
-    who = authenticate(svc, key)
-    requests = [chat_request(f"c-{i}", f"cancel {i}") for i in range(4)]
-    batch_id = submit_tier(svc, who, requests)
-    until_job(svc, batch_id, "running")
+    who, requests, batch_id = job_running(svc, tier_sim, 4, "c-", "cancel ", answered_before_cancel=1)
     assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
     final = pump(svc, batch_id)
 
@@ -261,12 +263,7 @@ def test_a_job_whose_look_at_its_provider_keeps_raising_is_given_up_and_its_requ
     """A running job whose look raises `sweep_failures_to_fail` times in a row is given up: its provider's job
     is cancelled and every request it held runs directly (those the provider had finished too: nothing of
     the provider's was landed, so nothing is charged twice), and the batch completes."""
-    tier_config(tier_sim, never_finish=True, answered_before_cancel=2)
-    _, key = new_key(svc)
-    who = authenticate(svc, key)
-    requests = [chat_request(f"u-{i}", f"unseen {i}") for i in range(5)]
-    batch_id = submit_tier(svc, who, requests)
-    until_job(svc, batch_id, "running")
+    who, requests, batch_id = job_running(svc, tier_sim, 5, "u-", "unseen ", answered_before_cancel=2)
     raised = []
 
     def poll(svc_, job, batch, model):
@@ -339,12 +336,7 @@ def test_a_job_whose_provider_stops_answering_runs_its_requests_directly_once_it
     """While the guard's moment is ahead a provider that does not answer is only tried again (nothing given
     up); past it, each look it does not answer counts, and after `sweep_failures_to_fail` of them the job is
     given up: its requests run directly and the batch completes within its window, with their answers."""
-    tier_config(tier_sim, never_finish=True)
-    _, key = new_key(svc)
-    who = authenticate(svc, key)
-    requests = [chat_request(f"o-{i}", f"outage {i}") for i in range(5)]
-    batch_id = submit_tier(svc, who, requests)
-    until_job(svc, batch_id, "running")
+    who, requests, batch_id = job_running(svc, tier_sim, 5, "o-", "outage ")
     tried = provider_stops_answering(svc, monkeypatch)
     for _ in range(6):  # an outage of minutes before the guard's moment
         svc.clock.advance(jobs.RETRY_SECONDS)
@@ -379,12 +371,7 @@ def test_a_job_whose_provider_stops_answering_runs_its_requests_directly_once_it
 def test_a_batch_cancelled_while_its_provider_does_not_answer_ends_cancelled(svc, tier_sim, monkeypatch):
     """A batch cancelled while its job's provider does not answer: each try counts, and after
     `sweep_failures_to_fail` of them the job is given up and the batch ends cancelled, nothing run directly."""
-    tier_config(tier_sim, never_finish=True)
-    _, key = new_key(svc)
-    who = authenticate(svc, key)
-    requests = [chat_request(f"x-{i}", f"cancelled in an outage {i}") for i in range(4)]
-    batch_id = submit_tier(svc, who, requests)
-    until_job(svc, batch_id, "running")
+    who, requests, batch_id = job_running(svc, tier_sim, 4, "x-", "cancelled in an outage ")
     tried = provider_stops_answering(svc, monkeypatch)
     assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
     looks_until(svc, batch_id, ("handing_back", "done"), seconds=jobs.RETRY_SECONDS)
@@ -406,12 +393,7 @@ def test_a_provider_answering_between_failures_past_the_guard_never_gets_its_job
         svc, tier_sim, monkeypatch):
     """Only tries not answered in a row count: a cancelling job whose provider answers every other look (its job
     still cancelling there) is never given up, and once the provider's job has ended what it finished lands."""
-    tier_config(tier_sim, never_finish=True, answered_before_cancel=1)
-    _, key = new_key(svc)
-    who = authenticate(svc, key)
-    requests = [chat_request(f"i-{i}", f"intermittent {i}") for i in range(4)]
-    batch_id = submit_tier(svc, who, requests)
-    until_job(svc, batch_id, "running")
+    who, requests, batch_id = job_running(svc, tier_sim, 4, "i-", "intermittent ", answered_before_cancel=1)
     tier = jobs.tier_of(svc.catalog.get("glm-5.3-flash"))
     real_look, looks = tier.look, []
 
