@@ -81,6 +81,7 @@ def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc,
     go on at the floor: those wait until the long calls have ended rather than start beside them."""
     from batchinfer.scheduling.capacity import track_interactive
 
+    # An account whose tier allows more in flight than the budget: only the budget holds the pumps back.
     who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.0, n=60, word="floor", tier="internal")
     poll = scheduler_config(svc.settings).poll_seconds
     # Both workers' pumps on one clock: long generations of 3 s at one, short calls of 0.5 s at the other.
