@@ -5,20 +5,23 @@ pump must have grown" instead of sleeping and hoping the machine kept up.
 The clock is moved only once the pump is quiet: no work of the event loop on a thread (its pools and
 asyncio.to_thread all go through the loop's run_in_executor, which counts it), no call on its way to the
 backend, and the event loop run dry. What
-the pump does at a moment on its clock then never depends on how fast the machine got there."""
+the pump does at a moment on its clock then never depends on how fast the machine got there.
+
+Several pumps (several workers) may share one clock, each its calls through a gate of its own (long calls
+at one, short at another): `drive` then moves the clock once all of them are quiet."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from batchinfer.scheduling.pump import SlotPump
 from batchinfer.service.running import run_request
 from tests.fake_clock import FakeClock
 from tests.faults.harness import GLM
 
-__all__ = ["FakeClock", "Gate", "GatedRequests", "drive", "gated_pump", "run_gated"]
+__all__ = ["FakeClock", "Gate", "GatedRequests", "drive", "gated_pump", "quiet", "run_gated"]
 
 
 class Work:
@@ -53,7 +56,8 @@ class Gate:
     pump's clock has moved that far past their start: `drive` releases them then); the others go through at
     once. Either way the call then runs on the simulated backend, so its outcome is a real one. `before` and
     `after`, if given, run as each call comes (before it is held) and as it answers (a test's fault: a process
-    dying, a recovery, a window closing, ...)."""
+    dying, a recovery, a window closing, ...). Gates of pumps on one event loop share its count of work on
+    threads (`gated_pump`)."""
 
     def __init__(self, held: Callable[[dict], bool] = lambda body: True, latency: float | None = None,
                  before: Callable[[dict], Awaitable[None]] | None = None,
@@ -64,6 +68,7 @@ class Gate:
         self.waiting: list[tuple[dict, asyncio.Event, float]] = []  # held calls in the order they came, and due
         self.answered: list[dict] = []  # bodies of calls that answered, in order
         self.started_at: list[float] = []  # when each call came, on the pump's clock
+        self.spans: list[tuple[float, float]] = []  # when each call that answered came and answered, in order
         self.changed = asyncio.Event()  # set whenever a call arrives or answers
         self.passing = 0  # calls let through (or released) that have not answered yet
         self.peak = 0  # the most calls held or past the gate at once (the test may reset it)
@@ -93,7 +98,7 @@ class Gate:
             event.set()
 
     async def call(self, real, model, batch: dict, body: dict, api_key):  # noqa: ANN001, ANN201
-        now = self.clock.monotonic() if self.clock else 0.0
+        now = self._now()
         self.started_at.append(now)
         if self.before is not None:
             await self.before(body)
@@ -112,8 +117,12 @@ class Gate:
         finally:
             self.passing -= 1
         self.answered.append(body)
+        self.spans.append((now, self._now()))
         self._changed()
         return answer
+
+    def _now(self) -> float:
+        return self.clock.monotonic() if self.clock else 0.0
 
     def _changed(self) -> None:
         self.changed.set()
@@ -127,20 +136,25 @@ class Gate:
                 await self.changed.wait()
 
     async def quiet(self, seconds: float = 0.5) -> None:
-        """Wait until nothing more happens without the clock or the test: no work of the loop on a thread, no
-        call on its way to the backend, and the event loop has run dry. Work still out after `seconds` no
-        longer holds the clock back: a claim was seen to wait on the table until the pump's other threads
-        moved, which they do only once the clock does."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + seconds
-        calm = 0
-        while calm < 30:  # the loop's turns for a thread's answer to reach the coroutine that awaits it
-            if (self.work.pending or self.passing) and loop.time() < until:
-                calm = 0
-                await asyncio.sleep(0.002)  # polled: a thread's answer comes back on its own
-            else:
-                calm += 1
-                await asyncio.sleep(0)
+        """Wait until nothing more happens without the clock or the test (`quiet`)."""
+        await quiet([self], seconds)
+
+
+async def quiet(gates: Sequence[Gate], seconds: float = 0.5) -> None:
+    """Wait until nothing more happens without the clock or the test: no work of the loop on a thread, no
+    call on its way to the backend through any of `gates`, and the event loop has run dry. Work still out
+    after `seconds` no longer holds the clock back: a claim was seen to wait on the table until the pump's
+    other threads moved, which they do only once the clock does."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    calm = 0
+    while calm < 30:  # the loop's turns for a thread's answer to reach the coroutine that awaits it
+        if any(gate.work.pending or gate.passing for gate in gates) and loop.time() < until:
+            calm = 0
+            await asyncio.sleep(0.002)  # polled: a thread's answer comes back on its own
+        else:
+            calm += 1
+            await asyncio.sleep(0)
 
 
 class GatedRequests:
@@ -160,37 +174,47 @@ class GatedRequests:
 def gated_pump(svc, gate: Gate, clock: FakeClock, seconds: float = 3_600.0) -> SlotPump:  # noqa: ANN001
     """A pump on GLM whose calls go through `gate`, on `clock`, until `seconds` on it (long: the tests end it
     by running out of work). Called in the test's event loop: the loop counts its work on threads for
-    `Gate.quiet`."""
+    `quiet`, in one count every gate of a pump on it shares (the threads are the loop's, whichever pump
+    handed them work)."""
     gate.clock = clock
     pump = SlotPump(svc, svc.catalog.get(GLM), clock.monotonic() + seconds, GatedRequests(svc, gate), clock=clock)
     loop = asyncio.get_running_loop()
-    if getattr(loop, "counted_by", None) is not gate.work:
+    counted = getattr(loop, "counted_by", None)
+    if counted is None:
         gate.work.count_on(loop)
         loop.counted_by = gate.work
+    else:
+        gate.work = counted
     return pump
 
 
-async def drive(pump_task: asyncio.Task, clock: FakeClock, gate: Gate, step: float,
-                until: Callable[[], bool] | None = None, most_steps: int = 4000,
+async def drive(pump_task: asyncio.Task | Sequence[asyncio.Task], clock: FakeClock, gate: Gate | Sequence[Gate],
+                step: float, until: Callable[[], bool] | None = None, most_steps: int = 4000,
                 each: Callable[[], None] | None = None) -> None:
-    """Move the clock a step at a time (or to the next held call's due time, if sooner: it is released then),
-    each once the pump is quiet, until `until` holds or else the pump has stopped. `each`: what the test looks
-    at every time the pump is quiet."""
+    """Move the clock a step at a time (or to the next held call's due time at any gate, if sooner: it is
+    released then), each once the pumps are quiet, until `until` holds or else every pump has stopped (several
+    pumps on the one clock: their tasks and gates; a pump that failed says why at once). `each`: what the
+    test looks at every time the pumps are quiet."""
+    tasks = [pump_task] if isinstance(pump_task, asyncio.Task) else list(pump_task)
+    gates = [gate] if isinstance(gate, Gate) else list(gate)
     for _ in range(most_steps):
-        await gate.quiet()
+        await quiet(gates)
         if each is not None:
             each()
         if until is not None and until():
             return
-        if pump_task.done():
+        for task in tasks:
+            if task.done():
+                task.result()  # a pump that failed says why
+        if all(task.done() for task in tasks):
             if until is None:
                 return
-            pump_task.result()  # a pump that failed says why
-            raise AssertionError("the pump stopped before the test's condition held")
-        due = gate.next_due()
+            raise AssertionError("the pumps stopped before the test's condition held")
+        due = min((d for d in (g.next_due() for g in gates) if d is not None), default=None)
         clock.advance(step if due is None else max(0.0, min(step, due - clock.monotonic())))
-        gate.release_due(clock.monotonic())
-    raise AssertionError(f"after {most_steps} steps of {step} s the pump had not got there")
+        for g in gates:
+            g.release_due(clock.monotonic())
+    raise AssertionError(f"after {most_steps} steps of {step} s the pumps had not got there")
 
 
 def run_gated(svc, slots: int, seconds: float = 3_600.0, gate: Gate | None = None,  # noqa: ANN001

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 from batchinfer.catalog import Catalog
 from batchinfer.scheduling import pump as slot_pump
 from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service.accounts import authenticate
-from batchinfer.service.running import run_request
 from tests.faults.harness import (
     GLM,
     budget_in_flight,
@@ -31,13 +29,14 @@ from tests.invariants import assert_ledger_consistent
 # --- Budgets shrinking to the floor ----------------------------------------------------------------------------
 
 
-def floor_of_two(svc, sim_control, latency: float, n: int, word: str) -> tuple:
-    """GLM at a budget of 8 and a floor of 2, the backend at `latency`, and a batch of n requests on it."""
+def floor_of_two(svc, sim_control, latency: float, n: int, word: str, tier: str = "pro") -> tuple:
+    """GLM at a budget of 8 and a floor of 2, the backend at `latency`, and a batch of n requests on it from
+    an account of `tier`."""
     set_budgets(svc, {GLM: 8})
     svc.catalog = Catalog(models=[m.model_copy(update={"batch_floor": 2}) if m.id == GLM else m
                                   for m in svc.catalog.models])
     sim_config(sim_control, latency_seconds=latency)
-    _, key = new_key(svc)
+    _, key = new_key(svc, tier=tier)
     who = authenticate(svc, key)
     requests = [chat_request(f"{word[0]}-{i}", f"{word} {i}") for i in range(n)]
     return who, requests, submit(svc, who, requests)
@@ -76,63 +75,65 @@ def test_pump_gives_slots_back_when_the_budget_shrinks(svc, sim_control):
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
-def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc, sim_control, monkeypatch):
+def test_pumps_start_no_new_call_over_the_floor_while_calls_above_it_finish(svc, sim_control):
     """Interactive load came: running calls may finish, new ones must not start. Two workers' pumps: one
     whose long calls are all above the floor (it gives all its slots back as they end), one whose short calls
     go on at the floor: those wait until the long calls have ended rather than start beside them."""
-    import contextvars
-
     from batchinfer.scheduling.capacity import track_interactive
 
-    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.5, n=150, word="floor")
-    real_attempt = run_request._attempt
-    worker: contextvars.ContextVar[str] = contextvars.ContextVar("worker")
-    calls: list[tuple[float, float]] = []
-
-    async def attempt(*args, **kwargs):
-        started = time.monotonic()
-        if worker.get() == "long":
-            await asyncio.sleep(2.5)  # long generations
-        answer = await real_attempt(*args, **kwargs)
-        calls.append((started, time.monotonic()))
-        return answer
-
-    arrived: list[float] = []
-
-    def interactive_load_arrives() -> None:
-        time.sleep(1.5)
-        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
-        arrived.append(time.monotonic())
-        time.sleep(5.0)
-        track_interactive(svc, GLM, -6)
+    # An account whose tier allows more in flight than the budget: only the budget holds the pumps back.
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.0, n=60, word="floor", tier="internal")
+    poll = scheduler_config(svc.settings).poll_seconds
+    # Both workers' pumps on one clock: long generations of 3 s at one, short calls of 0.5 s at the other.
+    clock, long, short = FakeClock(), Gate(latency=3.0), Gate(latency=0.5)
+    marks: dict[str, float] = {}
 
     async def two_workers() -> None:
-        deadline = time.monotonic() + 7
+        pumps = [asyncio.create_task(gated_pump(svc, gate, clock, seconds=7.0).run(slots))
+                 for gate, slots in ((long, 2), (short, 6))]
 
-        async def one(name: str, slots: int) -> None:
-            worker.set(name)
-            await run_request.slot_pump(svc, svc.catalog.get(GLM), deadline).run(slots)
+        async def until(moment: float) -> None:
+            await drive(pumps, clock, [long, short], poll, until=lambda: clock.monotonic() >= moment)
 
-        await asyncio.gather(one("long", 2), one("short", 6))
+        await until(clock.start + 1.25)  # the long calls started at once: 1.75 s of them left
+        track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2
+        marks["arrived"] = clock.monotonic()
+        await until(marks["arrived"] + 5.0)
+        track_interactive(svc, GLM, -6)
+        await drive(pumps, clock, [long, short], poll)  # to the pumps' deadline
 
-    monkeypatch.setattr(run_request, "_attempt", attempt)
-    load = threading.Thread(target=interactive_load_arrives)
-    load.start()
     asyncio.run(two_workers())
-    load.join()
-    monkeypatch.undo()
 
+    arrived, calls = marks["arrived"], long.spans + short.spans
+
+    def running_at(moment: float) -> int:  # calls started by then and not answered yet, on the pumps' clock
+        return sum(1 for a, b in calls if a <= moment < b)
+
+    # The load came while calls above the floor ran, the long pump's 2 among them, ending well after it.
+    running_long = [(a, b) for a, b in long.spans if a <= arrived < b]
+    assert running_at(arrived) > 2 and len(running_long) == 2, (running_at(arrived), long.spans)
+    long_ended = max(b for _, b in running_long)
+    assert long_ended >= arrived + 1.5, long_ended - arrived
     # After a poll's time (and the poll's own read), no batch call starts while the floor's worth or more of
-    # other batch calls still run; and batch work goes on at the floor once the long calls have ended.
-    poll = scheduler_config(svc.settings).poll_seconds
-    after = [a for a, _ in calls if arrived[0] + 2 * poll + 0.3 < a < arrived[0] + 5.0]
-    over = [(round(a - arrived[0], 2), sum(1 for a2, b2 in calls if a2 < a < b2)) for a in after]
-    assert after and all(running < 2 for _, running in over), over
-    # The floor's 2 slots stay busy once the long calls are gone (0.5 s calls: ~8 starts in 2 s; 1 slot: ~4).
-    assert sum(1 for a, _ in calls if arrived[0] + 2.5 < a < arrived[0] + 4.5) >= 6, sorted(calls)
+    # other batch calls still run: at each start, at most the floor's 2 run, counting it.
+    after = [a for a, _ in calls if arrived + 2 * poll < a < arrived + 5.0]
+    over = [(round(a - arrived, 2), running_at(a)) for a in after]
+    assert after and all(running <= 2 for _, running in over), over
+    # Once the long calls have ended, batch work goes on at the floor: a poll sees the model back within its
+    # cap and the short pump's kept slot starts, the next grows into the other; from two polls past their end
+    # until the load goes, both of the floor's slots stay busy. Each starts a 0.5 s call as its last answers:
+    # 2 * (window // 0.5) starts at least (10 over the 2.75 s here), where one slot kept busy makes half that.
+    busy_from = long_ended + 2 * poll
+    window = arrived + 5.0 - busy_from
+    assert window >= 2.5, window
+    idle = [round(t - arrived, 2) for t in (busy_from + k * 0.05 for k in range(int(window / 0.05)))
+            if running_at(t) != 2]
+    assert not idle, idle
+    starts = [round(a - arrived, 2) for a, _ in short.spans if busy_from <= a < arrived + 5.0]
+    assert len(starts) >= 2 * int(window / 0.5), (window, starts)
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
-    assert final["status"] == "completed" and final["completed"] == 150
+    assert final["status"] == "completed" and final["completed"] == 60
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
