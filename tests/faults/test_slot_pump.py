@@ -141,6 +141,36 @@ def test_a_pump_with_few_slots_claims_whole_quanta_and_leaves_no_lane_a_stub(svc
         assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests[b]])
 
 
+def test_a_pump_whose_claims_come_back_empty_claims_again_only_when_a_slot_frees_or_at_its_poll(
+        svc, sim_control, monkeypatch):
+    """An account at its tier's limit while the pump has free slots: its claims find nothing it may start. The
+    pump then claims again when one of its calls ends (room for one more) or at its next poll, not at once
+    over and over (each claim reads the table)."""
+    set_budgets(svc, {GLM: 8})
+    configure(svc, tier_limits={**svc.settings.tier_limits, "free": 2})
+    _, key = new_key(svc, tier="free")
+    who = authenticate(svc, key)
+    requests = [chat_request(f"e-{i}", f"empty claims {i}") for i in range(12)]
+    batch_id = submit(svc, who, requests)
+    real_claim, claims = slot_pump.SlotPump._claim, []
+
+    async def counted(self, want, budget_item, most):
+        got = await real_claim(self, want, budget_item, most)
+        claims.append(got)
+        return got
+
+    monkeypatch.setattr(slot_pump.SlotPump, "_claim", counted)
+    outcome, gate, clock = run_gated(svc, slots=8, gate=Gate(latency=1.0))  # each call 1 s of the pump's clock
+
+    assert outcome["completed"] == 12 and gate.peak == 2, (outcome, gate.peak)  # the account's limit, not 8
+    polls = (clock.monotonic() - clock.start) / scheduler_config(svc.settings).poll_seconds
+    # At most one claim per poll and one per call that ended, and a few more for the claims that did find work.
+    assert len(claims) <= polls + len(requests) + 6, (len(claims), polls, Counter(claims))
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 12
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+
+
 def test_a_pump_near_its_deadline_claims_only_what_its_slots_can_start_before_it(svc, sim_control):
     """A pump of 2 slots with 1.5 s left and calls of 0.5 s: it claims what its slots can start by then,
     not a whole quantum, so nothing it claimed is handed back at the deadline (each handed-back request

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -340,6 +341,7 @@ class SlotPump:
                 return self._take_next(after)
             if self.done_claiming:
                 return None
+            self.room_made.set()  # a runner with nothing to run: the claim loop looks again
             self.work_queued.clear()
             await self.work_queued.wait()
 
@@ -398,7 +400,7 @@ class SlotPump:
                     started = self.clock.monotonic()
                     got = await self._claim(policy.claim_size(want, floor, most), self.watch.item, most)
                     self.timing.claim_took(self.clock.monotonic() - started)
-                self.outcomes.drained = want > 0 and not got
+                drained = self.outcomes.drained = want > 0 and not got
                 if got or self.queue or self.busy:
                     idle_since = None
                 elif idle_since is None:
@@ -408,18 +410,25 @@ class SlotPump:
                 if got:
                     continue  # look again at once: the queue may still be short
                 # Wait for runners to take work, a call to come within a claim's round trip of its answer, or
-                # the next look for stopped batches.
+                # the next look for stopped batches. A claim that found nothing it may start (the lanes empty,
+                # the account at its limit) is not made again at once: only once a call of this pump ends
+                # (room for one more, its account's too) or at the next poll, so that an empty claim never
+                # repeats as fast as the table answers.
                 self.room_made.clear()
-                until = min(polled + config.poll_seconds, self.clock.monotonic() + next_soon)
+                until = min(polled + config.poll_seconds, self.clock.monotonic() + (math.inf if drained else next_soon))
                 while self.clock.monotonic() < until:
-                    soon, next_soon = self.timing.ending_soon()
-                    until = min(until, self.clock.monotonic() + next_soon)
-                    short = self._wanted(soon, self._can_start_in_time())
-                    if policy.should_claim(short, self._claim_at(), len(self.queue), idle=idle_since is not None):
-                        break
+                    if not drained:
+                        soon, next_soon = self.timing.ending_soon()
+                        until = min(until, self.clock.monotonic() + next_soon)
+                        short = self._wanted(soon, self._can_start_in_time())
+                        if policy.should_claim(short, self._claim_at(), len(self.queue),
+                                               idle=idle_since is not None):
+                            break
                     if not await self.clock.wait(self.room_made, max(0.0, until - self.clock.monotonic())):
                         break
                     self.room_made.clear()
+                    if drained:
+                        break
         finally:
             self.done_claiming = True
             self.work_queued.set()
