@@ -61,13 +61,18 @@ def test_a_cap_that_holds_the_jobs_worst_case_at_the_tiers_price_sends_the_part_
     at_tier, at_model = worst(svc, batch_id, TIER), worst(svc, batch_id, DIRECT)
     assert at_model == pytest.approx(2 * at_tier)
     capped_at(svc, batch_id, 1.5 * at_tier)  # the part fits at the tier's price, not at the model's
+    # The provider's job does not finish until the commitment is checked: however slow a sweep, none of its
+    # answers lands (and gives back what it did not spend) before then.
+    assert tier_sim.put("/_sim/batches/config", json={"turnaround_seconds": 3600}).status_code == 200
     for _ in range(10):
         invoke("sweeper", {})
         [job] = ProviderJob.of_batch(svc.table, batch_id)
         if job["state"] == "running":
             break
+    assert job["state"] == "running"
     assert job["committed_usd"] == pytest.approx(at_tier)
     assert float(get_batch(svc, batch_id)["committed_usd"]) == pytest.approx(at_tier)  # before it is submitted
+    assert tier_sim.put("/_sim/batches/config", json={"turnaround_seconds": 0}).status_code == 200
     final = pump(svc, batch_id)
 
     assert final["status"] == "completed" and final["completed"] == 4

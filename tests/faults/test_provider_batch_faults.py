@@ -326,6 +326,12 @@ def tried_apart(tried: list[tuple[str, int]]) -> bool:
     return all(later - earlier >= jobs.RETRY_SECONDS for earlier, later in itertools.pairwise(looks))
 
 
+def with_the_last_look(tried: list[tuple[str, int]]) -> bool:
+    """The cancel was tried in the sweep of the last look, not a put-off later (a loaded machine may add a
+    second of the real clock between them)."""
+    return tried[-1][1] - tried[-2][1] < jobs.RETRY_SECONDS
+
+
 def provider_stops_answering(svc, monkeypatch) -> list[tuple[str, int]]:
     """From now on the tier's looks and cancels do not go through (an outage, a revoked provider key); the
     calls tried are listed, in order, each with when it was tried."""
@@ -362,7 +368,7 @@ def test_a_job_whose_provider_stops_answering_runs_its_requests_directly_once_it
 
     times = svc.settings.sweep_failures_to_fail
     assert [call for call, _ in tried] == ["look"] * times + ["cancel"]  # its provider's job cancelled, best effort
-    assert tried[0][1] >= guard and tried_apart(tried) and tried[-1][1] == tried[-2][1]
+    assert tried[0][1] >= guard and tried_apart(tried) and with_the_last_look(tried)
     final = pump(svc, batch_id)
     assert final["status"] == "completed" and final["completed"] == 5 and final.get("offloaded", 0) == 0
     assert final["completed_at"] < final["expires_at"]
@@ -382,7 +388,7 @@ def test_a_batch_cancelled_while_its_provider_does_not_answer_ends_cancelled(svc
 
     times = svc.settings.sweep_failures_to_fail
     assert [call for call, _ in tried] == ["look"] * times + ["cancel"]
-    assert tried_apart(tried) and tried[-1][1] == tried[-2][1]  # its looks a put-off apart, then the cancel
+    assert tried_apart(tried) and with_the_last_look(tried)  # its looks a put-off apart, then the cancel
     final = pump(svc, batch_id)
     assert final["status"] == "cancelled" and final["completed"] == 0 and final.get("offloaded", 0) == 0
     assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
