@@ -112,7 +112,7 @@ def test_a_message_batch_for_a_bedrock_model_runs_on_its_tier_with_a_direct_runs
 
     def run_messages(execution: str) -> tuple[dict, dict]:
         created = ok(messages("POST", json_body={"requests": entries, "execution": execution}))
-        finish(svc, created["id"], clock_step=1)
+        finish(svc, created["id"])
         shown = ok(messages("GET", f"/{created['id']}"))
         return shown, {line["custom_id"]: line["result"] for line in messages.results(created["id"])}
 
@@ -188,7 +188,7 @@ def test_a_job_that_never_finishes_is_stopped_at_the_guard_and_the_rest_runs_dir
     assert the_job(svc, created["id"])["state"] == "running" and tier_stats(sim_control)["stops"] == 0
     batch = svc.table.get(*batch_key(created["id"]))
     svc.clock.advance(jobs.guard_at(svc, batch, svc.catalog.get(CLAUDE), 100) - svc.now())  # the guard's moment
-    final = finish(svc, created["id"], clock_step=1)
+    final = finish(svc, created["id"])
 
     assert final["status"] == "completed" and final["completed_at"] < final["expires_at"]
     assert tier_stats(sim_control)["stops"] == 1
