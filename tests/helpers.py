@@ -174,11 +174,13 @@ def step_by_record(svc, dispatcher: Dispatcher | None = None) -> None:
     invoke("sweeper", {})
 
 
-def finish(svc, batch_id: str, timeout: float = 600.0, passes: int = 200) -> dict:
+def finish(svc, batch_id: str, timeout: float = 600.0, passes: int = 200, clock_step: float = 0.0) -> dict:
     """Run the pipeline until the batch reaches a final status, one record at a time (`step_by_record`).
 
     Bounded by passes of the pipeline, not by seconds: a busy machine makes each pass slower, never more of
-    them. `timeout` only stops a pipeline that hangs."""
+    them. `timeout` only stops a pipeline that hangs. `clock_step`: how far the services' clock (one a test
+    moves, `harness.Clock`) moves after each pass, so that work due later (a provider job looked at on its
+    schedule, a step tried again) comes in passes rather than in real seconds spent sweeping."""
     dispatcher = Dispatcher(svc)
     deadline = time.monotonic() + max(timeout, 600.0)
     for _ in range(passes):
@@ -188,6 +190,8 @@ def finish(svc, batch_id: str, timeout: float = 600.0, passes: int = 200) -> dic
             return batch
         if time.monotonic() > deadline:
             break
+        if clock_step:
+            svc.clock.advance(clock_step)
     raise AssertionError(f"batch {batch_id} did not finish in {passes} passes of the pipeline")
 
 

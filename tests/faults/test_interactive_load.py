@@ -143,7 +143,8 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
     go on once a poll answers (at the floor); every request still ends once."""
     from batchinfer.scheduling.capacity import track_interactive
 
-    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.0, n=200, word="stall")
+    # Enough work that the pump never runs dry before the poll answers; the pump then runs it all out on its clock.
+    who, requests, batch_id = floor_of_two(svc, sim_control, latency=0.0, n=100, word="stall")
     config = scheduler_config(svc.settings)
     stall, stalled, released = threading.Event(), threading.Event(), threading.Event()
     real_read = slot_pump.read_budget
@@ -158,7 +159,7 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
 
     async def scenario(gate: Gate) -> None:
         clock = FakeClock()
-        pump_ = gated_pump(svc, gate, clock, seconds=6.0)
+        pump_ = gated_pump(svc, gate, clock)
         running = asyncio.create_task(pump_.run(8))
         step = config.poll_seconds
 
@@ -169,13 +170,15 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
         stall.set()  # the next budget poll stalls; the last one answered before this
         marks["stall"] = clock.monotonic()
         await drive(running, clock, gate, step, until=stalled.is_set)
+        gate.work.parked += 1  # the stalled poll answers only when the test releases it: the clock need not wait
         track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2: no poll sees it yet
         await until(marks["stall"] + 2.8)
         marks["released"] = clock.monotonic()
+        gate.work.parked -= 1
         released.set()
         await until(marks["released"] + 1.5)
         track_interactive(svc, GLM, -6)
-        await drive(running, clock, gate, step)
+        await drive(running, clock, gate, step)  # until the pump runs out of work
 
     monkeypatch.setattr(slot_pump, "read_budget", stalling_read)
     gate = Gate(latency=0.3)  # calls of 0.3 s on the pump's clock
@@ -195,7 +198,7 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
     assert [a for a in starts if a > marks["released"]], "the pump went on once the poll answered"
     assert budget_in_flight(svc) == 0 and slot_leases(svc) == []
     final = pump(svc, batch_id)
-    assert final["status"] == "completed" and final["completed"] == 200
+    assert final["status"] == "completed" and final["completed"] == 100
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
 
 
