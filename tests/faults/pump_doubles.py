@@ -4,8 +4,10 @@ pump must have grown" instead of sleeping and hoping the machine kept up.
 
 The clock is moved only once the pump is quiet: no work of the event loop on a thread (its pools and
 asyncio.to_thread all go through the loop's run_in_executor, which counts it), no call on its way to the
-backend, and the event loop run dry. What
-the pump does at a moment on its clock then never depends on how fast the machine got there.
+backend, and the event loop run dry. What the pump does at a moment on its clock then never depends on how
+fast the machine got there, however loaded it is: the clock waits for the slowest claim. A thread the test
+stalls on purpose (a store that does not answer) is counted in `Work.parked` while it is stalled: it is the
+test's to release, not work to wait for.
 
 Several pumps (several workers) may share one clock, each its calls through a gate of its own (long calls
 at one, short at another): `drive` then moves the clock once all of them are quiet."""
@@ -31,7 +33,7 @@ class Work:
 
     def __init__(self) -> None:
         self.pending = 0
-        self.parked = 0  # pieces the test holds on purpose (a stalled store): they hold the clock back no longer
+        self.parked = 0  # pieces the test stalls on purpose (a store that does not answer), counted by their thread
         self.finished = asyncio.Event()  # set whenever a piece of work ends
 
     def count_on(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -136,21 +138,24 @@ class Gate:
             while not condition():
                 await self.changed.wait()
 
-    async def quiet(self, seconds: float = 0.5) -> None:
+    async def quiet(self, seconds: float = 60.0) -> None:
         """Wait until nothing more happens without the clock or the test (`quiet`)."""
         await quiet([self], seconds)
 
 
-async def quiet(gates: Sequence[Gate], seconds: float = 0.5) -> None:
-    """Wait until nothing more happens without the clock or the test: no work of the loop on a thread, no
-    call on its way to the backend through any of `gates`, and the event loop has run dry. Work still out
-    after `seconds` no longer holds the clock back: a claim was seen to wait on the table until the pump's
-    other threads moved, which they do only once the clock does."""
+async def quiet(gates: Sequence[Gate], seconds: float = 60.0) -> None:
+    """Wait until nothing more happens without the clock or the test: no work of the loop on a thread (but
+    what the test has parked), no call on its way to the backend through any of `gates`, and the event loop
+    has run dry. However long a loaded machine takes over that work, the clock waits for it; `seconds` only
+    bounds a broken test (a thread that waits for the clock or the test, not parked)."""
     loop = asyncio.get_running_loop()
     until = loop.time() + seconds
     calm = 0
     while calm < 30:  # the loop's turns for a thread's answer to reach the coroutine that awaits it
-        if any(gate.work.pending - gate.work.parked or gate.passing for gate in gates) and loop.time() < until:
+        if any(gate.work.pending - gate.work.parked or gate.passing for gate in gates):
+            if loop.time() > until:
+                raise AssertionError(f"work on threads still out after {seconds} s: a thread waits for the "
+                                     "clock or the test (one the test stalls on purpose belongs in Work.parked)")
             calm = 0
             await asyncio.sleep(0.002)  # polled: a thread's answer comes back on its own
         else:

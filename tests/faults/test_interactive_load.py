@@ -151,8 +151,12 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
 
     def stalling_read(*args, **kwargs):
         if stall.is_set() and threading.current_thread().name.startswith("pump-poll"):
+            gate.work.parked += 1  # the test releases it: the clock does not wait for it meanwhile
             stalled.set()
-            released.wait(30)
+            try:
+                released.wait(30)
+            finally:
+                gate.work.parked -= 1
         return real_read(*args, **kwargs)
 
     marks: dict[str, float] = {}
@@ -170,11 +174,9 @@ def test_pump_starts_no_call_on_an_old_cap_while_its_budget_poll_is_stalled(svc,
         stall.set()  # the next budget poll stalls; the last one answered before this
         marks["stall"] = clock.monotonic()
         await drive(running, clock, gate, step, until=stalled.is_set)
-        gate.work.parked += 1  # the stalled poll answers only when the test releases it: the clock need not wait
         track_interactive(svc, GLM, 6)  # the budget shrinks to its floor of 2: no poll sees it yet
         await until(marks["stall"] + 2.8)
         marks["released"] = clock.monotonic()
-        gate.work.parked -= 1
         released.set()
         await until(marks["released"] + 1.5)
         track_interactive(svc, GLM, -6)
