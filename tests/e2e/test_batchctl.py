@@ -9,6 +9,7 @@ interrupted wait, a watch and the environment's settings run the real `./batchct
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import io
 import json
@@ -17,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -70,6 +72,7 @@ def batchctl(cwd: Path, env: dict[str, str], *args: str, stdin: str = "") -> sub
 
 # The user commands' only reading of the environment (batchinfer.cli.connection.env_defaults).
 USER_ENV = ("BATCH_API_URL", "BATCH_API_KEY")
+CTL_TIMEOUT_SECONDS = 60
 
 
 def ctl(cwd: Path, env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess:
@@ -85,11 +88,18 @@ def ctl(cwd: Path, env: dict[str, str], *args: str, stdin: str = "") -> subproce
     try:
         os.chdir(cwd)
         sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()))
+        # As batchctl()'s timeout: a command still running after CTL_TIMEOUT_SECONDS is interrupted (Ctrl-C).
+        fired = threading.Event()
+        timer = threading.Timer(CTL_TIMEOUT_SECONDS, lambda: (fired.set(), _thread.interrupt_main()))
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
+                timer.start()
                 code = cli.main(list(args))
             except SystemExit as exit_:  # argparse's usage errors
                 code = exit_.code if isinstance(exit_.code, int) else 1
+            finally:
+                timer.cancel()
+        assert not fired.is_set(), f"batchctl {' '.join(args)} still running after {CTL_TIMEOUT_SECONDS} s"
     finally:
         sys.stdin = saved_stdin
         os.chdir(here)
