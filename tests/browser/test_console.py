@@ -2,8 +2,9 @@
 
 The browser is Debian's /usr/bin/chromium (`make browser` installs it; `make test` depends on it), driven by
 Playwright's Python package; Playwright's own browser downloads are never used. The tests run in file order
-on one stack: the batches are made once (finished ones, then two held running by the simulated backend's
-latency), the first tests use the running ones while they still run. Screenshots of the list and of a batch,
+on one stack: the batches are made once (finished ones, then two kept running: the simulated backend holds
+their requests in flight), the first two tests use the running ones and let their requests go; every other
+test starts with the backend answering. Screenshots of the list and of a batch,
 at desktop and phone widths, are written to test-artifacts/console/.
 """
 
@@ -37,10 +38,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 375, "height": 740}
-RUNNING_SECONDS = 20  # how long the simulated backend holds each request of the running batches
 XSS = '<img src=x onerror="window.__xss=1;alert(1)">'
 XSS_META = "<script>window.__xss=2</script><img src=x onerror=alert(2)>"
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
+REFRESH_MS = 5000  # how often the page refreshes an unfinished batch or a list holding one (console.js)
 
 expect.set_options(timeout=10_000)
 
@@ -119,18 +120,29 @@ def stack(tmp_path_factory):
             return all(s == "completed" for s in ours) and ended["processing_status"] == "ended"
 
         wait_for(finished, 60, "the finished batches")
-        # Two batches held running: every request the backend gets from now on takes RUNNING_SECONDS.
-        sim.put("/_sim/config", json={"latency_seconds": RUNNING_SECONDS})
+        # Two batches kept running: the backend holds their requests in flight until a test lets them go.
+        hold(sim, True)
         ids["running"] = create([chat_request("slow-1", "slow one"), chat_request("slow-2", "slow two")])
         ids["message_running"] = create_messages([message_entry("slow", "slow message")])
         wait_for(lambda: sim.get("/_sim/stats").json()["in_flight"] >= 3, 30, "the running requests to start")
-        sim.put("/_sim/config", json={"latency_seconds": 0})
         yield {"url": api.url, "key": key, "ids": ids, "http": http, "sim": sim, "svc": svc}
     finally:
+        hold(sim, False)
         http.close()
         sim.close()
         api.stop()
         stop()
+
+
+def hold(sim: httpx.Client, held: bool) -> None:
+    """Hold every model request the simulated backend gets in flight, unanswered (True), or let them go."""
+    sim.put("/_sim/config", json={"hold": held}).raise_for_status()
+
+
+@pytest.fixture
+def running_batches(stack) -> dict[str, str]:
+    """The stack's two running batches (inline and Message Batch), their requests still held in flight."""
+    return {name: stack["ids"][name] for name in ("running", "message_running")}
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +157,11 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, stack):
-    """A fresh tab (its own sessionStorage) that fails the test on a script error or a blocked resource."""
+def page(browser, stack, request):
+    """A fresh tab (its own sessionStorage) that fails the test on a script error or a blocked resource. The
+    backend answers, unless the test uses the running batches."""
+    if "running_batches" not in request.fixturenames:
+        hold(stack["sim"], False)
     context = browser.new_context(viewport=DESKTOP, accept_downloads=True)
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=stack["url"])
     tab = context.new_page()
@@ -181,6 +196,19 @@ def open_batch(page, stack, name: str) -> None:
     expect(page.locator("#batch-fields")).to_contain_text("Status")
 
 
+def refreshed_until(page, assertion, timeout: float = 30.0) -> None:
+    """Move the tab's clock (installed with `page.clock.install()` before the page opened) a refresh at a time
+    until `assertion` holds: the page's own timed refreshes, without waiting REFRESH_MS for each."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return assertion()
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+        page.clock.run_for(REFRESH_MS)
+
+
 def confirm(page, button: str, ok: str) -> None:
     """Click `button`, see the <dialog>, and press its `ok` button."""
     page.locator("#batch-actions").get_by_role("button", name=button).click()
@@ -200,7 +228,7 @@ def screenshot(page, name: str) -> Path:
 
 # --- Tests, in order ----------------------------------------------------------------------------------------
 
-def test_keyboard_only_sign_in_keeps_the_key_in_session_storage_only(page, stack):
+def test_keyboard_only_sign_in_keeps_the_key_in_session_storage_only(page, stack, running_batches):
     page.goto(f"{stack['url']}/console")
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
     for _ in range(6):  # skip link, brand link, then the key's input
@@ -262,8 +290,9 @@ def change_priority(page, stack, name: str, priority: str) -> None:
     assert stack["http"].get(f"{path}/{stack['ids'][name]}", headers=ANTHROPIC).json()["priority"] == priority
 
 
-def test_delete_and_cancel_while_running_explain_the_apis_refusals(page, stack):
+def test_delete_and_cancel_while_running_explain_the_apis_refusals(page, stack, running_batches):
     ids = stack["ids"]
+    page.clock.install()
     sign_in(page, stack)
 
     # A Message Batch that has not ended cannot be deleted: the console says why, and what the API said.
@@ -294,8 +323,11 @@ def test_delete_and_cancel_while_running_explain_the_apis_refusals(page, stack):
     expect(alert).to_contain_text("batch_running")
     expect(alert).to_contain_text("A request of this batch is still running. Cancel the batch")
 
-    # The page refreshes itself while the batch is unfinished: it turns cancelled without a reload.
-    expect(page.locator("#batch-fields .status")).to_have_text("cancelled", timeout=RUNNING_SECONDS * 1000 + 15_000)
+    # Its request answers; the page refreshes itself while the batch is unfinished: it turns cancelled without
+    # a reload.
+    hold(stack["sim"], False)
+    refreshed_until(page, lambda: expect(page.locator("#batch-fields .status")).to_have_text("cancelled",
+                                                                                             timeout=1000))
     confirm(page, "Delete batch", "Delete batch")
     expect(page.get_by_role("heading", name="Batches", level=1)).to_be_visible()
     expect(page.locator("#flash")).to_contain_text(f"Deleted {ids['running']}")
@@ -307,11 +339,12 @@ def test_pause_and_resume_a_running_batch(page, stack):
     """Pause (no request starts, running ones finish) and Resume, with no confirmation (both undo the other):
     the batch shows "paused" and since when, in its page and in the list, until it is resumed."""
     http, sim = stack["http"], stack["sim"]
-    sim.put("/_sim/config", json={"latency_seconds": 2})  # 40 requests, 16 at a time: some 6 s of work
+    hold(sim, True)  # 40 requests, 16 at a time held in flight: it runs until they are let go
     try:
         answer = http.post("/v1/batches", json={"requests": [chat_request(f"p-{i}", f"pause {i}") for i in range(40)]})
         assert answer.status_code == 200, answer.text
         batch_id = stack["ids"]["paused"] = answer.json()["id"]
+        page.clock.install()
         sign_in(page, stack)
         open_batch(page, stack, "paused")
         actions = page.locator("#batch-actions")
@@ -330,13 +363,14 @@ def test_pause_and_resume_a_running_batch(page, stack):
         expect(page.locator("#batch-alert")).to_contain_text("Resumed: its requests start again within seconds.")
         expect(page.locator("#batch-fields")).not_to_contain_text("Paused since")
         expect(page.locator("#batch-actions").get_by_role("button", name="Pause batch")).to_be_visible()
-        sim.put("/_sim/config", json={"latency_seconds": 0})
-        expect(page.locator("#batch-fields .status").first).to_have_text("completed", timeout=30_000)
+        hold(sim, False)
+        refreshed_until(page, lambda: expect(page.locator("#batch-fields .status").first).to_have_text(
+            "completed", timeout=1000))
         expect(page.locator("#batch-fields")).not_to_contain_text("paused")
         # Gone again, so that the list the next tests page through is the one the stack made.
         assert http.delete(f"/v1/batches/{stack['ids'].pop('paused')}").status_code == 200
     finally:
-        sim.put("/_sim/config", json={"latency_seconds": 0})
+        hold(sim, False)
 
 
 def test_a_running_batch_shows_its_newest_finished_results(page, stack):
@@ -351,6 +385,7 @@ def test_a_running_batch_shows_its_newest_finished_results(page, stack):
     try:
         wait_for(lambda: http.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] == 2, 30,
                  "two results to finish")
+        page.clock.install()
         sign_in(page, stack)
         open_batch(page, stack, "newest")
         section = page.locator("#newest")
@@ -361,7 +396,7 @@ def test_a_running_batch_shows_its_newest_finished_results(page, stack):
         expect(rows.locator(".status")).to_have_text(["completed", "completed"])
         expect(page.locator("#batch-fields .status").first).to_have_text("in_progress")
         assert http.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
-        expect(section).to_be_hidden(timeout=20_000)  # ended: the next refresh drops it
+        refreshed_until(page, lambda: expect(section).to_be_hidden(timeout=1000))  # ended: a refresh drops it
     finally:
         http.post(f"/v1/batches/{batch_id}/cancel")
         wait_for(lambda: http.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelled", 60, "the cancel")
@@ -529,6 +564,7 @@ def test_deleting_a_finished_batch_after_confirming(page, stack):
 
 def test_retry_runs_again_what_did_not_succeed_or_says_why_not(page, stack):
     ids, http, sim = stack["ids"], stack["http"], stack["sim"]
+    page.clock.install()
     sign_in(page, stack)
     # Every request succeeded: no Retry.
     open_batch(page, stack, "xss")
@@ -542,12 +578,12 @@ def test_retry_runs_again_what_did_not_succeed_or_says_why_not(page, stack):
     expect(alert).to_contain_text("No request of batch")  # the API's own message
 
     # A batch cancelled with requests never started: retried, they run, and it completes.
-    sim.put("/_sim/config", json={"latency_seconds": 2})
+    hold(sim, True)
     answer = http.post("/v1/batches", json={"requests": [chat_request(f"c-{i}", f"cancel me {i}")
                                                          for i in range(24)]})
     batch_id = answer.json()["id"]
     assert http.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
-    sim.put("/_sim/config", json={"latency_seconds": 0})
+    hold(sim, False)
     wait_for(lambda: http.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelled", 30, "the cancel")
     if http.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] == 24:
         pytest.fail("every request ran before the cancel")
@@ -555,7 +591,8 @@ def test_retry_runs_again_what_did_not_succeed_or_says_why_not(page, stack):
     open_batch(page, stack, "retried")
     confirm(page, "Retry", "Retry")
     expect(page.locator("#batch-alert")).to_contain_text("Retrying: the requests that did not succeed are queued")
-    expect(page.locator("#batch-fields .status")).to_have_text("completed", timeout=30_000)
+    refreshed_until(page, lambda: expect(page.locator("#batch-fields .status")).to_have_text("completed",
+                                                                                             timeout=1000))
     expect(page.locator("#batch-fields")).to_contain_text("Retried")
     expect(page.locator("#batch-actions").get_by_role("button", name="Retry")).to_have_count(0)
     assert http.get(f"/v1/batches/{batch_id}").json()["request_counts"] == {"total": 24, "completed": 24,
