@@ -82,7 +82,9 @@ def sim():
 
 @pytest.fixture
 def sim_control(sim):
-    control = httpx.Client(base_url=sim.url, timeout=10)
+    # A connection of its own for each control call: the simulator (uvicorn) closes a connection idle for 5 s, and a
+    # call sent on it just as it closes fails with "Server disconnected" (seen after a long pump between two calls).
+    control = httpx.Client(base_url=sim.url, timeout=10, limits=httpx.Limits(max_keepalive_connections=0))
     # Every setting back to its default: a test's latency distribution must not reach the next test.
     control.put("/_sim/config", json={"latency_seconds": 0, "latency_distribution": "fixed", "latency_sigma": 0.5,
                                       "rate_429": 0, "rate_500": 0, "rate_timeout": 0,
