@@ -356,13 +356,13 @@ def recording(svc, settle: bool = True):
 
     fresh = {"dispatcher": threading.Event(), "sweeper": threading.Event()}
 
-    def counted_invoke(function: str, event: dict, environment: str = "") -> dict:
+    def counted_invoke(function: str, event: dict, environment: str = "", ended: threading.Event | None = None) -> dict:
         if function in fresh:
             fresh[function].set()
         token = LABEL.set(function)
         started = time.monotonic()
         try:
-            return invoke(function, event, environment)
+            return invoke(function, event, environment, ended=ended)
         finally:
             recorder.invocations.append((function, time.monotonic() - started))
             LABEL.reset(token)
