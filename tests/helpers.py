@@ -100,6 +100,19 @@ def ok(reply: Reply, status: int = 200) -> dict:
     return reply.json()
 
 
+# The batch object of the spec's "Create a batch" example: every field a user may rely on.
+SPEC_BATCH_FIELDS = {
+    "id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status", "output_file_id",
+    "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+    "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata", "usage", "cost_usd",
+    "cost_unknown_attempts", "results_expires_at", "error",
+    "paused_at",  # an extension (pause and resume): null unless paused
+    "priority",  # an extension: the batch's priority among its account's batches
+    "analytics",  # an extension: how the batch ran (rates, latencies, attempts, errors by code)
+    "execution", "saved_usd",  # extensions: how its parts run (provider batch tiers) and what that saved
+}
+
+
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 410: "gone_error",
                413: "request_too_large", 429: "rate_limit_error"}

@@ -11,7 +11,7 @@ import pytest
 from batchinfer.api.app import create_app
 from batchinfer.settings import Settings
 from local.servers import UvicornThread, free_port
-from tests.browser.test_console import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt: run `make venv`")
 

@@ -1,4 +1,5 @@
-"""Synthesize the stack once per session (synthesis is the slow part) and share the result."""
+"""Synthesize the stack once per session (synthesis is the slow part) and share the result, and read it: a
+function's resource, environment and role statements."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest  # noqa: E402
 from aws_cdk import App, Stack  # noqa: E402
 from aws_cdk.assertions import Template  # noqa: E402
 
+from infra.functions import SPECS  # noqa: E402
 from infra.stack import BatchInferenceStack, build_app  # noqa: E402
 
 
@@ -102,3 +104,73 @@ def edge_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
             "batch_webhooks_enabled": "true",
         },
     )
+
+
+# -- reading the synthesized template ---------------------------------------------------------------------
+
+FUNCTION_NAMES = [spec.name for spec in SPECS]
+INDEXES = ("by_owner", "by_due", "by_active")  # the table's global secondary indexes
+
+
+def function_resource(synth: Synth, name: str) -> tuple[str, dict[str, Any]]:
+    for logical_id, resource in synth.resources("AWS::Lambda::Function").items():
+        if resource["Properties"]["FunctionName"] == f"{synth.stack.config.stage}-batchinfer-{name}":
+            return logical_id, resource
+    raise AssertionError(f"no function {name}")
+
+
+def role_statements(synth: Synth, name: str) -> list[dict[str, Any]]:
+    """Every Allow statement of the policies attached to function `name`'s role."""
+    _, function = function_resource(synth, name)
+    role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    statements: list[dict[str, Any]] = []
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            statements.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    assert synth.resources("AWS::IAM::Role")[role_id]["Properties"].get("ManagedPolicyArns") is None
+    return statements
+
+
+def actions_of(statements: list[dict[str, Any]]) -> set[str]:
+    found: set[str] = set()
+    for statement in statements:
+        action = statement["Action"]
+        found.update([action] if isinstance(action, str) else action)
+    return found
+
+
+def resources_for(statements: list[dict[str, Any]], action: str) -> list[Any]:
+    found: list[Any] = []
+    for statement in statements:
+        actions = [statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"]
+        if action in actions:
+            resource = statement["Resource"]
+            found.extend(resource if isinstance(resource, list) else [resource])
+    return found
+
+
+def refs(value: Any) -> set[str]:
+    """Logical ids referenced anywhere in a template fragment (Ref / Fn::GetAtt)."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        if "Ref" in value:
+            found.add(value["Ref"])
+        if "Fn::GetAtt" in value:
+            found.add(value["Fn::GetAtt"][0])
+        for item in value.values():
+            found |= refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= refs(item)
+    return found
+
+
+def env(synth: Synth, name: str) -> dict[str, Any]:
+    return function_resource(synth, name)[1]["Properties"]["Environment"]["Variables"]
+
+
+def joined_json(value: Any) -> dict[str, Any]:
+    """Decode a JSON env value that CloudFormation assembles with Fn::Join (tokens become "X")."""
+    if isinstance(value, str):
+        return json.loads(value)
+    return json.loads("".join(p if isinstance(p, str) else "X" for p in value["Fn::Join"][1]))

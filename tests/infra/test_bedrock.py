@@ -19,8 +19,17 @@ from infra import bedrock
 from infra.config import load_catalog
 from infra.nag import recording_acknowledgments
 from infra.stack import DeploymentConfigError, build_app
-from tests.infra.conftest import EDGE_CATALOG, Synth, synthesize
-from tests.infra.test_stack import FUNCTION_NAMES, actions_of, env, function_resource, joined_json, role_statements
+from tests.infra.conftest import (
+    EDGE_CATALOG,
+    FUNCTION_NAMES,
+    Synth,
+    actions_of,
+    env,
+    function_resource,
+    joined_json,
+    role_statements,
+    synthesize,
+)
 
 HAIKU = "anthropic.claude-3-5-haiku-20241022-v1:0"
 SONNET_PROFILE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"

@@ -17,9 +17,8 @@ from cfnlint.api import ManualArgs, lint_file
 
 from infra.nag import recording_acknowledgments
 from infra.stack import build_app
-from tests.infra.conftest import Synth, synthesize
+from tests.infra.conftest import FUNCTION_NAMES, Synth, actions_of, env, role_statements, synthesize
 from tests.infra.test_bedrock import CATALOG, HAIKU_ARN, PROD, SONNET, SONNET_PROFILE_ARN, write_catalog
-from tests.infra.test_stack import FUNCTION_NAMES, actions_of, env, role_statements
 
 TIER = {"price": {"input_per_mtok": 0.0}, "min_requests": 100}
 TIER_CATALOG = {"models": [{**m, "provider_batch": TIER} if m.get("backend", {}).get("kind") == "bedrock" else m

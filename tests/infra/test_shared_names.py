@@ -97,7 +97,7 @@ def _joined(value: Any) -> str:
 
 def test_dashboard_alarms_and_functions_use_the_namespace_the_functions_emit(synth: Synth) -> None:
     # The stage's namespace: every function gets it as POWERTOOLS_METRICS_NAMESPACE (that observability
-    # honours it: test_production.test_observability_emits_in_the_namespace_the_stack_sets).
+    # honours it: test_production_monitoring.test_observability_emits_in_the_namespace_the_stack_sets).
     emitted = synth.stack.config.metrics_namespace
     assert emitted == "batchinfer/dev"
     application: set[str] = set()

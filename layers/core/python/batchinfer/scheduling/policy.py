@@ -3,7 +3,9 @@
 What the dispatcher, the lanes and the slot pump decide (how much to claim and when, how far ahead, what
 can start before a deadline, how many slots to give back, how lanes share free slots, how the budget's
 shards share a take, what a model's cap is) is computed here from numbers they read; they do the reading
-and the writing. tests/unit/test_scheduling_policy.py holds these functions to their invariants.
+and the writing. tests/unit/test_scheduling_policy_lanes.py (the cap, lanes' shares, priority) and
+tests/unit/test_scheduling_policy_pump.py (the slot pump's claims and turns) hold these functions to their
+invariants.
 """
 
 from __future__ import annotations
