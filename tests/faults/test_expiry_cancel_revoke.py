@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from collections import Counter
 
 import pytest
 
 from batchinfer.operations.openai import batches
+from batchinfer.records import Batch
+from batchinfer.scheduling.config import scheduler_config
 from batchinfer.scheduling.dispatcher import Dispatcher
 from batchinfer.service import accounts, lifecycle
 from batchinfer.service.accounts import authenticate
@@ -29,6 +34,7 @@ from tests.faults.harness import (
     submit,
     submit_file,
 )
+from tests.faults.pump_doubles import FakeClock, Gate, drive, gated_pump
 from tests.helpers import chat_request, new_key
 from tests.invariants import assert_ledger_consistent, stored_requests
 
@@ -282,3 +288,66 @@ def test_owner_lost_while_a_request_waits_ends_the_batch_once_whoever_settles_it
                                                     "in_flight": 0}
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     assert sim_stats(sim_control)["total_requests"] == 2  # nothing ran after the owner lost access
+
+
+def test_a_cancel_stops_what_a_pump_had_queued_within_a_second_though_its_claims_are_stalled(svc, sim_control,
+                                                                                            monkeypatch):
+    """A pump runs 4 calls, held at the backend, with more of the batch claimed and queued behind them; then its
+    claims stall (a store that does not answer the claim's thread), so its looks between claims stop too. The
+    batch is cancelled, a second and a quarter pass on the pump's clock, and the held calls answer: the queued
+    requests must not start on what the batch was before the cancel. Only the 4 running reach the backend."""
+    configure(svc, lease_seconds=3600)
+    set_budgets(svc, {GLM: 4})
+    _, key = new_key(svc)
+    who = authenticate(svc, key)
+    requests = [chat_request(f"q-{i}", f"queued {i}") for i in range(12)]
+    batch_id = submit(svc, who, requests)
+    config = scheduler_config(svc.settings)
+    stall, stalled, released = threading.Event(), threading.Event(), threading.Event()
+    real_get = Batch.get
+    holding = [True]
+    clock, gate = FakeClock(), Gate(held=lambda body: holding[0])  # calls held until the test lets them go
+
+    def stalling_get(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if stall.is_set() and threading.current_thread().name.startswith("pump-claim"):
+            gate.work.parked += 1  # the test releases it: the clock does not wait for it meanwhile
+            stalled.set()
+            try:
+                released.wait(30)
+            finally:
+                gate.work.parked -= 1
+        return real_get(*args, **kwargs)
+
+    monkeypatch.setattr(Batch, "get", staticmethod(stalling_get))
+
+    async def scenario() -> tuple[object, int]:
+        pump_ = gated_pump(svc, gate, clock)
+        running = asyncio.create_task(pump_.run(4))
+        await gate.until(lambda: len(gate.waiting) == 4)
+        await drive(running, clock, gate, config.poll_seconds, until=lambda: pump_.queue)
+        stall.set()
+        await drive(running, clock, gate, config.poll_seconds, until=stalled.is_set)
+        queued = len(pump_.queue)
+        assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
+        cancelled_at = clock.monotonic()
+        await drive(running, clock, gate, config.poll_seconds,
+                    until=lambda: clock.monotonic() - cancelled_at > config.stale_stop_seconds)
+        holding[0] = False
+        gate.release()
+        await drive(running, clock, gate, config.poll_seconds, until=lambda: not pump_.queue)
+        released.set()
+        await drive(running, clock, gate, config.poll_seconds)
+        return running.result(), queued
+
+    try:
+        outcome, queued = asyncio.run(scenario())
+    finally:
+        released.set()
+
+    assert queued > 0 and outcome["handed_back"] == queued, (queued, outcome)
+    assert len(gate.started_at) == 4 and sim_stats(sim_control, settle=True)["total_requests"] == 4
+    final = pump(svc, batch_id)
+    assert final["status"] == "cancelled" and final["completed"] == 4
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    statuses = Counter(r["status"] for r in batches.results_page(svc, who, batch_id, 1000, None)["data"])
+    assert statuses == {"completed": 4, "cancelled": 8}

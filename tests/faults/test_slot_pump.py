@@ -489,7 +489,7 @@ def test_a_batch_created_as_a_wave_began_is_owed_it_though_its_work_arrives_afte
     now_us = time.time_ns() // 1000
     big = {"id": "batch_big", "owner_sk": owner_sort(now_us - 1000, "batch_big")}
     new = {"id": "batch_new", "owner_sk": owner_sort(now_us, "batch_new")}
-    pump_.batches.update({"batch_big": big, "batch_new": new})  # as its claims share them
+    pump_.views.shared.update({"batch_big": big, "batch_new": new})  # as its claims share them
 
     def members(batch: dict, n: int) -> list[Member]:
         run = GroupRun(group={}, batch=batch, left=n)

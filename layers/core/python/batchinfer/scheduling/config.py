@@ -35,7 +35,7 @@ class SchedulerConfig:
     # --- The slot pump --------------------------------------------------------------------------------
 
     # The budget is read this often (interactive load, 429 back-off), on the pump's own thread and clock; the
-    # claimer also looks this often whether a batch with queued work was stopped.
+    # claimer's beat too (it looks for stopped batches on it, `stop_look_seconds`).
     poll_seconds: float = 0.25
     # No work claimed for this long: the pump ends and gives its slots back.
     idle_seconds: float = 1.0
@@ -48,8 +48,11 @@ class SchedulerConfig:
     # Claimed work queued beyond the slots never takes them longer than this to run: fairness between
     # batches (the claims' turns) holds to within that much work.
     ahead_seconds: float = 1.0
-    # A batch with queued work is looked at again (was it stopped?) at most this often.
+    # A batch with queued work is looked at again (was it stopped or paused?) this often, between claims; and no
+    # queued request starts on a look at its batch older than `stale_stop_seconds` (it looks again first), so a
+    # cancel or a pause stops what a pump has queued within that time, however slow its claims.
     stop_look_seconds: float = 0.5
+    stale_stop_seconds: float = 1.0
     # The moving averages of a claim's and a call's duration start here and move this much of the way to
     # each new measurement.
     first_claim_seconds: float = 0.05

@@ -24,6 +24,7 @@ from ..records import Batch
 from ..runtime import Services
 from ..storage.dynamo import ConditionFailed, Throttled
 from . import policy
+from .batch_views import BatchViews
 from .budget_watch import BudgetWatch
 from .call_timing import CallTiming
 from .capacity import Draws, note_call_seconds, read_budget
@@ -57,7 +58,9 @@ class SlotPump:
     - ownership of work is the ledger's, as for every claim: each claimed request is run at most once per
       claim and its outcome written exactly once, fenced by its group's token; a member that does not start
       (the invocation ends, the budget shrinks, its batch stopped or its window closed) is handed back in its
-      group's close as waiting, due at once and never attempted, so it is claimed again like a retry;
+      group's close as waiting, due at once and never attempted, so it is claimed again like a retry; none
+      starts on a look at its batch older than `stale_stop_seconds` (`_seen_lately`), so a cancel or a pause
+      stops the work queued behind the calls in flight within that time;
     - claims run ahead of the slots by about one claim's round trip of work (`lookahead`), so fairness between
       batches (the claims' round robin) and the interactive floor hold to within one claim;
     - the budget is read every `poll_seconds` on a thread of its own (never behind a claim or a write): when
@@ -87,8 +90,8 @@ class SlotPump:
         self.room_made = asyncio.Event()  # a runner took work: the claimer may claim more
         self.runners: set[asyncio.Task] = set()
         self.outcomes = Outcomes(svc, model, requests, self.fair)
-        self.batches: dict[str, dict] = {}  # the batches of queued work, shared by their groups
-        self.looked_at: dict[str, float] = {}  # batch id -> when a stop was last looked for
+        self.views = BatchViews(svc, clock, lambda: self.config)  # the batches of queued work, as it goes by them
+        self.claim_began = -math.inf  # when the claim whose batches are being queued began
         self.dispatcher = Dispatcher(svc, runs_what_it_claims=True, stop_at_cap=getattr(requests, "stop_at_cap", None),
                                      clock=clock)
         self.api_key: str | None = None
@@ -263,7 +266,7 @@ class SlotPump:
                 continue
             run = member.run
             assert run is not None and member.position is not None
-            if not self._may_start(run.batch):
+            if not await self._seen_lately(member, run.batch["id"]) or not self._may_start(run.batch):
                 self.outcomes.hand_back(member)
                 continue
             started = self._call_starts(member)
@@ -297,7 +300,8 @@ class SlotPump:
         started = member.started
         batch = started.batch
         never_ran = int(started.running.get("attempt", 1)) <= 1
-        if batch.get("stop") or batch.get("paused_at") or (never_ran and self.svc.now() >= batch["expires_at"]):
+        if (not await self._seen_lately(member, batch["id"]) or batch.get("stop") or batch.get("paused_at")
+                or (never_ran and self.svc.now() >= batch["expires_at"])):
             self.outcomes.hand_back(member)
             return
         began = self._call_starts(member)
@@ -369,7 +373,8 @@ class SlotPump:
 
     def _may_start(self, batch: dict) -> bool:
         """A first attempt starts only while its batch runs, unpaused, and its window is open (the claim
-        checked all three; a stop or a pause seen since, or the window closing, hands it back)."""
+        checked all three; a stop or a pause a look has seen since (`_seen_lately`), or the window closing, hands
+        it back)."""
         return not batch.get("stop") and not batch.get("paused_at") and self.svc.now() < batch["expires_at"]
 
     # --- Claims --------------------------------------------------------------------------------------
@@ -492,6 +497,7 @@ class SlotPump:
             here = {batch: n for batch, n in (self.queued_of + Counter(self.timing.running_past())).items()
                     if batch is not None}
             wave = policy.pump_wave(self.held.open, self.lookahead, self.model.batch_budget)
+            self.claim_began = self.clock.monotonic()
             units = await self._claiming(self.dispatcher.claim, self.model, want, self.held.lease, budget_item, most,
                                          standing, wave, here)
         except (ConditionFailed, Throttled):
@@ -546,33 +552,34 @@ class SlotPump:
         return len(group["positions"])
 
     def _shared_batch(self, batch_id: str, read: dict | None) -> dict:
-        """The one dict of a batch that its queued work here shares, made current with the batch as a claim has
-        just read it (`read`): a copy kept from before a pause or a resume must not decide the new work's fate."""
-        shared = self.batches.setdefault(batch_id, {})
-        if read is not None:
-            shared.clear()
-            shared.update(read)
-        return shared
+        """The one dict of a batch that its queued work here shares, made current with the claim's read."""
+        return self.views.claimed(batch_id, read, self.claim_began)
 
     def _enqueue(self, members: list[Member]) -> None:
         """Queue claimed work and wake the runners: the one way work enters the queue, so no claim (a group,
         or retries alone) can leave idle runners asleep beside it until the deadline."""
-        self.fair.add(members, self.batches)
+        self.fair.add(members, self.views.shared)
         self.work_queued.set()
 
     def _refresh_stops(self) -> None:
-        """Look again, at most every half second, whether a batch with queued requests was stopped or
-        paused."""
-        now = self.clock.monotonic()
-        for batch_id in {m.run.batch["id"] if m.run is not None else m.started.batch["id"] for m in self.queue
-                         if m.run is not None or m.started is not None}:
-            if now - self.looked_at.get(batch_id, 0.0) < self.config.stop_look_seconds:
-                continue
-            self.looked_at[batch_id] = now
-            current = Batch.get(self.svc.table, batch_id) or {"deleting": True}
-            if current.get("stop") or current.get("deleting"):
-                self.batches[batch_id]["stop"] = current.get("stop") or "deleting"
-            if current.get("paused_at"):
-                self.batches[batch_id]["paused_at"] = current["paused_at"]
-            else:
-                self.batches[batch_id].pop("paused_at", None)
+        """Look again, every `stop_look_seconds`, whether a batch with queued requests was stopped or paused."""
+        self.views.refresh({m.run.batch["id"] if m.run is not None else m.started.batch["id"] for m in self.queue
+                            if m.run is not None or m.started is not None})
+
+    async def _seen_lately(self, member: Member, batch_id: str) -> bool:
+        """Whether the member may go by its batch as last seen: a look at it began at most `stale_stop_seconds`
+        ago, or else one begun now has answered (the runners free meanwhile share it), so no queued request
+        starts on a view of its batch older than that, however slow the claims that look every
+        `stop_look_seconds`. A look that fails: False, and the member is handed back, not started on an old
+        view. Its slot counts busy meanwhile: a claim must not count it free."""
+        if self.views.seen_lately(batch_id):
+            return True
+        self.timing.starts(member)
+        try:
+            await self.views.look_unless_seen_lately(batch_id, self.start_pool)
+            return True
+        except Exception as problem:  # a throttled or failing read: the member is claimed again later
+            log.warning("could not look at batch %s before a call: %r", batch_id, problem)
+            return False
+        finally:
+            self.timing.ends(member)  # the call's own timing starts with the call
