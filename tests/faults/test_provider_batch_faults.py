@@ -398,6 +398,32 @@ def test_a_batch_cancelled_while_its_provider_does_not_answer_ends_cancelled(svc
                                                      "in_flight": 0}
 
 
+@pytest.mark.background_failures
+def test_a_key_revoked_while_its_jobs_provider_does_not_answer_fails_the_batch_at_the_next_look(
+        svc, tier_sim, monkeypatch):
+    """A key revoked during an outage of its job's provider, hours before the guard's moment: the next look
+    fails the batch, as a worker would (no more of its requests may run); each look the provider does not
+    answer then counts, and after `sweep_failures_to_fail` of them the job is given up and the batch ends
+    failed, nothing run directly."""
+    who, requests, batch_id = job_running(svc, tier_sim, 4, "k-", "revoked in an outage ")
+    tried = provider_stops_answering(svc, monkeypatch)
+    accounts.revoke_key(svc, get_batch(svc, batch_id)["key_hash"])
+    svc.clock.advance(jobs.RETRY_SECONDS)
+    invoke("sweeper", {})
+    batch = get_batch(svc, batch_id)
+    assert batch["stop"] == "fail" and svc.now() < jobs.guard_at(svc, batch, svc.catalog.get("glm-5.3-flash"), 4)
+    looks_until(svc, batch_id, ("handing_back", "done"), seconds=jobs.RETRY_SECONDS)
+
+    times = svc.settings.sweep_failures_to_fail
+    assert [call for call, _ in tried] == ["look"] * times + ["cancel"]  # its provider's job cancelled, best effort
+    final = pump(svc, batch_id)
+    assert final["status"] == "failed" and final["stop"] == "fail" and final["completed"] == 0
+    assert sim_stats(tier_sim)["by_path"].get("/v1/chat/completions", 0) == 0
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
+    assert account_counters(svc, who.account_id) == {"unfinished_batches": 0, "unfinished_requests": 0,
+                                                     "in_flight": 0}
+
+
 def test_a_provider_answering_between_failures_past_the_guard_never_gets_its_job_given_up(
         svc, tier_sim, monkeypatch):
     """Only tries not answered in a row count: a cancelling job whose provider answers every other look (its job

@@ -440,6 +440,11 @@ def _bodies(svc: Services, reqs: list[RequestItem]) -> list[dict]:
 
 
 def _poll(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
+    # The owner's checks come before the provider's answer: a key revoked while the provider does not answer
+    # fails the batch at this look, as a worker would, and the job's looks count toward giving it up from now
+    # (`_late`), not from the guard's moment hours later.
+    if job["state"] == "running" and not _stopped(svc, batch) and _owner(svc, batch) == "fail":
+        batch = Batch.get(svc.table, job["batch_id"]) or batch
     tier, key = tier_of(model), backend_key(svc, model)
     view = tier.look(model, key, job["provider_id"])
     if view.ended:
@@ -448,8 +453,6 @@ def _poll(svc: Services, job: dict, batch: BatchItem, model: Model) -> bool:
         return _state(svc, job, "collecting", provider_status=view.status, output_file=view.output_file,
                       error_file=view.error_file, cursor_output=0, cursor_error=0)
     unfinished = sum(1 for _ in ProviderJob.held(svc.table, job))
-    if job["state"] == "running" and not _stopped(svc, batch) and _owner(svc, batch) == "fail":
-        batch = Batch.get(svc.table, job["batch_id"]) or batch
     if job["state"] == "running" and (_stopped(svc, batch) or svc.now() >= guard_at(svc, batch, model, unfinished)):
         tier.cancel(model, key, job["provider_id"])  # what it finished is taken once it has ended
         return _state(svc, job, "cancelling")
