@@ -90,3 +90,25 @@ def test_an_estimate_prices_the_part_that_would_go_to_the_tier_at_its_price(svc,
     # A high priority batch under `auto` runs directly, and so is it estimated.
     auto = ok(api("POST", "/v1/batches/estimate", key, json_body={**body, "execution": "auto", "priority": "high"}))
     assert auto["models"][0]["execution"] == "direct"
+
+
+def test_embeddings_past_the_tiers_inputs_per_job_run_directly(svc, api, batches_sim, monkeypatch):
+    """OpenAI's job takes at most 50,000 embedding inputs across its requests (lowered to 5 here): the requests
+    that fit go to the job, in order; one that does not fit beside them runs directly; every one is answered."""
+    from batchinfer.providers.batch_tiers import openai_batches
+
+    monkeypatch.setattr(openai_batches, "MAX_EMBEDDING_INPUTS", 5)
+    settings(svc, embeddings_responses_batches_enabled=True)
+    _, key = new_key(svc)
+    texts = {"e0": ["one", "two"], "e1": ["three", "four", "five"], "e2": ["six", "seven"], "e3": "eight"}
+    created = api.created(key, [{"custom_id": custom_id, "url": "/v1/embeddings",
+                                 "body": {"model": "glm-5.3-flash", "input": given}}
+                                for custom_id, given in texts.items()], execution="provider_batch")
+    assert finish(svc, created["id"])["status"] == "completed"
+    assert sim_jobs(batches_sim)["jobs"] == 1 and sim_jobs(batches_sim)["lines"] == 2  # e0 and e1: 5 inputs
+    stats = batches_sim.get("/_sim/stats").json()
+    assert stats["by_path"].get("/v1/embeddings", 0) == 2  # e2 (2 more inputs) and e3 (1) ran directly
+    results = ok(api.results(key, created["id"]))
+    lines = {line["custom_id"]: line for line in (results["data"] if "data" in results else results)}
+    assert {c: len(line["response"]["body"]["data"]) for c, line in lines.items()} == {"e0": 2, "e1": 3, "e2": 2,
+                                                                                       "e3": 1}

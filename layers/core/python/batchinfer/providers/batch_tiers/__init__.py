@@ -20,7 +20,7 @@ from . import anthropic_batches, bedrock_jobs, openai_batches
 from .common import JobView, LineAnswer, Page, Staging, TierError
 
 __all__ = ["BATCH_TIERS", "BatchTier", "JobView", "LineAnswer", "Page", "Staging", "TierError", "as_asked",
-           "forget", "min_requests", "takes_request", "tier_of", "tier_ready", "tier_takes"]
+           "forget", "min_requests", "takes_request", "tier_of", "tier_ready", "tier_takes", "within_job"]
 
 
 class BatchTier(Protocol):
@@ -79,6 +79,13 @@ def takes_request(model: Model, endpoint: str, body: dict) -> bool:
     """Whether the model's tier carries this request, as it is sent (else it runs directly)."""
     check = getattr(tier_of(model), "takes_request", None)
     return check is None or bool(check(model, endpoint, body))
+
+
+def within_job(model: Model, endpoint: str, lines: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The lines one job of the model's tier takes, beyond its count of requests (OpenAI's: 50,000 embedding
+    inputs); those left out run directly."""
+    cut = getattr(tier_of(model), "within_job", None)
+    return lines if cut is None else cut(endpoint, lines)
 
 
 def as_asked(model: Model, endpoint: str, body: dict, attempt: Attempt) -> Attempt:

@@ -23,6 +23,29 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses")
 JOB_KEY = "batchinfer_job"  # the metadata key that names the service's job on the provider's
 TIMEOUT = PAGE_TIMEOUT
 LIST_PAGES = 20  # pages of 100 batches a lookup reads at most (the newest first): a job is looked up soon after
+# One embeddings job holds at most this many inputs across its requests (OpenAI refuses more).
+MAX_EMBEDDING_INPUTS = 50_000
+
+
+def embedding_inputs(body: dict) -> int:
+    """The inputs an embeddings request counts toward a job's cap: a text or one list of tokens is one input; a
+    list of texts or of token lists, one each."""
+    given = body.get("input")
+    return len(given) if isinstance(given, list) and given and not isinstance(given[0], int) else 1
+
+
+def within_job(endpoint: str, lines: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The lines one job takes: on `/v1/embeddings` those that fit in `MAX_EMBEDDING_INPUTS`, in order (one that
+    does not fit is left out and runs directly); every line on the other endpoints."""
+    if endpoint != "/v1/embeddings":
+        return lines
+    kept, inputs = [], 0
+    for key, body in lines:
+        counted = embedding_inputs(body)
+        if inputs + counted <= MAX_EMBEDDING_INPUTS:
+            kept.append((key, body))
+            inputs += counted
+    return kept
 
 
 def _base(model: Model) -> str:

@@ -33,7 +33,16 @@ from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
 from ...providers import as_asked, as_sent, translates
-from ...providers.batch_tiers import LineAnswer, Staging, TierError, forget, min_requests, takes_request, tier_of
+from ...providers.batch_tiers import (
+    LineAnswer,
+    Staging,
+    TierError,
+    forget,
+    min_requests,
+    takes_request,
+    tier_of,
+    within_job,
+)
 from ...providers.batch_tiers import as_asked as tier_as_asked
 from ...records import Account, Batch, BatchItem, Budget, Lane, Request, RequestItem, key_account_and_usage
 from ...records.provider_jobs import ProviderJob
@@ -404,7 +413,8 @@ def _as_sent(model: Model, endpoint: str, held: list[RequestItem], bodies: list[
              ) -> tuple[str, list[tuple[str, dict]]]:
     """The job's lines as a direct call sends each request (a Messages request to an `openai` model: its chat
     completion); one its translation refuses, or the tier does not carry (`takes_request`: Bedrock's jobs
-    take no tools), is left out (never answered: it runs directly)."""
+    take no tools) or does not fit in one job beside the others (`within_job`: OpenAI's 50,000 embedding
+    inputs), is left out (never answered: it runs directly)."""
     sent_endpoint, lines = endpoint, []
     for req, body in zip(held, bodies, strict=True):
         try:
@@ -413,7 +423,7 @@ def _as_sent(model: Model, endpoint: str, held: list[RequestItem], bodies: list[
             continue
         if takes_request(model, sent_endpoint, sent):
             lines.append((str(req["index"]), sent))
-    return sent_endpoint, lines
+    return sent_endpoint, within_job(model, sent_endpoint, lines)
 
 
 def _worst(svc: Services, batch: BatchItem, reqs: list[RequestItem], price: list | None = None,
