@@ -17,6 +17,7 @@ from batchinfer.service import accounts, lifecycle
 from batchinfer.service.accounts import authenticate
 from batchinfer.service.background.sweep import sweep_once
 from batchinfer.service.running import run_request
+from batchinfer.storage.dynamo import Throttled
 from tests.faults.harness import (
     GLM,
     account_counters,
@@ -290,64 +291,104 @@ def test_owner_lost_while_a_request_waits_ends_the_batch_once_whoever_settles_it
     assert sim_stats(sim_control)["total_requests"] == 2  # nothing ran after the owner lost access
 
 
-def test_a_cancel_stops_what_a_pump_had_queued_within_a_second_though_its_claims_are_stalled(svc, sim_control,
-                                                                                            monkeypatch):
-    """A pump runs 4 calls, held at the backend, with more of the batch claimed and queued behind them; then its
-    claims stall (a store that does not answer the claim's thread), so its looks between claims stop too. The
-    batch is cancelled, a second and a quarter pass on the pump's clock, and the held calls answer: the queued
-    requests must not start on what the batch was before the cancel. Only the 4 running reach the backend."""
+class StalledClaims:
+    """Batch reads on a pump's claim thread stall once `stall` is set, until `released` (counted parked
+    meanwhile: the fake clock does not wait for them); with `throttle_starts`, reads on its start threads are
+    throttled meanwhile."""
+
+    def __init__(self, gate: Gate, monkeypatch: pytest.MonkeyPatch, throttle_starts: bool = False) -> None:
+        self.stall, self.stalled, self.released = threading.Event(), threading.Event(), threading.Event()
+        real_get = Batch.get
+
+        def get(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            thread = threading.current_thread().name
+            if self.stall.is_set() and throttle_starts and thread.startswith("pump-start"):
+                raise Throttled("the batch's read was throttled")
+            if self.stall.is_set() and thread.startswith("pump-claim"):
+                gate.work.parked += 1
+                self.stalled.set()
+                try:
+                    self.released.wait(30)
+                finally:
+                    gate.work.parked -= 1
+            return real_get(*args, **kwargs)
+
+        monkeypatch.setattr(Batch, "get", staticmethod(get))
+
+
+def queued_behind_held_calls(svc, sim_control, monkeypatch, word: str, throttle_starts: bool = False,  # noqa: ANN001
+                             meanwhile=lambda who, batch_id: None) -> tuple[Counter, int, tuple]:  # noqa: ANN001
+    """A pump on a budget of 4 runs 4 calls of a 12-request batch, held at the backend, with more claimed and
+    queued behind them; then its claims stall (`StalledClaims`), `meanwhile(who, batch_id)` runs, a second and
+    a quarter pass on its clock (past `stale_stop_seconds`) and the held calls answer; once its queue is empty
+    (nothing more started than the 4) the claims go on and it runs out. What it did, how many were queued, and
+    the batch."""
     configure(svc, lease_seconds=3600)
     set_budgets(svc, {GLM: 4})
     _, key = new_key(svc)
     who = authenticate(svc, key)
-    requests = [chat_request(f"q-{i}", f"queued {i}") for i in range(12)]
+    requests = [chat_request(f"{word[0]}-{i}", f"{word} {i}") for i in range(12)]
     batch_id = submit(svc, who, requests)
     config = scheduler_config(svc.settings)
-    stall, stalled, released = threading.Event(), threading.Event(), threading.Event()
-    real_get = Batch.get
     holding = [True]
     clock, gate = FakeClock(), Gate(held=lambda body: holding[0])  # calls held until the test lets them go
+    claims = StalledClaims(gate, monkeypatch, throttle_starts)
 
-    def stalling_get(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        if stall.is_set() and threading.current_thread().name.startswith("pump-claim"):
-            gate.work.parked += 1  # the test releases it: the clock does not wait for it meanwhile
-            stalled.set()
-            try:
-                released.wait(30)
-            finally:
-                gate.work.parked -= 1
-        return real_get(*args, **kwargs)
-
-    monkeypatch.setattr(Batch, "get", staticmethod(stalling_get))
-
-    async def scenario() -> tuple[object, int]:
+    async def scenario() -> tuple[Counter, int]:
         pump_ = gated_pump(svc, gate, clock)
         running = asyncio.create_task(pump_.run(4))
         await gate.until(lambda: len(gate.waiting) == 4)
         await drive(running, clock, gate, config.poll_seconds, until=lambda: pump_.queue)
-        stall.set()
-        await drive(running, clock, gate, config.poll_seconds, until=stalled.is_set)
-        queued = len(pump_.queue)
-        assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
-        cancelled_at = clock.monotonic()
+        claims.stall.set()
+        await drive(running, clock, gate, config.poll_seconds, until=claims.stalled.is_set)
+        queued, began = len(pump_.queue), clock.monotonic()
+        meanwhile(who, batch_id)
         await drive(running, clock, gate, config.poll_seconds,
-                    until=lambda: clock.monotonic() - cancelled_at > config.stale_stop_seconds)
+                    until=lambda: clock.monotonic() - began > config.stale_stop_seconds)
         holding[0] = False
         gate.release()
         await drive(running, clock, gate, config.poll_seconds, until=lambda: not pump_.queue)
-        released.set()
+        assert len(gate.started_at) == 4  # none of the queued started on the batch as it was
+        claims.stall.clear()
+        claims.released.set()
         await drive(running, clock, gate, config.poll_seconds)
         return running.result(), queued
 
     try:
         outcome, queued = asyncio.run(scenario())
     finally:
-        released.set()
+        claims.released.set()
+    assert queued > 0 and outcome["handed_back"] >= queued, (queued, outcome)
+    return outcome, queued, (who, requests, batch_id)
 
-    assert queued > 0 and outcome["handed_back"] == queued, (queued, outcome)
-    assert len(gate.started_at) == 4 and sim_stats(sim_control, settle=True)["total_requests"] == 4
+
+def test_a_cancel_stops_what_a_pump_had_queued_within_a_second_though_its_claims_are_stalled(svc, sim_control,
+                                                                                            monkeypatch):
+    """The batch is cancelled while the claims stall (their looks between claims stop too): the queued requests
+    must not start on what the batch was before the cancel. Only the 4 running reach the backend."""
+    def cancel(who, batch_id: str) -> None:  # noqa: ANN001
+        assert batches.cancel_batch(svc, who, batch_id)["status"] == "cancelling"
+
+    outcome, queued, (who, requests, batch_id) = queued_behind_held_calls(svc, sim_control, monkeypatch, "cancelled",
+                                                                          meanwhile=cancel)
+
+    assert outcome["handed_back"] == queued, (queued, outcome)
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 4
     final = pump(svc, batch_id)
     assert final["status"] == "cancelled" and final["completed"] == 4
     assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
     statuses = Counter(r["status"] for r in batches.results_page(svc, who, batch_id, 1000, None)["data"])
     assert statuses == {"completed": 4, "cancelled": 8}
+
+
+def test_a_runner_that_cannot_look_at_its_batch_hands_its_request_back_and_it_runs_later(svc, sim_control,
+                                                                                        monkeypatch):
+    """No cancel, but the runners' own look at the batch is throttled when the held calls answer: their queued
+    requests are handed back, not started on an old view; claimed again later, every request completes once."""
+    _, _, (who, requests, batch_id) = queued_behind_held_calls(svc, sim_control, monkeypatch, "throttled",
+                                                               throttle_starts=True)
+
+    final = pump(svc, batch_id)
+    assert final["status"] == "completed" and final["completed"] == 12
+    assert sim_stats(sim_control, settle=True)["total_requests"] == 12  # each ran once
+    assert_ledger_consistent(svc, batch_id, who, [r["custom_id"] for r in requests])
