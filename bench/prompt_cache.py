@@ -10,9 +10,10 @@ shuffled one (both against the direct client on the same file), and on the group
 backend evaluated (not found cached) <= 0.4 of what the direct client's submission order makes it evaluate.
 
 With `--llama-server PATH` (`make llama-server` builds build/llama-server/bin/llama-server) the backend is
-llama.cpp's own server instead, 4 slots, one thread, running the `prefix` model tests/real_backend/make_model.py
-makes (in .venv-real-backend): each direct client run on a fresh server, the service's two files on another
-(every cache empty at each start); what it evaluated is its /metrics counter `llamacpp:prompt_tokens_total`.
+llama.cpp's own server instead, 4 slots, one thread, running a model tests/real_backend/make_model.py makes (in
+.venv-real-backend; `--shape`, `medium` unless told): each direct client run on a fresh server, the service's
+two files on another (every cache empty at each start); what it evaluated is its /metrics counter
+`llamacpp:prompt_tokens_total`.
 """
 
 from __future__ import annotations
@@ -139,17 +140,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llama-server", type=Path, metavar="PATH",
                         help="run on llama.cpp's llama-server at PATH (build/llama-server/bin/llama-server) instead "
                              "of the simulated backend")
+    parser.add_argument("--shape", choices=("medium", "prefix"), default="medium",
+                        help="the model llama-server runs (tests/real_backend/make_model.py): medium (about 0.5 ms a "
+                             "prompt token on one thread) or prefix (about 0.27 ms: the server's fixed cost per step, "
+                             "which each short answer pays, weighs more)")
     parser.add_argument("--llama-server-args", default="", metavar="ARGS",
                         help="more of llama-server's options, e.g. '--cache-ram 0' (no RAM prompt cache: a slot's "
                              "cache is all it reuses)")
     args = parser.parse_args(argv)
     if args.llama_server:
         with tempfile.TemporaryDirectory(prefix="prompt-cache-") as work:
-            model = make_model(Path(work) / "prefix-llama.gguf", shape="prefix")
+            model = make_model(Path(work) / f"{args.shape}-llama.gguf", shape=args.shape)
             extra = tuple(shlex.split(args.llama_server_args))
             runs = [one_llama_run(args.llama_server, model, Path(work), args.prompt_cache, extra)
                     for _ in range(args.runs)]
-        backend = (f"llama.cpp's llama-server, {SLOTS} slots, 1 thread, the `prefix` model"
+        backend = (f"llama.cpp's llama-server, {SLOTS} slots, 1 thread, the `{args.shape}` model"
                    f"{' ' + args.llama_server_args if args.llama_server_args else ''}; evaluated: its /metrics "
                    f"prompt_tokens_total")
     else:

@@ -10,9 +10,11 @@ Runs in the real-backend venv (.venv-real-backend, where `gguf`, `tokenizers` an
 
     .venv-real-backend/bin/python -m tests.real_backend.make_model OUT.gguf [--text FILE ...] [--shape prefix]
 
-Two sizes (`--shape`): `tiny` (the default; decodes in microseconds) and `prefix`, larger (about 3.6 M
+Three sizes (`--shape`): `tiny` (the default; decodes in microseconds); `prefix`, larger (about 3.6 M
 weights, 4,096 tokens of context), whose prompt evaluation takes long enough on one thread that a long shared
-prefix dominates a request's time, as on a real model: the prompt cache measurements run on it.
+prefix dominates a request's time, as on a real model: the prompt cache test runs on it; and `medium` (about
+8 M weights), about twice as slow a token, so that a server's fixed cost per step (which every short answer
+pays) weighs less beside a prompt's evaluation: the prompt cache benchmark runs on it.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ class Shape:
     context: int = 2048
 
 
-# The sizes `--shape` names: the tiny model of the flow tests, and one whose prompt evaluation dominates.
-SHAPES = {"tiny": Shape(), "prefix": Shape(hidden=256, layers=4, heads=4, ffn=768, context=4096)}
+# The sizes `--shape` names: the tiny model of the flow tests, and two whose prompt evaluation dominates.
+SHAPES = {"tiny": Shape(), "prefix": Shape(hidden=256, layers=4, heads=4, ffn=768, context=4096),
+          "medium": Shape(hidden=384, layers=4, heads=6, ffn=1152, context=4096)}
 
 
 @dataclass(frozen=True)
