@@ -12,10 +12,12 @@ items the transaction names, restored if it is cancelled. Applied by the local m
 
 (3) A query costs what it returns, as on DynamoDB: moto's `Table.query` starts from `all_items()`, which
 sorts every item of the table, for each query, then filters them. The patch hands it only the candidates:
-the items of the one partition a table query names, or for an index query the items whose index hash key
-equals the one asked for (found by a plain pass, not a sort); moto's own code then sorts, pages and filters
-those as before. Without it every poll of a sparse index took time in proportion to the whole table, so a
-large table slowed every reader, which the design does not.
+the items of the one partition a table query names (those its sort key condition keeps: moto works out the
+size of every candidate before it looks at the condition), or for an index query the items whose index hash
+key equals the one asked for (found by a plain pass, not a sort); moto's own code then sorts, pages and
+filters those as before. Without it every poll of a sparse index took time in proportion to the whole table,
+and a one-item query of a batch's feed took time in proportion to the batch, so a large table or batch
+slowed every reader, which the design does not.
 
 (4) Key sizes are checked on reads too, as DynamoDB checks them: a GetItem, BatchGetItem, TransactGetItems,
 DeleteItem or UpdateItem whose key, or a Query whose key condition or ExclusiveStartKey, holds a partition
@@ -166,6 +168,11 @@ def apply() -> None:
         index_name = args[6] if len(args) > 6 else kwargs.get("index_name")
         if index_name is None and hash_key is not None and self.range_key_attr:
             candidates = list(self.items.get(hash_key, {}).values())
+            range_comparison, range_objs = (args[0], args[1]) if len(args) > 1 else (None, None)
+            if range_comparison and not set(kwargs) - {"range_key_conditions"}:  # not with a legacy QueryFilter
+                # moto sizes every item of the partition before it looks at the sort key condition: only
+                # those the condition keeps (moto applies it again, so its answer is the same)
+                candidates = [item for item in candidates if item.range_key.compare(range_comparison, range_objs)]
         elif index_name is not None and hash_key_conditions and len(hash_key_conditions) == 1:
             (attribute, value), = hash_key_conditions
             wanted = (value.type, value.value)
