@@ -172,7 +172,8 @@ def apply() -> None:
             if range_comparison and not set(kwargs) - {"range_key_conditions"}:  # not with a legacy QueryFilter
                 # moto sizes every item of the partition before it looks at the sort key condition: only
                 # those the condition keeps (moto applies it again, so its answer is the same)
-                candidates = [item for item in candidates if item.range_key.compare(range_comparison, range_objs)]
+                keeps = _sort_key_test(range_comparison, range_objs)
+                candidates = [item for item in candidates if keeps(item.range_key)]
         elif index_name is not None and hash_key_conditions and len(hash_key_conditions) == 1:
             (attribute, value), = hash_key_conditions
             wanted = (value.type, value.value)
@@ -199,6 +200,18 @@ def apply() -> None:
 
 # DynamoDB keeps 38 significant digits.
 _DYNAMO_NUMBERS = decimal.Context(prec=38)
+
+
+def _sort_key_test(comparison: str, objs: list):  # noqa: ANN202 - a test of moto's DynamoType
+    """moto's `DynamoType.compare` of a sort key with a query's condition; for string keys the condition's values
+    are cast once, not again for every item of the partition as moto's own way does."""
+    from moto.dynamodb.comparisons import get_comparison_func
+
+    func = get_comparison_func(comparison)
+    if func is None or not all(obj.type == "S" for obj in objs):
+        return lambda key: key.compare(comparison, objs)
+    values = [obj.value for obj in objs]
+    return lambda key: func(key.value, *values) if key.type == "S" else key.compare(comparison, objs)
 
 
 def _number(text: str) -> int | decimal.Decimal:
