@@ -5,7 +5,8 @@
 `maxResults`, `nextToken`) and `POST /model-invocation-job/{arn}/stop` (Stop). moto has none of these (its
 `bedrock` backend stops at custom models and logging settings); this runs the jobs as Bedrock does: the input
 JSONL is read from the bucket (moto's: in process in the tests, the moto server under `make run`), each
-record's `modelInput` answered as `/model/{id}/converse` would answer it, and `<output s3Uri><job
+record's `modelInput` answered as `/model/{id}/converse` would answer it (an InvokeModel job's Titan embedding
+bodies as `/model/{id}/invoke` would), and `<output s3Uri><job
 id>/<input name>.out` (with `manifest.json.out`) written back.
 
 A create is checked as Bedrock checks it (jobName, roleArn and clientRequestToken patterns,
@@ -34,7 +35,15 @@ import boto3
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from local.simulated_answers import MARK_400, MARK_FAIL, SimError, build_converse, parse_converse
+from local.simulated_answers import (
+    MARK_400,
+    MARK_FAIL,
+    SimError,
+    build_converse,
+    build_invoke,
+    parse_converse,
+    parse_invoke,
+)
 from local.simulated_batches import MARK_EXPIRED, MARK_TIER_500
 
 MIN_RECORDS = 100  # Bedrock's usual per-model quota: fewer records fail the job at validation
@@ -60,8 +69,10 @@ def _split(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def record_output(record: dict[str, Any], model_id: str) -> dict[str, Any] | None:
-    """One input record's output record, as a Converse job writes it (None: never run)."""
+def record_output(record: dict[str, Any], model_id: str, invocation_type: str = "Converse") -> dict[str, Any] | None:
+    """One input record's output record, as a job of `invocation_type` writes it (None: never run): a Converse
+    job answers Converse requests; an InvokeModel job answers Titan text embeddings (`{"inputText"}`) as
+    `/model/{id}/invoke` does, and refuses any other body, as Bedrock does a model-native body not the model's."""
     model_input = record.get("modelInput")
     text = json.dumps(model_input)
     base = {"recordId": record.get("recordId"), "modelInput": model_input}
@@ -73,10 +84,18 @@ def record_output(record: dict[str, Any], model_id: str) -> dict[str, Any] | Non
         return {**base, "error": {"errorCode": 500, "errorMessage": "Simulated batch line error 500"}}
     if not isinstance(model_input, dict):
         return {**base, "error": {"errorCode": 400, "errorMessage": "modelInput: a JSON object is required"}}
+    body = {**model_input, "modelId": model_id}
+    if invocation_type == "InvokeModel":
+        if "inputText" not in model_input:
+            return {**base, "error": {"errorCode": 400, "errorMessage": "Malformed input request: expected "
+                                                                        "inputText, please reformat your input."}}
+        try:
+            return {**base, "modelOutput": build_invoke(parse_invoke(body), body)}
+        except SimError as err:
+            return {**base, "error": {"errorCode": err.status, "errorMessage": err.message}}
     if "toolConfig" in model_input:
         return {**base, "error": {"errorCode": 400, "errorMessage": "toolConfig is not supported in batch "
                                                                     "inference jobs of the Converse type"}}
-    body = {**model_input, "modelId": model_id}
     try:
         return {**base, "modelOutput": build_converse(parse_converse(body), body)}
     except SimError as err:
@@ -116,7 +135,7 @@ def mount(app: FastAPI, s3_endpoint_url: str | None = None) -> None:
         """Run its first `answered` records (all: None), write the output and the manifest, end it."""
         records = job["_records"] if answered is None else job["_records"][:answered]
         rows = [out for record in records
-                if (out := record_output(record, job["modelId"])) is not None]
+                if (out := record_output(record, job["modelId"], job["modelInvocationType"])) is not None]
         bucket, prefix = _split(job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"])
         folder = f"{prefix.rstrip('/')}/{job['jobArn'].rpartition('/')[2]}/"
         source = _split(job["inputDataConfig"]["s3InputDataConfig"]["s3Uri"])[1].rpartition("/")[2]

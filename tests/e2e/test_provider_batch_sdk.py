@@ -6,7 +6,8 @@ directly) and Anthropic's Message Batches for `claude-sim`, an `anthropic`-kind 
 default catalog. Each flow shows exact results and usage, `cost_usd` at the tier's price and `saved_usd`, and
 the simulator shows one tier job holding exactly its requests; nothing in this module calls a model directly.
 And `claude-bedrock`'s part runs on the simulated Bedrock batch inference, its input and output in the moto
-server's bucket, as under `make run`."""
+server's bucket, as under `make run`, and so does an OpenAI SDK embeddings file batch on a Titan text model
+(`titan-embed-bedrock`, added with a tier), as an InvokeModel job."""
 
 from __future__ import annotations
 
@@ -24,16 +25,17 @@ from batchinfer.service import accounts
 from batchinfer.settings import Settings
 from local.run import LOCAL_BEDROCK_BATCH_ROLE, start
 from local.servers import UvicornThread, free_port
-from local.simulated_answers import build_anthropic, build_chat, parse_chat
+from local.simulated_answers import build_anthropic, build_chat, embedding_vector, parse_chat
 from local.simulated_backend import SimConfig
 from tests.e2e.conftest import SdkRuns
 
 pytestmark = pytest.mark.e2e
 SDK_SCRIPTS = Path(__file__).with_name("sdk_scripts")
 ANTHROPIC_MAJORS = ("newest", "previous")  # openai1's venv has no anthropic
-GLM, CLAUDE = "glm-5.3-flash", "claude-sim"
+GLM, CLAUDE, TITAN = "glm-5.3-flash", "claude-sim", "titan-embed-bedrock"
+TITAN_ID = "amazon.titan-embed-text-v2:0"
 # USD per million input and output tokens: (the model's price, its tier's)
-PRICES = {GLM: ((0.10, 0.40), (0.05, 0.20)), CLAUDE: ((3.0, 15.0), (1.5, 7.5))}
+PRICES = {GLM: ((0.10, 0.40), (0.05, 0.20)), CLAUDE: ((3.0, 15.0), (1.5, 7.5)), TITAN: ((0.02, 0.0), (0.01, 0.0))}
 ACCOUNT = {"tier": "internal", "daily_quota_usd": 1000.0}
 
 
@@ -46,10 +48,17 @@ def stack(tmp_path_factory):
         "batch_budget": 4, "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
         "provider_batch": {"price": {"input_per_mtok": 1.5, "output_per_mtok": 7.5}, "min_requests": 2,
                            "poll_seconds": 1, "guard_seconds": 600}})
+    catalog["models"].append({
+        "id": TITAN, "endpoints": ["/v1/embeddings"], "batch_budget": 4, "price": {"input_per_mtok": 0.02},
+        "backend": {"kind": "bedrock", "model_id": TITAN_ID, "region": "us-east-1",
+                    "endpoint_url": "${SIMULATED_BACKEND_URL}", "embedding_format": "titan"},
+        "provider_batch": {"price": {"input_per_mtok": 0.01}, "min_requests": 100, "poll_seconds": 1,
+                           "guard_seconds": 600}})
     models_file = state.parent / "models.yaml"
     models_file.write_text(yaml.safe_dump(catalog))
     settings = Settings(table_name="e2e-tier", bucket_name="e2e-tier", stage="e2e-tier", file_batches_enabled=True,
-                        message_batches_enabled=True, models_file=str(models_file),
+                        message_batches_enabled=True, embeddings_responses_batches_enabled=True,
+                        models_file=str(models_file),
                         bedrock_batch_role_arn=LOCAL_BEDROCK_BATCH_ROLE)
     sim_port = free_port()
     svc, _, stop = start(settings, free_port(), sim_port, SimConfig(), pollers=1, state_dir=state)
@@ -67,6 +76,9 @@ def runs(stack, sdk_python, tmp_path_factory):
     started = {
         "openai": SdkRuns(stack, sdk_python, SDK_SCRIPTS / "provider_batch_openai.py", ("newest",),
                           folder / "openai", **ACCOUNT),
+        "embeddings": SdkRuns(stack, sdk_python, SDK_SCRIPTS / "provider_batch_openai_embeddings.py",
+                              ("newest", "previous"), folder / "embeddings", **ACCOUNT,
+                              extra={"TIER_MODEL": TITAN}),
         "anthropic": SdkRuns(stack, sdk_python, SDK_SCRIPTS / "provider_batch_anthropic.py", ANTHROPIC_MAJORS,
                              folder / "anthropic", **ACCOUNT,
                              extra=lambda major: {"TIER_MODELS": f"{GLM},{CLAUDE}", "TIER_TAG": major,
@@ -122,6 +134,12 @@ def message_batch_jobs(sim: str, texts: list[str]) -> list[list[str]]:
         if set(answered) & set(texts):
             found.append(answered)
     return found
+
+
+def bedrock_jobs(sim: str, model_id: str) -> list[dict]:
+    """The simulated Bedrock's model invocation jobs of one model."""
+    listed = httpx.get(f"{sim}/model-invocation-jobs", params={"maxResults": 1000}).json()
+    return [job for job in listed["invocationJobSummaries"] if job["modelId"] == model_id]
 
 
 def no_direct_calls(sim: str) -> None:
@@ -229,8 +247,30 @@ def test_a_bedrock_models_part_runs_as_a_model_invocation_job_over_the_moto_buck
         results = api.get(f"/batches/{batch_id}/results", params={"limit": 1000}).json()["data"]
     assert shown["status"] == "completed" and shown["request_counts"]["completed"] == 100, shown
     assert sorted(r["custom_id"] for r in results) == sorted(f"b-{i}" for i in range(100))
-    jobs = httpx.get(stack["sim"] + "/_sim/batches").json()["bedrock_jobs"]
-    assert (jobs["jobs"], jobs["records"], jobs["role_arns"]) == (1, 100, [LOCAL_BEDROCK_BATCH_ROLE]), jobs
+    jobs = bedrock_jobs(stack["sim"], "us.anthropic.claude-haiku-4-5-20251001-v1:0")
+    assert [(job["totalRecordCount"], job["roleArn"], job["modelInvocationType"]) for job in jobs] == [
+        (100, LOCAL_BEDROCK_BATCH_ROLE, "Converse")], jobs
     paths = httpx.get(stack["sim"] + "/_sim/stats").json()["by_path"]
     assert not [p for p in paths if p.startswith("/model/")], paths  # nothing ran directly
     assert shown["saved_usd"] > 0 and shown["cost_usd"] == pytest.approx(shown["saved_usd"], abs=1e-9)
+
+
+@pytest.mark.parametrize("major", ["newest", "previous"])
+def test_openai_sdk_embeddings_file_batch_on_a_titan_model_runs_as_a_bedrock_job_at_its_price(stack, runs, major):
+    """A Titan text model's embeddings go to Bedrock's batch inference as an InvokeModel job, one record per
+    text, over the moto server's bucket; each vector is the one a direct call gets."""
+    seen = runs["embeddings"].result(major)
+    assert seen["created_execution"] == "provider_batch", seen
+    assert seen["status"] == "completed" and seen["counts"] == [100, 100, 0], seen
+    assert seen["execution"] == "provider_batch", seen
+    for i in range(100):
+        assert seen["output"][f"e-{i}"][0] == [embedding_vector(TITAN_ID, f"Passage {i} to index.")], i
+    tokens = sum(tokens for _, tokens in seen["output"].values())
+    assert seen["usage"] == [tokens, 0] and tokens > 0, seen
+    (model_price, _), (tier_price, _) = PRICES[TITAN]
+    assert seen["cost_usd"] == pytest.approx(tokens * tier_price / 1e6, abs=1e-12), seen
+    assert seen["saved_usd"] == pytest.approx(tokens * (model_price - tier_price) / 1e6, abs=1e-12), seen
+    jobs = bedrock_jobs(stack["sim"], TITAN_ID)
+    assert jobs and all((job["modelInvocationType"], job["totalRecordCount"], job["status"]) ==
+                        ("InvokeModel", 100, "Completed") for job in jobs), jobs
+    no_direct_calls(stack["sim"])

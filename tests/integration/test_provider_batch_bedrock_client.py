@@ -2,11 +2,13 @@
 S3: the input JSONL in the bucket holds each request's Converse body as a direct call sends it, the job is made
 with the service role, a Converse invocation type, 24 hours and a token of the job's key (a create tried again
 makes no second job, and the job is found again by its name), results are read in bounded pages from the
-`.jsonl.out` file, per-record errors are a direct call's, and a stop keeps what was finished."""
+`.jsonl.out` file, per-record errors are a direct call's, and a stop keeps what was finished. A Titan text
+model's embeddings go as InvokeModel records, one text each, and come back as a direct call's embeddings list."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -76,6 +78,37 @@ def test_a_job_runs_each_request_as_a_direct_converse_call_and_its_answers_are_s
                                                                                     shown.output_tokens)
     message = tier.as_asked(model, "/v1/messages", chat(0), answer.attempt).body
     assert message["type"] == "message" and message["content"][0]["type"] == "text"
+
+
+def test_titan_embeddings_go_as_invoke_model_records_one_text_each_and_come_back_as_an_embeddings_list(
+        sim, staging, sim_control):
+    titan, cohere = (Model.model_validate({"id": name, "endpoints": ["/v1/embeddings"], "backend": {
+        "kind": "bedrock", "model_id": model_id, "region": "us-east-1", "endpoint_url": sim.url,
+        "embedding_format": embedding_format}})
+        for name, model_id, embedding_format in (("titan", "amazon.titan-embed-text-v2:0", "titan"),
+                                                 ("cohere", "cohere.embed-english-v3", "cohere")))
+    assert tier_takes(titan, "/v1/embeddings") and not tier_takes(cohere, "/v1/embeddings")
+    texts = [(str(i), {"model": "titan", "input": f"text {i}" if i % 2 else [f"text {i}"], "dimensions": 256})
+             for i in range(100)]
+    assert all(takes_request(titan, "/v1/embeddings", body) for _, body in texts)
+    assert not takes_request(titan, "/v1/embeddings", {"model": "titan", "input": ["one", "two"]})
+    assert not takes_request(titan, "/v1/embeddings", {"model": "titan", "input": [[1, 2]]})  # token arrays
+    assert not takes_request(titan, "/v1/embeddings", {"model": "titan", "input": "x", "unknown": 1})
+
+    made = tier.submit(titan, None, "job-embed", "/v1/embeddings", texts, staging=staging)
+    assert stats(sim_control)["invocation_types"] == ["InvokeModel"]
+    [source] = staging.blobs.keys(PROVIDER_JOBS_INPUT_PREFIX)
+    records = [json.loads(line) for line in staging.blobs.get(source).splitlines()]
+    assert records[:2] == [{"recordId": "0", "modelInput": {"inputText": "text 0", "dimensions": 256}},
+                           {"recordId": "1", "modelInput": {"inputText": "text 1", "dimensions": 256}}]
+    output = tier.look(titan, None, made.provider_id).output_file
+    answers = {a.key: a.attempt for a in tier.results(titan, None, output, 0, 1000, staging=staging).answers}
+    assert len(answers) == 100 and answers["5"].input_tokens == 2 and answers["5"].output_tokens == 0
+    shown = tier.as_asked(titan, "/v1/embeddings", dict(texts[5][1], encoding_format=None), answers["5"])
+    assert shown.body == {"object": "list", "model": "titan", "usage": {"prompt_tokens": 2, "total_tokens": 2},
+                          "data": [{"object": "embedding", "index": 0, "embedding": answers["5"].body["embedding"]}]}
+    broken = tier.as_asked(titan, "/v1/embeddings", texts[5][1], replace(answers["5"], body={"vector": []}))
+    assert broken.status_code == 502 and broken.input_tokens == 2  # it ran: its cost counts
 
 
 def test_a_create_tried_again_makes_no_second_job_and_the_job_is_found_by_its_name(model, staging, sim_control):

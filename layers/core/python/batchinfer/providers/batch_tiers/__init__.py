@@ -4,7 +4,8 @@
 (Amazon Bedrock's model invocation jobs, `bedrock_jobs`: its input and output in the service's bucket, the
 `Staging` the runner hands it).
 
-Beside the calls, a kind's module may say what it takes request by request: `MIN_REQUESTS` (a job with fewer
+Beside the calls, a kind's module may say what it takes: `ENDPOINTS` (or `takes_endpoint`, when that depends
+on the model: Bedrock's embeddings go on Titan models only), `MIN_REQUESTS` (a job with fewer
 runs directly), `takes_request` (a request it cannot carry runs directly), `as_asked` (its answer shown as
 a direct call's, when the tier answers in another shape) and `forget` (what a done job kept in the service's
 bucket is deleted). `tier_takes` is the endpoint-level check."""
@@ -67,7 +68,9 @@ def tier_takes(model: Model, endpoint: str) -> bool:
     if kind not in BATCH_TIERS:
         return False
     sent = CHAT_ENDPOINT if translates(model, endpoint) else endpoint
-    return sent in getattr(BATCH_TIERS[kind], "ENDPOINTS", ())
+    tier = BATCH_TIERS[kind]
+    takes = getattr(tier, "takes_endpoint", None)
+    return bool(takes(model, sent)) if takes is not None else sent in getattr(tier, "ENDPOINTS", ())
 
 
 def min_requests(model: Model) -> int:

@@ -4,24 +4,28 @@ service's own bucket (`storage.blobs`). Contracts: ../shared/reference/provider-
 
 - Submit: one JSONL input file, `provider-jobs/in/<job name>.jsonl`, one record per request:
   `{"recordId": <the request's index>, "modelInput": <its Converse request>}`, the very request a direct call
-  sends (`converse.from_chat` / `from_messages`, bytes as base64); then CreateModelInvocationJob with
-  `modelInvocationType: Converse`, the backend's model id, the service role (`Staging.role_arn`), the output
-  under `provider-jobs/out/<job name>/`, `timeoutDurationInHours` 24 (Bedrock's least; the service's own
-  guard keeps the batch's window) and a `clientRequestToken` derived from the job's key, so a create tried
-  again makes no second job.
+  sends (`converse.from_chat` / `from_messages`, bytes as base64), in a `modelInvocationType: Converse` job;
+  an embeddings request on a Titan text model is its one InvokeModel body (`{"inputText", "dimensions"?}`, as
+  a direct call sends it) in an `InvokeModel` job. Then CreateModelInvocationJob with the backend's model
+  id, the service role (`Staging.role_arn`), the output under `provider-jobs/out/<job name>/`,
+  `timeoutDurationInHours` 24 (Bedrock's least; the service's own guard keeps the batch's window) and a
+  `clientRequestToken` derived from the job's key, so a create tried again makes no second job.
 - Find: ListModelInvocationJobs by the job's name (`nameContains`), the one whose name and token are the job's.
 - Look / cancel: GetModelInvocationJob / StopModelInvocationJob by the job's ARN (`provider_id`). Ended:
   Completed, PartiallyCompleted, Failed, Stopped, Expired; failed as a whole: Failed and Expired.
 - Results: the job's `.jsonl.out` file(s) under its output prefix (`<prefix>/<job id>/<input>.jsonl.out`),
-  read a page of records at a time from a byte cursor: `modelOutput` is the Converse answer, shown as a
-  direct call's (`as_asked`: a chat completion or a message, named as the caller named the model); `error`
+  read a page of records at a time from a byte cursor: `modelOutput` is the Converse answer (or Titan's
+  `{"embedding", "inputTextTokenCount"}`), shown as a direct call's (`as_asked`: a chat completion, a message
+  or an embeddings list, named as the caller named the model); `error`
   `{errorCode, errorMessage}` is the HTTP status a direct call would have got (4xx final; 429, 5xx
   retryable); a record not in the output never ran and runs directly.
 
 Converse jobs rather than InvokeModel ones: the records are then exactly what a direct call sends (for every
 model Converse serves, not only Anthropic's), and their answers are shown by the same code. What a Converse
 job cannot carry runs directly (`takes_request`): tools (a Converse job refuses a record with a toolConfig)
-and structured output (its support in batch is not settled)."""
+and structured output (its support in batch is not settled). Embeddings go only on a Titan text model (AWS
+offers Titan Text Embeddings through batch jobs), one text a record: a request of several texts, or on a
+Cohere embed model, runs directly (Titan embeds one text a call, and one request's answer is one record)."""
 
 from __future__ import annotations
 
@@ -35,11 +39,13 @@ from ...domain import Attempt
 from ...layout import PROVIDER_JOBS_INPUT_PREFIX, PROVIDER_JOBS_OUTPUT_PREFIX
 from ...translating import Untranslatable
 from ..bedrock import ControlError, control_call
+from ..bedrock_embeddings import EMBEDDINGS_ENDPOINT, embedding_bodies, to_embeddings, vectors_of
 from ..converse import from_chat, from_messages
 from ..converse_answers import to_chat_completion, to_message, usage_of
 from .common import JobView, LineAnswer, Page, Staging, TierError
 
 ENDPOINTS = (CHAT_ENDPOINT, MESSAGES_ENDPOINT)  # both sent as Converse requests
+TITAN = "titan"  # the one embedding format whose model Bedrock's batch jobs are documented to take
 STAGED = True  # its jobs read and write the service's bucket: no job without the service role
 MIN_REQUESTS = BATCH_TIER_MIN_REQUESTS["bedrock"]  # fewer records: Bedrock fails the job at validation
 TIMEOUT_HOURS = 24  # timeoutDurationInHours: Bedrock's least (24 to 168)
@@ -70,7 +76,25 @@ def _call(model: Model, operation: str, **params: object) -> dict:
         raise TierError(str(error)) from error
 
 
-def _converse(model: Model, endpoint: str, body: dict) -> dict:
+def takes_endpoint(model: Model, endpoint: str) -> bool:
+    """Whether the model's jobs take requests of `endpoint`: chat completions and Messages (as Converse), and
+    embeddings on a Titan text model."""
+    titan = model.backend is not None and model.backend.embedding_format == TITAN
+    return endpoint in ENDPOINTS or (endpoint == EMBEDDINGS_ENDPOINT and titan)
+
+
+def invocation_type(endpoint: str) -> str:
+    """The job's `modelInvocationType`: Titan's embeddings are InvokeModel bodies, the rest Converse requests."""
+    return "InvokeModel" if endpoint == EMBEDDINGS_ENDPOINT else "Converse"
+
+
+def _model_input(model: Model, endpoint: str, body: dict) -> dict:
+    """A request's record `modelInput`, as a direct call sends it; Untranslatable when a job cannot carry it."""
+    if endpoint == EMBEDDINGS_ENDPOINT:
+        bodies = embedding_bodies(body, model.backend.embedding_format if model.backend else None)
+        if len(bodies) != 1:
+            raise Untranslatable("input: a model invocation job embeds one text a record")
+        return bodies[0]
     features = model.backend.features if model.backend else ()
     request = from_chat(body, features) if endpoint == CHAT_ENDPOINT else from_messages(body, features)
     if body.get("stream") is True:
@@ -82,12 +106,12 @@ def _converse(model: Model, endpoint: str, body: dict) -> dict:
 
 
 def takes_request(model: Model, endpoint: str, body: dict) -> bool:
-    """Whether a model invocation job carries this request (else it runs directly): tools, structured output
-    and streaming do not go."""
-    if endpoint not in ENDPOINTS:
+    """Whether a model invocation job carries this request (else it runs directly): tools, structured output,
+    streaming and embeddings of several texts do not go."""
+    if not takes_endpoint(model, endpoint):
         return False
     try:
-        _converse(model, endpoint, body)
+        _model_input(model, endpoint, body)
     except Untranslatable:
         return False
     return True
@@ -138,7 +162,7 @@ def submit(model: Model, api_key: str | None, job_key: str, endpoint: str, lines
     records = []
     for key, body in lines:
         try:
-            request = _converse(model, endpoint, body)
+            request = _model_input(model, endpoint, body)
         except Untranslatable:
             continue  # not in the input: it runs directly
         records.append(json.dumps({"recordId": key, "modelInput": request}, default=_json,
@@ -151,7 +175,7 @@ def submit(model: Model, api_key: str | None, job_key: str, endpoint: str, lines
     bucket = staging.blobs.bucket
     made = _call(model, "create_model_invocation_job", jobName=name, roleArn=staging.role_arn,
                  clientRequestToken=request_token(job_key), modelId=backend.model_id,
-                 modelInvocationType="Converse", timeoutDurationInHours=TIMEOUT_HOURS,
+                 modelInvocationType=invocation_type(endpoint), timeoutDurationInHours=TIMEOUT_HOURS,
                  inputDataConfig={"s3InputDataConfig": {"s3Uri": f"s3://{bucket}/{source}", "s3InputFormat": "JSONL"}},
                  outputDataConfig={"s3OutputDataConfig": {
                      "s3Uri": f"s3://{bucket}/{PROVIDER_JOBS_OUTPUT_PREFIX}{name}/"}})
@@ -215,13 +239,15 @@ def _read(staging: Staging, key: str, start: int, limit: int, length: int) -> Pa
 
 
 def _answer(line: str, key: str) -> LineAnswer:
-    """One output record: `modelOutput` (the Converse answer, a 200) or `error` (its HTTP status)."""
+    """One output record: `modelOutput` (the Converse answer or Titan's embedding, a 200) or `error` (its HTTP
+    status)."""
     record = json.loads(line)
     job_id = key.rpartition("/")[0].rpartition("/")[2]  # <prefix>/<job id>/<input>.jsonl.out
     record_id = str(record.get("recordId"))
     output, error = record.get("modelOutput"), record.get("error")
     if isinstance(output, dict):
-        prompt, completion, cached = usage_of(output)
+        counted = output.get("inputTextTokenCount")  # Titan's embedding counts its input tokens
+        prompt, completion, cached = (int(counted), 0, 0) if isinstance(counted, int) else usage_of(output)
         return LineAnswer(record_id, Attempt(status_code=200, body=output, request_id=f"{job_id}-{record_id}",
                                              input_tokens=prompt, output_tokens=completion, cached_tokens=cached))
     if isinstance(error, dict):
@@ -235,15 +261,20 @@ def _answer(line: str, key: str) -> LineAnswer:
 
 
 def as_asked(model: Model, endpoint: str, body: dict, attempt: Attempt) -> Attempt:
-    """A record's Converse answer shown as a direct call shows it: a chat completion or a message, named as
-    the caller named the model (an answer that cannot be shown: a 502, its cost still counted)."""
+    """A record's answer shown as a direct call shows it: a chat completion, a message or an embeddings list,
+    named as the caller named the model (an answer that cannot be shown: a 502, its cost still counted)."""
     if not attempt.ok or not isinstance(attempt.body, dict):
         return attempt
     name = str(body.get("model") or model.id)
     request_id = attempt.request_id or ""
     try:
-        shown = to_chat_completion(attempt.body, name, request_id, int(time.time())) if endpoint == CHAT_ENDPOINT \
-            else to_message(attempt.body, name, request_id, tuple(body.get("stop_sequences") or ()))
+        if endpoint == EMBEDDINGS_ENDPOINT:
+            shown = to_embeddings(vectors_of(attempt.body, TITAN), name, attempt.input_tokens,
+                                  body.get("encoding_format"))
+        elif endpoint == CHAT_ENDPOINT:
+            shown = to_chat_completion(attempt.body, name, request_id, int(time.time()))
+        else:
+            shown = to_message(attempt.body, name, request_id, tuple(body.get("stop_sequences") or ()))
     except ValueError as error:
         return Attempt(status_code=502, request_id=attempt.request_id, input_tokens=attempt.input_tokens,
                        output_tokens=attempt.output_tokens,
