@@ -6,7 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import yaml
+
+from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.layout import batch_key
 from batchinfer.runtime import Services, build_services, use_services
 from batchinfer.scheduling.dispatcher import Dispatcher
@@ -253,3 +257,20 @@ def worker_dies_before_recording_the_job(monkeypatch) -> list[str]:  # noqa: ANN
 
     monkeypatch.setattr(jobs, "_state", dies_before_recording)
     return died
+
+
+def catalog_with(folder: Path, *models: dict) -> Path:
+    """A models file in `folder`: the default catalog with these models added after its own."""
+    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
+    catalog["models"].extend(models)
+    path = folder / "models.yaml"
+    path.write_text(yaml.safe_dump(catalog))
+    return path
+
+
+def bedrock_embedder(model_id: str, bedrock_model_id: str, embedding_format: str, **fields) -> dict:
+    """A catalog entry of an embeddings model on (the simulated) Bedrock: Titan text or Cohere embed bodies."""
+    return {"id": model_id, "endpoints": ["/v1/embeddings"], "batch_budget": 2, "price": {"input_per_mtok": 0.13},
+            "backend": {"kind": "bedrock", "model_id": bedrock_model_id, "region": "us-east-1",
+                        "endpoint_url": "${SIMULATED_BACKEND_URL}", "embedding_format": embedding_format},
+            **fields}

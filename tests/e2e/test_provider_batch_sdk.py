@@ -17,10 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from batchinfer.api.app import create_app
-from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.service import accounts
 from batchinfer.settings import Settings
 from local.run import LOCAL_BEDROCK_BATCH_ROLE, start
@@ -28,6 +26,7 @@ from local.servers import UvicornThread, free_port
 from local.simulated_answers import build_anthropic, build_chat, embedding_vector, parse_chat
 from local.simulated_backend import SimConfig
 from tests.e2e.conftest import SdkRuns
+from tests.helpers import bedrock_embedder, catalog_with
 
 pytestmark = pytest.mark.e2e
 SDK_SCRIPTS = Path(__file__).with_name("sdk_scripts")
@@ -42,20 +41,14 @@ ACCOUNT = {"tier": "internal", "daily_quota_usd": 1000.0}
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("tier-stack") / ".local"
-    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
-    catalog["models"].append({
+    models_file = catalog_with(state.parent, {
         "id": CLAUDE, "backend": {"kind": "anthropic", "base_url": "${SIMULATED_BACKEND_URL}/v1"},
         "batch_budget": 4, "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
         "provider_batch": {"price": {"input_per_mtok": 1.5, "output_per_mtok": 7.5}, "min_requests": 2,
-                           "poll_seconds": 1, "guard_seconds": 600}})
-    catalog["models"].append({
-        "id": TITAN, "endpoints": ["/v1/embeddings"], "batch_budget": 4, "price": {"input_per_mtok": 0.02},
-        "backend": {"kind": "bedrock", "model_id": TITAN_ID, "region": "us-east-1",
-                    "endpoint_url": "${SIMULATED_BACKEND_URL}", "embedding_format": "titan"},
-        "provider_batch": {"price": {"input_per_mtok": 0.01}, "min_requests": 100, "poll_seconds": 1,
-                           "guard_seconds": 600}})
-    models_file = state.parent / "models.yaml"
-    models_file.write_text(yaml.safe_dump(catalog))
+                           "poll_seconds": 1, "guard_seconds": 600}}, bedrock_embedder(
+        TITAN, TITAN_ID, "titan", price={"input_per_mtok": 0.02},
+        provider_batch={"price": {"input_per_mtok": 0.01}, "min_requests": 100, "poll_seconds": 1,
+                        "guard_seconds": 600}))
     settings = Settings(table_name="e2e-tier", bucket_name="e2e-tier", stage="e2e-tier", file_batches_enabled=True,
                         message_batches_enabled=True, embeddings_responses_batches_enabled=True,
                         models_file=str(models_file),

@@ -11,13 +11,22 @@ import struct
 from pathlib import Path
 
 import pytest
-import yaml
 
-from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.domain import utc_day
 from batchinfer.layout import model_budget_key
 from batchinfer.records import Usage
-from tests.helpers import anthropic_error, error, finish, new_key, ok, req, services_in_use, sim_requests
+from tests.helpers import (
+    anthropic_error,
+    bedrock_embedder,
+    catalog_with,
+    error,
+    finish,
+    new_key,
+    ok,
+    req,
+    services_in_use,
+    sim_requests,
+)
 from tests.integration.test_message_batches import V1, Messages
 
 CLAUDE = "claude-bedrock"  # the default catalog's Bedrock model
@@ -29,17 +38,8 @@ PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 @pytest.fixture
 def catalog_file(tmp_path: Path) -> Path:
     """The default catalog plus two Bedrock embedding models (Titan text and Cohere embed bodies)."""
-    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
-    for model_id, model, embedding_format in ((TITAN, "amazon.titan-embed-text-v2:0", "titan"),
-                                              (COHERE, "cohere.embed-english-v3", "cohere")):
-        catalog["models"].append({
-            "id": model_id, "endpoints": ["/v1/embeddings"], "batch_budget": 2,
-            "price": {"input_per_mtok": 0.13},
-            "backend": {"kind": "bedrock", "model_id": model, "region": "us-east-1",
-                        "endpoint_url": "${SIMULATED_BACKEND_URL}", "embedding_format": embedding_format}})
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump(catalog))
-    return path
+    return catalog_with(tmp_path, bedrock_embedder(TITAN, "amazon.titan-embed-text-v2:0", "titan"),
+                        bedrock_embedder(COHERE, "cohere.embed-english-v3", "cohere"))
 
 
 @pytest.fixture

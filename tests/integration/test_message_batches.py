@@ -8,14 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.layout import batch_key
 from tests.helpers import (
     AS_SENT,
     CONTEXT_OVERFLOW,
     anthropic_error,
+    catalog_with,
     check_as_sent,
     error,
     finish,
@@ -35,14 +34,10 @@ CLAUDE = "claude-sim"  # an anthropic-kind model on the simulator's Messages end
 @pytest.fixture
 def catalog_file(tmp_path: Path, sim) -> Path:
     """The default catalog plus an anthropic-kind model, both on the simulated backend."""
-    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
-    catalog["models"].append({
+    return catalog_with(tmp_path, {
         "id": CLAUDE, "backend": {"kind": "anthropic", "base_url": "${SIMULATED_BACKEND_URL}/v1",
                                   "api_key_env": "CLAUDE_SIM_KEY"},
         "batch_budget": 4, "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}})
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump(catalog))
-    return path
 
 
 @pytest.fixture

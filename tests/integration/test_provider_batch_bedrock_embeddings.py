@@ -11,13 +11,11 @@ import struct
 from pathlib import Path
 
 import pytest
-import yaml
 
-from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.records.provider_jobs import ProviderJob
 from local.simulated_answers import embedding_vector
 from tests.faults.harness import Clock
-from tests.helpers import finish, new_key, ok, services_in_use
+from tests.helpers import bedrock_embedder, catalog_with, finish, new_key, ok, services_in_use
 
 TITAN, COHERE = "titan-embed-bedrock", "cohere-embed-bedrock"
 TITAN_ID = "amazon.titan-embed-text-v2:0"
@@ -29,17 +27,10 @@ TIER = {"price": {"input_per_mtok": TIER_PRICE}, "min_requests": 100, "poll_seco
 @pytest.fixture
 def catalog_file(tmp_path: Path) -> Path:
     """The default catalog plus a Titan text and a Cohere embed model on Bedrock, each with a batch tier."""
-    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
-    for model_id, model, embedding_format in ((TITAN, TITAN_ID, "titan"),
-                                              (COHERE, "cohere.embed-english-v3", "cohere")):
-        catalog["models"].append({
-            "id": model_id, "endpoints": ["/v1/embeddings"], "batch_budget": 4,
-            "price": {"input_per_mtok": MODEL_PRICE}, "provider_batch": TIER,
-            "backend": {"kind": "bedrock", "model_id": model, "region": "us-east-1",
-                        "endpoint_url": "${SIMULATED_BACKEND_URL}", "embedding_format": embedding_format}})
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump(catalog))
-    return path
+    price = {"input_per_mtok": MODEL_PRICE}
+    return catalog_with(tmp_path, bedrock_embedder(TITAN, TITAN_ID, "titan", price=price, provider_batch=TIER),
+                        bedrock_embedder(COHERE, "cohere.embed-english-v3", "cohere", price=price,
+                                         provider_batch=TIER))
 
 
 @pytest.fixture

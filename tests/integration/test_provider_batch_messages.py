@@ -10,11 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from batchinfer.catalog import DEFAULT_MODELS_FILE
 from batchinfer.records.provider_jobs import ProviderJob
-from tests.helpers import finish, new_key, ok, services_in_use, step_by_record, worker_dies_before_recording_the_job
+from tests.helpers import (
+    catalog_with,
+    finish,
+    new_key,
+    ok,
+    services_in_use,
+    step_by_record,
+    worker_dies_before_recording_the_job,
+)
 from tests.integration.test_message_batches import Messages
 
 CLAUDE = "claude-sim"  # an anthropic-kind model with a tier, on the simulator's Messages and Message Batches
@@ -24,16 +30,12 @@ PRICE = {CLAUDE: ((3.0, 15.0), (1.5, 7.5)), GLM: ((0.10, 0.40), (0.05, 0.20))}  
 
 @pytest.fixture
 def catalog_file(tmp_path: Path, sim) -> Path:
-    catalog = yaml.safe_load(Path(DEFAULT_MODELS_FILE).read_text())
-    catalog["models"].append({
+    return catalog_with(tmp_path, {
         "id": CLAUDE, "backend": {"kind": "anthropic", "base_url": "${SIMULATED_BACKEND_URL}/v1",
                                   "api_key_env": "CLAUDE_SIM_KEY"},
         "batch_budget": 4, "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
         "provider_batch": {"price": {"input_per_mtok": 1.5, "output_per_mtok": 7.5}, "min_requests": 2,
                            "poll_seconds": 1, "guard_seconds": 600}})
-    path = tmp_path / "models.yaml"
-    path.write_text(yaml.safe_dump(catalog))
-    return path
 
 
 @pytest.fixture

@@ -3,13 +3,12 @@ Files and Batches calls unchanged but for `extra_body={"execution": "provider_ba
 output file read as usual. Needs FREEINFERENCE_BASE_URL and FREEINFERENCE_API_KEY. Prints one JSON object."""
 
 import json
-import os
-import time
 
 import openai
 from openai import OpenAI
+from sdk_common import BASE, KEY, on_tier, wait
 
-client = OpenAI(base_url=os.environ["FREEINFERENCE_BASE_URL"], api_key=os.environ["FREEINFERENCE_API_KEY"])
+client = OpenAI(base_url=BASE, api_key=KEY)
 lines = [{"custom_id": f"t-{i}", "method": "POST", "url": "/v1/chat/completions",
           "body": {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": f"Tier question {i}."}]}}
          for i in range(4)]
@@ -24,14 +23,8 @@ except openai.APIStatusError as exc:
 batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
                               extra_body={"execution": "provider_batch"})
 out["created_execution"] = getattr(batch, "execution", None)
-deadline = time.monotonic() + 120
-while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
-    time.sleep(0.5)
-    batch = client.batches.retrieve(batch.id)
-out["status"], out["execution"] = batch.status, getattr(batch, "execution", None)
-out["counts"] = [batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed]
-out["cost_usd"], out["saved_usd"] = getattr(batch, "cost_usd", None), getattr(batch, "saved_usd", None)
-out["usage"] = [batch.usage.input_tokens, batch.usage.output_tokens] if batch.usage else None
+batch = wait(client, batch.id, timeout=120)
+out.update(on_tier(batch))
 content = client.files.content(batch.output_file_id).text
 out["output"] = sorted([answer["custom_id"], answer["response"]["body"]["choices"][0]["message"]["content"]]
                       for answer in map(json.loads, filter(str.strip, content.splitlines())))

@@ -5,12 +5,12 @@ FREEINFERENCE_API_KEY and TIER_MODEL. Prints one JSON object."""
 
 import json
 import os
-import time
 
 import openai
 from openai import OpenAI
+from sdk_common import BASE, KEY, on_tier, wait
 
-client = OpenAI(base_url=os.environ["FREEINFERENCE_BASE_URL"], api_key=os.environ["FREEINFERENCE_API_KEY"])
+client = OpenAI(base_url=BASE, api_key=KEY)
 # Bedrock's jobs take at least 100 records, one text each.
 lines = [{"custom_id": f"e-{i}", "method": "POST", "url": "/v1/embeddings",
           "body": {"model": os.environ["TIER_MODEL"], "input": f"Passage {i} to index." if i % 2
@@ -20,14 +20,8 @@ upload = client.files.create(file=("embed.jsonl", "".join(json.dumps(line) + "\n
 batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h",
                               extra_body={"execution": "provider_batch"})
 out = {"openai": openai.__version__, "created_execution": getattr(batch, "execution", None)}
-deadline = time.monotonic() + 120
-while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
-    time.sleep(0.5)
-    batch = client.batches.retrieve(batch.id)
-out["status"], out["execution"] = batch.status, getattr(batch, "execution", None)
-out["counts"] = [batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed]
-out["cost_usd"], out["saved_usd"] = getattr(batch, "cost_usd", None), getattr(batch, "saved_usd", None)
-out["usage"] = [batch.usage.input_tokens, batch.usage.output_tokens] if batch.usage else None
+batch = wait(client, batch.id, timeout=120)
+out.update(on_tier(batch))
 content = client.files.content(batch.output_file_id).text
 out["output"] = {answer["custom_id"]: [[item["embedding"] for item in answer["response"]["body"]["data"]],
                                        answer["response"]["body"]["usage"]["prompt_tokens"]]

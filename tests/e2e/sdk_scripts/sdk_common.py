@@ -1,6 +1,7 @@
-"""What the SDK scripts share: where the service is and the key (from the environment, as a user's own
-program would have them), the model they batch on, an OpenAI batch line, and waiting for an OpenAI-shaped
-batch to end. A script runs as `python <script>`, so this module, beside it, is importable as it is."""
+"""What the SDK scripts share: where the service is and the key (from the environment, as a user's own program
+would have them), the model they batch on, an OpenAI batch line, waiting for an OpenAI-shaped batch to end, and
+what an ended one on a provider's batch tier shows. A script runs as `python <script>`, so this module, beside
+it, is importable as it is."""
 
 import os
 import time
@@ -25,3 +26,12 @@ def wait(client, batch_id, timeout=60):
             return batch
         time.sleep(0.2)
     raise AssertionError(f"{batch_id} did not end")
+
+
+def on_tier(batch):
+    """What an ended OpenAI-shaped batch shows of a run on a provider's batch tier: its status, `execution`,
+    counts, `cost_usd`, `saved_usd` (extensions, read as the SDK keeps unknown fields) and usage."""
+    return {"status": batch.status, "execution": getattr(batch, "execution", None),
+            "counts": [batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed],
+            "cost_usd": getattr(batch, "cost_usd", None), "saved_usd": getattr(batch, "saved_usd", None),
+            "usage": [batch.usage.input_tokens, batch.usage.output_tokens] if batch.usage else None}
