@@ -131,3 +131,27 @@ def test_a_cohere_embed_part_runs_directly(svc, api, sim_control):
     assert tier_stats(sim_control)["jobs"] == 0 and invoke_calls(sim_control) == 100
     assert ProviderJob.of_batch(svc.table, shown["id"]) == []
     assert shown["request_counts"]["completed"] == 100 and shown["saved_usd"] == 0
+
+
+def test_an_estimate_prices_at_the_tiers_price_only_the_requests_a_job_would_carry(svc, api):
+    _, key = new_key(svc)
+    singles = [embedding(f"e-{i}", f"passage number {i}") for i in range(100)]
+    several = [embedding(f"s-{i}", ["first text", f"second text {i}"]) for i in range(3)]
+
+    def estimate(lines: list[dict], execution: str) -> dict:
+        [model] = ok(api("POST", "/v1/batches/estimate", key,
+                         json_body={"requests": lines, "execution": execution}))["models"]
+        return model
+
+    whole, rest = estimate(singles + several, "direct"), estimate(several, "direct")
+    tier = estimate(singles + several, "provider_batch")
+    assert (tier["execution"], tier["provider_batch_request_count"], tier["request_count"]) == (
+        "provider_batch", 100, 103)
+    assert (whole["execution"], whole["provider_batch_request_count"]) == ("direct", 0)
+    assert tier["input_tokens"] == whole["input_tokens"]
+    carried = whole["cost_usd"]["min"] - rest["cost_usd"]["min"]  # at the model's price
+    assert tier["cost_usd"]["min"] == pytest.approx(carried * TIER_PRICE / MODEL_PRICE + rest["cost_usd"]["min"],
+                                                    abs=1e-12)
+    # Fewer requests a job would carry than Bedrock's 100 records: the whole part is estimated as it runs, directly.
+    short = estimate(singles[:99] + several, "provider_batch")
+    assert (short["execution"], short["provider_batch_request_count"]) == ("direct", 0)

@@ -324,7 +324,10 @@ class ModelEstimate(BaseModel):
     tokenizer: str = Field(description="The tiktoken encoding input tokens were counted with")
     execution: Literal["direct", "provider_batch"] = Field("direct", description=(
         "An extension: how this part would run (provider_batch: on the model's provider batch tier, cost_usd at "
-        "its price)"))
+        "its price for the requests a job would carry)"))
+    provider_batch_request_count: int = Field(0, description=(
+        "An extension: of request_count, those that would run on the tier (the rest, which a job cannot carry, "
+        "run directly, priced at the model's price); 0 when the part runs directly"))
     queue_ahead: int = Field(description="Unstarted batch requests of all accounts on the model now, rounded "
                                          "down to 0, 1, 2, 5, 10, 20, 50, 100, ... (a lower bound)")
     batch_budget: int = Field(description="The model's batch slots (the catalog)")

@@ -14,7 +14,7 @@ counts against no quota.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ...catalog import Model
@@ -26,6 +26,7 @@ from ...scheduling.capacity import effective_budget, read_budget
 from ...scheduling.config import scheduler_config
 from ...spending import output_limit
 from ..accounts import Principal
+from ..offloading.execution import TierRule
 from .prefix_key import prefix_key, shared_part
 from .tokenizer import DEFAULT_TOKENIZER, count_body
 from .validation import RejectedRequest, ValidatedBatch, ValidRequest, problem_count, validate_file_lines
@@ -47,46 +48,79 @@ END_SECONDS = 0.5
 
 
 @dataclass
-class ModelFigures:
-    model: Model
+class Part:
+    """Requests of one model that run one way: their count, input tokens, the output tokens they may be charged
+    for (None: a request has no output limit of its own nor in the catalog) and the input a prompt cache would
+    serve."""
+
     request_count: int = 0
     input_tokens: int = 0
-    max_output_tokens: int | None = 0  # None: a request has no output limit of its own nor in the catalog
-    on_tier: bool = False  # the part would run on the model's provider batch tier, at its price
+    max_output_tokens: int | None = 0
+    cached_input_tokens: int = 0
+
+    def add(self, tokens: int, limit: int | None, cached: int) -> None:
+        self.request_count += 1
+        self.input_tokens += tokens
+        self.cached_input_tokens += cached
+        self.max_output_tokens = None if limit is None or self.max_output_tokens is None \
+            else self.max_output_tokens + limit
+
+    def __add__(self, other: Part) -> Part:
+        outputs = None if self.max_output_tokens is None or other.max_output_tokens is None \
+            else self.max_output_tokens + other.max_output_tokens
+        return Part(self.request_count + other.request_count, self.input_tokens + other.input_tokens, outputs,
+                    self.cached_input_tokens + other.cached_input_tokens)
+
+
+@dataclass
+class ModelFigures:
+    """A model's part of the batch: `carried`, the requests its provider batch tier would take (a Bedrock
+    job takes no tools, say), and `rest`; when the part goes to the tier (`on_tier`), `carried` is priced at
+    the tier's price with no cache counted, and `rest` runs directly at the model's."""
+
+    model: Model
+    carried: Part = field(default_factory=Part)
+    rest: Part = field(default_factory=Part)
+    on_tier: bool = False
     # Input a prompt cache would serve: the shared part (`prefix_key`) of every request after its prefix's
     # first, where the model's backend has a cache (`prompt_cache` not off); the batch runs in the order that
     # lets it (scheduling.prefix_order).
-    cached_input_tokens: int = 0
     shared: dict = field(default_factory=dict)  # prefix key -> the tokens of its shared part
 
-    def add(self, endpoint: str, body: dict) -> None:
-        self.request_count += 1
-        self.input_tokens += count_body(body, endpoint, self.tokenizer)
+    def add(self, endpoint: str, body: dict, to_tier: bool = False) -> None:
+        cached = 0
         key = prefix_key(endpoint, body) if self.model.cache_kind != "off" else None
         if key is not None:
             if key in self.shared:
-                self.cached_input_tokens += self.shared[key]
+                cached = self.shared[key]
             else:
                 self.shared[key] = count_body(shared_part(endpoint, body), endpoint, self.tokenizer)
-        limit = output_limit(self.model, endpoint, body)
-        self.max_output_tokens = None if limit is None or self.max_output_tokens is None \
-            else self.max_output_tokens + limit
+        (self.carried if to_tier else self.rest).add(count_body(body, endpoint, self.tokenizer),
+                                                     output_limit(self.model, endpoint, body), cached)
+
+    @property
+    def whole(self) -> Part:
+        return self.carried + self.rest
+
+    @property
+    def direct(self) -> Part:
+        """What runs directly: all of it, unless the part goes to the tier."""
+        return self.rest if self.on_tier else self.whole
 
     @property
     def tokenizer(self) -> str:
         return self.model.tokenizer or DEFAULT_TOKENIZER
 
     def cost(self) -> dict:
+        direct = self.direct
+        low = self.model.cost_usd(direct.input_tokens, 0, direct.cached_input_tokens)
+        high = None if direct.max_output_tokens is None else self.model.cost_usd(
+            direct.input_tokens, direct.max_output_tokens, direct.cached_input_tokens)
         if self.on_tier and self.model.provider_batch:  # a provider job: the tier's price, no cache counted
-            tier = self.model.provider_batch
-            low = tier.cost_usd(self.input_tokens, 0)
-            high = None if self.max_output_tokens is None else tier.cost_usd(self.input_tokens,
-                                                                             self.max_output_tokens)
-        else:
-            low = self.model.cost_usd(self.input_tokens, 0, self.cached_input_tokens)
-            high = None if self.max_output_tokens is None else self.model.cost_usd(self.input_tokens,
-                                                                                  self.max_output_tokens,
-                                                                                  self.cached_input_tokens)
+            tier, carried = self.model.provider_batch, self.carried
+            low += tier.cost_usd(carried.input_tokens, 0)
+            high = None if high is None or carried.max_output_tokens is None \
+                else high + tier.cost_usd(carried.input_tokens, carried.max_output_tokens)
         return {"min": round(low, 10), "max": None if high is None else round(high, 10)}
 
 
@@ -216,10 +250,10 @@ def seconds_to_finish(queue: Queue, account_id: str, own_limit: int, count: int)
 
 def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
              requests: Iterable[ValidRequest | RejectedRequest] | None = None,
-             on_tier: Callable[[Model, int], bool] | None = None) -> dict:
+             on_tier: TierRule | None = None) -> dict:
     """The estimate of `batch` (its requests, or `requests` for a file batch's lines) for `principal`.
-    `on_tier(model, count)`: whether a model's part would run on its provider batch tier (its `execution`),
-    priced there."""
+    `on_tier`: which requests of a model's part its provider batch tier would carry, and whether the part would
+    go there (its `execution`), priced there; the rest is priced as it runs, directly."""
     now = svc.now()
     endpoint = batch.endpoint
     figures: dict[str, ModelFigures] = {}
@@ -230,20 +264,24 @@ def estimate(svc: Services, principal: Principal, batch: ValidatedBatch,
             continue
         if req.model_id not in figures:
             figures[req.model_id] = ModelFigures(svc.catalog.get(req.model_id))
-        figures[req.model_id].add(endpoint, req.body)
+        fig = figures[req.model_id]
+        fig.add(endpoint, req.body, on_tier is not None and on_tier.carries(fig.model, endpoint, req.body))
     own_limit = svc.settings.tier_limits.get(principal.account.get("tier", "free"), 0)
     window = batch.window_seconds or svc.settings.batch_completion_window_seconds
     models, longest = [], 0.0
     for model_id, fig in figures.items():
-        fig.on_tier = bool(on_tier and on_tier(fig.model, fig.request_count))
+        fig.on_tier = bool(on_tier and fig.carried.request_count and on_tier.goes(fig.model,
+                                                                                  fig.carried.request_count))
+        whole = fig.whole
         queue = read_queue(svc, fig.model)
-        seconds = seconds_to_finish(queue, principal.account_id, own_limit, fig.request_count)
+        seconds = seconds_to_finish(queue, principal.account_id, own_limit, whole.request_count)
         longest = max(longest, seconds)
         models.append({
-            "model": model_id, "request_count": fig.request_count, "input_tokens": fig.input_tokens,
-            "cached_input_tokens": 0 if fig.on_tier else fig.cached_input_tokens,
-            "max_output_tokens": fig.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
+            "model": model_id, "request_count": whole.request_count, "input_tokens": whole.input_tokens,
+            "cached_input_tokens": fig.direct.cached_input_tokens,
+            "max_output_tokens": whole.max_output_tokens, "cost_usd": fig.cost(), "tokenizer": fig.tokenizer,
             "execution": "provider_batch" if fig.on_tier else "direct",
+            "provider_batch_request_count": fig.carried.request_count if fig.on_tier else 0,
             "queue_ahead": coarse_count(queue.ahead), "batch_budget": fig.model.batch_budget,
             "batch_cap_now": queue.cap, "tier_limit": own_limit, "mean_latency_seconds": queue.measured,
             "latency_used_seconds": round(queue.latency, 4),

@@ -7,10 +7,12 @@ directly. Absent: each model's catalog `default`."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ...catalog import Model
 from ...errors import InvalidRequest
-from ...providers.batch_tiers import tier_ready, tier_takes
+from ...providers import as_sent
+from ...providers.batch_tiers import takes_request, tier_ready, tier_takes
 from ...records import BatchItem, Op
 from ...records.provider_jobs import ProviderJob
 from ...runtime import Services
@@ -81,13 +83,35 @@ def job_sizes(total: int, most: int) -> list[int]:
     return [base + 1] * extra + [base] * (count - extra)
 
 
+def carried(model: Model, endpoint: str, body: dict) -> tuple[str, dict] | None:
+    """(the endpoint, the body) a request goes in a job of the model's tier as, the very request a direct call
+    sends; None when the tier does not carry it (its translation refuses it, or the tier's jobs cannot:
+    Bedrock's take no tools, nor an embeddings request of several texts), so it runs directly."""
+    try:
+        sent_endpoint, sent = as_sent(model, endpoint, body)
+    except ValueError:
+        return None
+    return (sent_endpoint, sent) if takes_request(model, sent_endpoint, sent) else None
+
+
+@dataclass(frozen=True)
+class TierRule:
+    """For an estimate: `goes(model, count)`, whether a model's part of `count` requests the tier carries
+    would go to its tier, and `carries`, which requests those are (the rest run directly)."""
+
+    goes: Callable[[Model, int], bool]
+
+    def carries(self, model: Model, endpoint: str, body: dict) -> bool:
+        return model.provider_batch is not None and carried(model, endpoint, body) is not None
+
+
 def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority: str, window_seconds: int,
-                  capped: bool = False) -> Callable[[Model, int], bool]:
-    """For an estimate: whether a model's part of `count` requests of a batch created now would go to its tier
-    (a capped batch's too: its jobs commit their worst case at the tier's price before they are submitted)."""
+                  capped: bool = False) -> TierRule:
+    """For an estimate: which part of a batch created now would go to each model's tier (a capped batch's too:
+    its jobs commit their worst case at the tier's price before they are submitted)."""
     now = svc.now()
     batch = {"endpoint": endpoint, "execution": execution, "priority": priority, "expires_at": now + window_seconds}
-    return lambda model, count: goes_to_tier(batch, model, count, now) and ready(svc, model)
+    return TierRule(lambda model, count: goes_to_tier(batch, model, count, now) and ready(svc, model))
 
 
 def ready(svc: Services, model: Model) -> bool:

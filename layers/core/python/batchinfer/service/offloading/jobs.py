@@ -32,14 +32,13 @@ from ...domain import FINAL_BATCH, RequestState, Stop, new_token, utc_day
 from ...layout import INDEX_CHUNK, IndexEntry, index_object, lane_object
 from ...ledger import SETTLE_MAX, Settlement, settle_many
 from ...observability import Bulkhead
-from ...providers import as_asked, as_sent, translates
+from ...providers import as_asked, translates
 from ...providers.batch_tiers import (
     LineAnswer,
     Staging,
     TierError,
     forget,
     min_requests,
-    takes_request,
     tier_of,
     within_job,
 )
@@ -55,6 +54,7 @@ from ..lifecycle import fail_batch, internal_error, stop_batch
 from ..running import request_file
 from ..running.backend_call import backend_key
 from ..running.run_request import answered_outcome
+from .execution import carried
 
 log = logging.getLogger(__name__)
 
@@ -417,12 +417,10 @@ def _as_sent(model: Model, endpoint: str, held: list[RequestItem], bodies: list[
     inputs), is left out (never answered: it runs directly)."""
     sent_endpoint, lines = endpoint, []
     for req, body in zip(held, bodies, strict=True):
-        try:
-            sent_endpoint, sent = as_sent(model, endpoint, body)
-        except ValueError:
-            continue
-        if takes_request(model, sent_endpoint, sent):
-            lines.append((str(req["index"]), sent))
+        sent = carried(model, endpoint, body)
+        if sent is not None:
+            sent_endpoint = sent[0]
+            lines.append((str(req["index"]), sent[1]))
     return sent_endpoint, within_job(model, sent_endpoint, lines)
 
 
