@@ -6,6 +6,7 @@ directly. Absent: each model's catalog `default`."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,7 +103,10 @@ class TierRule:
     goes: Callable[[Model, int], bool]
 
     def carries(self, model: Model, endpoint: str, body: dict) -> bool:
-        return model.provider_batch is not None and carried(model, endpoint, body) is not None
+        # A part that cannot go however many it holds (`direct`, the guard's moment passed, ...) is not looked
+        # into request by request.
+        return model.provider_batch is not None and self.goes(model, sys.maxsize) \
+            and carried(model, endpoint, body) is not None
 
 
 def estimate_rule(svc: Services, endpoint: str, execution: str | None, priority: str, window_seconds: int,
