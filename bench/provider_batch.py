@@ -1,5 +1,6 @@
 """A model's part of a batch on its provider's batch tier (docs/provider-batch.md), three measurements on the
-simulated backend's OpenAI Batches API (`glm-5.3-flash`, whose tier the default catalog prices at half):
+simulated backend's OpenAI Batches API (`glm-5.3-flash`, whose tier the default catalog prices at half; the
+cost runs also on its Bedrock batch inference, `--model claude-bedrock`, whose tier is priced at half too):
 
 1. cost: the same requests once with `execution: direct` and once with `provider_batch`, on the local stack:
    cost per million requests each way from the batch objects' `cost_usd`, their ratio (tier / direct; goal
@@ -25,6 +26,7 @@ import math
 import os
 import time
 import tracemalloc
+from contextlib import nullcontext
 
 import requests
 
@@ -39,6 +41,7 @@ from batchinfer.storage import bootstrap
 from batchinfer.storage.aws import clients_for
 from bench.common import FINAL, MODEL, backend_process, command_line, local_stack, median, wait
 from bench.ingest import reset_peak, rss_mb, spread
+from local.run import LOCAL_BEDROCK_BATCH_ROLE
 from local.servers import MotoServer, free_port
 
 COST_GOAL = 0.55  # tier / direct cost per request: the catalog's tier price is half the model's
@@ -48,10 +51,10 @@ SECONDS_PER_1000_GOAL = 72.0
 TRACED_PAGES = 10  # tracemalloc slows the process: it watches the first pages only (peak RSS watches them all)
 
 
-def chat_requests(n: int, tag: str) -> list[dict]:
+def chat_requests(n: int, tag: str, model: str = MODEL) -> list[dict]:
     """The same questions for every run (the simulator's answers, and so their usage, follow the text);
     only the custom_ids carry the run's tag."""
-    return [{"custom_id": f"{tag}-{i}", "body": {"model": MODEL, "max_tokens": 16, "messages": [
+    return [{"custom_id": f"{tag}-{i}", "body": {"model": model, "max_tokens": 16, "messages": [
         {"role": "user", "content": f"Tier benchmark question {i}: what is {i} plus {i}?"}]}} for i in range(n)]
 
 
@@ -64,8 +67,9 @@ def margin_ratio(expires_at: float, finished_at: float, guard_seconds: float) ->
     return (expires_at - finished_at) / guard_seconds if guard_seconds > 0 else math.inf
 
 
-def sim_of(svc) -> str:
-    return svc.catalog.get(MODEL).backend.base_url.rstrip("/").removesuffix("/v1")
+def sim_of(svc, model: str = MODEL) -> str:
+    backend = svc.catalog.get(model).backend  # a Bedrock model's: where its control plane answers
+    return (backend.endpoint_url or backend.base_url).rstrip("/").removesuffix("/v1")
 
 
 def run_batch(session: requests.Session, base: str, body: dict) -> tuple[dict, float]:
@@ -78,14 +82,20 @@ def run_batch(session: requests.Session, base: str, body: dict) -> tuple[dict, f
 
 # --- 1. cost per million requests --------------------------------------------------------------------------
 
-def cost_runs(n: int, runs: int, latency: float, budget: int) -> dict:
+def cost_runs(n: int, runs: int, latency: float, budget: int, model: str = MODEL) -> dict:
     direct_pm, tier_pm, ratios, direct_s, tier_s, checks = [], [], [], [], [], []
-    with backend_process(latency), local_stack(budget=budget) as (svc, session, base):
-        sim = sim_of(svc)
+    # Bedrock's jobs read and write the stack's bucket: its model runs on the stack's own simulator, the one
+    # wired to the moto server's S3 (in the stack's process, so its walls are not the OpenAI runs').
+    on_bedrock = model != MODEL
+    with (nullcontext() if on_bedrock else backend_process(latency)), \
+            local_stack(latency=latency if on_bedrock else 0.0, budget=budget,
+                        bedrock_batch_role_arn=LOCAL_BEDROCK_BATCH_ROLE) as (svc, session, base):
+        sim = sim_of(svc, model)
         requests.post(f"{sim}/_sim/batches/reset", timeout=10).raise_for_status()
         for run in range(runs):
-            direct, d_s = run_batch(session, base, {"requests": chat_requests(n, f"d{run}"), "execution": "direct"})
-            tier, t_s = run_batch(session, base, {"requests": chat_requests(n, f"t{run}"),
+            direct, d_s = run_batch(session, base, {"requests": chat_requests(n, f"d{run}", model),
+                                                    "execution": "direct"})
+            tier, t_s = run_batch(session, base, {"requests": chat_requests(n, f"t{run}", model),
                                                   "execution": "provider_batch"})
             for batch in (direct, tier):
                 assert batch["status"] == "completed" and batch["request_counts"]["completed"] == n, batch
@@ -97,10 +107,11 @@ def cost_runs(n: int, runs: int, latency: float, budget: int) -> dict:
             checks.append(abs(tier["saved_usd"] - (direct["cost_usd"] - tier["cost_usd"])))
             direct_s.append(d_s)
             tier_s.append(t_s)
-        jobs_made = requests.get(f"{sim}/_sim/batches", timeout=10).json()["jobs"]
+        made = requests.get(f"{sim}/_sim/batches", timeout=10).json()
+        jobs_made = made["bedrock_jobs"]["jobs"] if on_bedrock else made["jobs"]
     assert jobs_made == runs, f"{jobs_made} provider jobs for {runs} tier runs"
     ratio = median(ratios)
-    print(f"cost: {n} chat requests on {MODEL}, C={budget}, L={latency}s, once direct and once on its tier; "
+    print(f"cost: {n} chat requests on {model}, C={budget}, L={latency}s, once direct and once on its tier; "
           f"{runs} runs")
     print(f"  per million requests: direct ${median(direct_pm):.2f} {spread(direct_pm)}, tier ${median(tier_pm):.2f} "
           f"{spread(tier_pm)}")
@@ -254,6 +265,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="one measurement (repeatable); all three by default")
     parser.add_argument("--requests", type=int, default=400, help="requests of the cost runs")
     parser.add_argument("--runs", type=int, default=3, help="cost runs (each: direct, then tier)")
+    parser.add_argument("--model", default=MODEL, choices=(MODEL, "claude-bedrock"),
+                        help="the cost runs' model: its tier is OpenAI's Batches API or Bedrock's batch inference")
     parser.add_argument("--lines", type=int, default=50_000, help="lines of the collected provider output")
     parser.add_argument("--latency", type=float, default=0.5)
     parser.add_argument("--budget", type=int, default=16)
@@ -265,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
     only = args.only or ["cost", "collect", "guard"]
     out: dict = {}
     if "cost" in only:
-        out.update(cost_runs(args.requests, args.runs, args.latency, args.budget))
+        out.update(cost_runs(args.requests, args.runs, args.latency, args.budget, args.model))
     if "collect" in only:
         out.update(collect_run(args.lines))
     if "guard" in only:
