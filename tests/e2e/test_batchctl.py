@@ -246,6 +246,23 @@ def test_estimate_creates_nothing_and_says_what_the_batch_would_take(stack, fres
     assert json.loads(ok(ctl(stack["dir"], fresh_env, "list", "--json")).stdout)["data"] == listed
 
 
+def test_execution_sends_a_batch_to_its_models_provider_tier_and_the_estimate_prices_it_there(
+        stack, fresh_env, tmp_path):
+    prompts = tmp_path / "tier.txt"
+    prompts.write_text("first tier prompt\nsecond tier prompt\n")
+    human = ok(ctl(stack["dir"], fresh_env, "estimate", str(prompts), "--model", MODEL, "--execution",
+                   "provider_batch")).stdout.splitlines()
+    assert human[1].startswith(f"  {MODEL}: 2 requests (2 on its provider's batch tier), "), human
+    run = ok(ctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL, "--execution", "provider_batch",
+                 "--wait", "--json"))
+    batch = json.loads(run.stdout)
+    assert (batch["status"], batch["execution"], batch["request_counts"]["completed"]) == (
+        "completed", "provider_batch", 2), batch
+    assert batch["saved_usd"] > 0 and batch["cost_usd"] == pytest.approx(batch["saved_usd"], abs=1e-12)  # half
+    assert "invalid choice" in ctl(stack["dir"], fresh_env, "submit", str(prompts), "--model", MODEL,
+                                   "--execution", "cheap").stderr
+
+
 def test_a_large_submission_goes_as_a_file_batch(stack, fresh_env, tmp_path):
     prompts = tmp_path / "many.txt"
     prompts.write_text("".join(f"prompt {i} {'x' * 40}\n" for i in range(30)))  # ~2.7 KB inline

@@ -113,6 +113,18 @@ def test_max_cost_is_sent_as_the_batchs_spending_cap_inline_and_from_a_file(tmp_
             submit_args(tmp_path, ["a"], max_cost=wrong)
 
 
+def test_execution_and_priority_are_sent_inline_and_from_a_file_and_refused_unless_known(tmp_path):
+    batch = submit_batch(FakeApi(), submit_args(tmp_path, ["a"], execution="provider_batch", priority="low"))
+    assert {k: v for k, v in json.loads(batch["kw"]["content"]).items() if k != "requests"} == {
+        "execution": "provider_batch", "priority": "low"}
+    batch = submit_batch(FakeApi(), submit_args(tmp_path, [f"prompt {i}" for i in range(20)], inline_max_bytes=100,
+                                                execution="auto"))
+    assert batch["kw"]["json"]["execution"] == "auto"
+    assert "execution" not in json.loads(submit_batch(FakeApi(), submit_args(tmp_path, ["a"]))["kw"]["content"])
+    with pytest.raises(SystemExit):
+        submit_args(tmp_path, ["a"], execution="cheap")
+
+
 def test_a_large_one_goes_as_a_file_in_one_request_or_in_parts(tmp_path):
     api = FakeApi()
     submit_batch(api, submit_args(tmp_path, [f"prompt {i}" for i in range(20)], inline_max_bytes=100))

@@ -8,14 +8,13 @@ import datetime as dt
 import json
 
 from .api_client import ApiClient
-from .submission import read_requests
+from .submission import extensions, read_requests
 
 
 def estimate_body(args: argparse.Namespace) -> bytes:
-    """FILE as the inline create body submit would send (the same requests, spending cap and priority)."""
-    body: dict = {"requests": read_requests(args.file, args.model, args.endpoint)}
-    if args.max_cost is not None:
-        body["max_cost_usd"] = args.max_cost
+    """FILE as the inline create body submit would send (the same requests, spending cap, priority and
+    execution)."""
+    body: dict = {"requests": read_requests(args.file, args.model, args.endpoint), **extensions(args)}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -30,7 +29,9 @@ def describe_estimate(estimate: dict) -> str:
     for m in estimate["models"]:
         latency = f"{m['mean_latency_seconds']} s" if m["mean_latency_seconds"] is not None else "not measured yet"
         ahead = f"{m['queue_ahead']}+" if m["queue_ahead"] else "none"  # a lower bound (1, 2, 5, 10, 20, ...)
-        lines.append(f"  {m['model']}: {m['request_count']} requests, {ahead} queued ahead, "
+        tier = m.get("provider_batch_request_count") or 0
+        on_tier = f" ({tier} on its provider's batch tier)" if tier else ""
+        lines.append(f"  {m['model']}: {m['request_count']} requests{on_tier}, {ahead} queued ahead, "
                      f"{m['batch_cap_now']}/{m['batch_budget']} slots, calls {latency}, "
                      f"~{m['estimated_seconds']} s")
     ends = estimate["estimated_completion_at"]

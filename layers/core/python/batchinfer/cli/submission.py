@@ -99,6 +99,14 @@ def _single(values: set) -> Any:
     return next(iter(values)) if len(values) == 1 else None
 
 
+def extensions(args: argparse.Namespace) -> dict:
+    """The create body's extension fields the command was given: the spending cap (`max_cost_usd`), the
+    priority among the account's batches and `execution` (direct, or on each model's provider batch tier)."""
+    given = {"max_cost_usd": getattr(args, "max_cost", None), "priority": getattr(args, "priority", None),
+             "execution": getattr(args, "execution", None)}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def submit_batch(client: ApiClient, args: argparse.Namespace) -> dict:
     """Create the batch by the route its size calls for (see INLINE_MAX_BYTES); the batch object."""
     requests = read_requests(args.file, args.model, args.endpoint)
@@ -110,10 +118,9 @@ def submit_batch(client: ApiClient, args: argparse.Namespace) -> dict:
     metadata = dict(args.metadata) if args.metadata else None
     inline = b'{"requests":[' + b",".join(lines) + b"]"
     inline += b',"metadata":' + json.dumps(metadata).encode() if metadata else b""
-    cap = getattr(args, "max_cost", None)
-    priority = getattr(args, "priority", None)
-    inline += (b',"max_cost_usd":' + json.dumps(cap).encode() if cap is not None else b"")
-    inline += (b',"priority":' + json.dumps(priority).encode() if priority else b"") + b"}"
+    for name, value in extensions(args).items():
+        inline += b',"' + name.encode() + b'":' + json.dumps(value).encode()
+    inline += b"}"
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     if len(inline) <= args.inline_max_bytes:
         return _create(client, inline, headers)
@@ -163,10 +170,7 @@ def _create_from_file(client: ApiClient, args: argparse.Namespace, jsonl: bytes,
     body: dict = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
     if metadata:
         body["metadata"] = metadata
-    if getattr(args, "max_cost", None) is not None:
-        body["max_cost_usd"] = args.max_cost
-    if getattr(args, "priority", None):
-        body["priority"] = args.priority
+    body.update(extensions(args))
     reply = client.request("POST", "/v1/batches", json=body, headers=headers)
     if not keep:  # the batch has its own copy: the upload would only take up the account's stored-files room
         try:

@@ -42,6 +42,10 @@ from .views import BatchView, batch_path, batch_table, describe, fetch, list_bat
 from .watch import watch
 
 PRIORITIES = ("high", "normal", "low")  # a batch's priority among its account's batches
+EXECUTIONS = ("direct", "provider_batch", "auto")  # how each model's part runs (docs/provider-batch.md)
+EXECUTION_HELP = ("direct (one by one), provider_batch (each model's part on its provider's batch tier where the "
+                  "catalog has one) or auto (as provider_batch, but a high priority batch runs directly); "
+                  "default: each model's own; an extension of this service")
 
 # --- Commands -----------------------------------------------------------------------------------------------
 
@@ -236,6 +240,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
                    help="sent as Idempotency-Key: submitting again with it answers with the first batch")
     p.add_argument("--priority", choices=PRIORITIES, default=None,
                    help="among your own batches (default: normal); an extension of this service")
+    p.add_argument("--execution", choices=EXECUTIONS, default=None, help=EXECUTION_HELP)
     p.add_argument("--wait", action="store_true", help="wait for the batch to end, showing progress")
     p.add_argument("-o", "--output", metavar="OUT", help="with --wait: write the results there (JSONL)")
     p.add_argument("--inline-max-bytes", type=int, default=INLINE_MAX_BYTES, metavar="BYTES",
@@ -254,6 +259,9 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="the model of prompts, and of batch lines whose body names none")
     p.add_argument("--endpoint", choices=ENDPOINTS, default=None, help=f"as for submit (default: {CHAT})")
     p.add_argument("--max-cost", type=_positive(float), metavar="USD", help="as for submit: checked as create would")
+    p.add_argument("--priority", choices=PRIORITIES, default=None, help="as for submit (auto runs a high one directly)")
+    p.add_argument("--execution", choices=EXECUTIONS, default=None,
+                   help="as for submit: each model's part priced the way it would run")
     p.set_defaults(handler=cmd_estimate)
 
     p = groups.add_parser("status", parents=[common], help="a batch's status and counts")
