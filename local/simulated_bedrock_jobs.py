@@ -84,20 +84,17 @@ def record_output(record: dict[str, Any], model_id: str, invocation_type: str = 
         return {**base, "error": {"errorCode": 500, "errorMessage": "Simulated batch line error 500"}}
     if not isinstance(model_input, dict):
         return {**base, "error": {"errorCode": 400, "errorMessage": "modelInput: a JSON object is required"}}
-    body = {**model_input, "modelId": model_id}
-    if invocation_type == "InvokeModel":
-        if "inputText" not in model_input:
-            return {**base, "error": {"errorCode": 400, "errorMessage": "Malformed input request: expected "
-                                                                        "inputText, please reformat your input."}}
-        try:
-            return {**base, "modelOutput": build_invoke(parse_invoke(body), body)}
-        except SimError as err:
-            return {**base, "error": {"errorCode": err.status, "errorMessage": err.message}}
-    if "toolConfig" in model_input:
+    invoke = invocation_type == "InvokeModel"
+    if invoke and "inputText" not in model_input:
+        return {**base, "error": {"errorCode": 400, "errorMessage": "Malformed input request: expected "
+                                                                    "inputText, please reformat your input."}}
+    if not invoke and "toolConfig" in model_input:
         return {**base, "error": {"errorCode": 400, "errorMessage": "toolConfig is not supported in batch "
                                                                     "inference jobs of the Converse type"}}
+    body = {**model_input, "modelId": model_id}
+    parse, build = (parse_invoke, build_invoke) if invoke else (parse_converse, build_converse)
     try:
-        return {**base, "modelOutput": build_converse(parse_converse(body), body)}
+        return {**base, "modelOutput": build(parse(body), body)}
     except SimError as err:
         return {**base, "error": {"errorCode": err.status, "errorMessage": err.message}}
 
